@@ -11,7 +11,6 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: on CPU machines this is the CPU wheel, never a multi-GB CUDA build
 	$(PY) -m pip install -q -c constraints.txt torch
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,gguf]'
