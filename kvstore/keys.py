@@ -198,9 +198,7 @@ def model_fingerprint(model_dir: str | os.PathLike, sample_bytes: int = 1 << 16)
         cfg = json.loads(f.read())
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode())
-    weights = sorted(
-        n for n in os.listdir(root) if n.endswith((".safetensors", ".bin", ".gguf", ".pt"))
-    )
+    weights = sorted(n for n in os.listdir(root) if n.endswith((".safetensors", ".bin", ".gguf", ".pt")))
     for name in weights:
         path = os.path.join(root, name)
         size = os.path.getsize(path)

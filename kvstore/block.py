@@ -1,0 +1,191 @@
+"""The block format: a msgpack header beside a raw payload.
+
+Payload: the KV of all layers of one block, contiguous, layout
+``[layers, 2 (k, v), block_tokens, kv_heads, head_dim]`` in the model's KV dtype. The header
+names the block (key, parent key, namespace id), carries its token ids, describes the payload
+(dtype, shape, length) and its xxh3_64 checksum. Headers are immutable; everything here is
+thread-safe.
+
+Readers call :meth:`BlockHeader.matches` (key, parent, tokens) and :func:`payload_ok`
+(checksum) before using a block: a collision or a stale or corrupt copy becomes a miss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgpack
+import xxhash
+
+from kvstore.errors import BlockFormatError
+from kvstore.keys import KEY_BYTES, BlockKey, tokens_from_le_bytes, tokens_le_bytes
+
+BLOCK_FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+
+# Item sizes of the dtypes a payload may hold (torch names).
+DTYPE_SIZES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+
+def checksum(payload) -> int:
+    """xxh3_64 of a payload (bytes-like, no copy)."""
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockHeader:
+    """The header of one stored block. Construct with :func:`make_header` or :meth:`decode`."""
+
+    key: BlockKey
+    parent: BlockKey
+    namespace: BlockKey
+    token_bytes: bytes  # little-endian int32 token ids
+    dtype: str
+    shape: tuple[int, ...]
+    payload_len: int
+    checksum: int
+    created: float
+    version: int = BLOCK_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != BLOCK_FORMAT_VERSION:
+            raise BlockFormatError(f"block format version {self.version} is not {BLOCK_FORMAT_VERSION}")
+        if self.dtype not in DTYPE_SIZES:
+            raise BlockFormatError(f"unknown payload dtype {self.dtype!r}")
+        if len(self.token_bytes) % 4 or not self.token_bytes:
+            raise BlockFormatError(
+                f"token bytes length {len(self.token_bytes)} is not a positive multiple of 4"
+            )
+        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
+            raise BlockFormatError(f"bad payload shape {self.shape!r}")
+        expect = math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+        if self.payload_len != expect:
+            raise BlockFormatError(
+                f"payload_len {self.payload_len} does not match shape {self.shape} of {self.dtype} ({expect})"
+            )
+        if not 0 <= self.checksum < 2**64:
+            raise BlockFormatError(f"checksum {self.checksum!r} is not a u64")
+
+    @property
+    def tokens(self) -> list[int]:
+        return tokens_from_le_bytes(self.token_bytes)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_bytes) // 4
+
+    def encode(self) -> bytes:
+        """The msgpack encoding stored beside the payload and sent on the wire."""
+        return msgpack.packb(
+            {
+                "v": self.version,
+                "key": self.key.raw,
+                "parent": self.parent.raw,
+                "ns": self.namespace.raw,
+                "tokens": self.token_bytes,
+                "dtype": self.dtype,
+                "shape": list(self.shape),
+                "len": self.payload_len,
+                "xxh3": self.checksum,
+                "created": self.created,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def decode(cls, data) -> BlockHeader:
+        """Parse an encoded header. Raises BlockFormatError on anything malformed."""
+        if len(data) > MAX_HEADER_BYTES:
+            raise BlockFormatError(f"header of {len(data)} bytes exceeds {MAX_HEADER_BYTES}")
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise BlockFormatError(f"header is not valid msgpack: {exc}") from exc
+        if not isinstance(d, dict):
+            raise BlockFormatError("header is not a map")
+        try:
+            return cls(
+                key=BlockKey(_bin(d["key"])),
+                parent=BlockKey(_bin(d["parent"])),
+                namespace=BlockKey(_bin(d["ns"])),
+                token_bytes=_bin(d["tokens"]),
+                dtype=str(d["dtype"]),
+                shape=tuple(d["shape"]),
+                payload_len=int(d["len"]),
+                checksum=int(d["xxh3"]),
+                created=float(d["created"]),
+                version=int(d["v"]),
+            )
+        except BlockFormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BlockFormatError(f"header field missing or mistyped: {exc!r}") from exc
+
+    def matches(self, key: BlockKey, parent: BlockKey | None, token_bytes: bytes | None) -> bool:
+        """True when this header is the block the reader asked for: same key and, when given,
+        same parent key and token ids. A mismatch is a hash collision or a stale entry."""
+        if self.key != key:
+            return False
+        if parent is not None and self.parent != parent:
+            return False
+        return token_bytes is None or self.token_bytes == token_bytes
+
+
+def _bin(v) -> bytes:
+    if not isinstance(v, bytes):
+        raise BlockFormatError(f"expected bytes, got {type(v).__name__}")
+    return v
+
+
+def make_header(
+    *,
+    key: BlockKey,
+    parent: BlockKey,
+    namespace: BlockKey,
+    tokens: Sequence[int] | bytes,
+    dtype: str,
+    shape: Sequence[int],
+    payload,
+    created: float | None = None,
+) -> BlockHeader:
+    """Build the header of ``payload`` (bytes-like), computing its checksum."""
+    tb = tokens if isinstance(tokens, bytes) else tokens_le_bytes(tokens)
+    mv = memoryview(payload).cast("B")
+    return BlockHeader(
+        key=key,
+        parent=parent,
+        namespace=namespace,
+        token_bytes=tb,
+        dtype=dtype,
+        shape=tuple(int(d) for d in shape),
+        payload_len=mv.nbytes,
+        checksum=checksum(mv),
+        created=time.time() if created is None else created,
+    )
+
+
+def payload_ok(header: BlockHeader, payload) -> bool:
+    """True when ``payload`` has the header's length and checksum."""
+    mv = memoryview(payload).cast("B")
+    return mv.nbytes == header.payload_len and checksum(mv) == header.checksum
+
+
+__all__ = [
+    "BLOCK_FORMAT_VERSION",
+    "KEY_BYTES",
+    "BlockHeader",
+    "checksum",
+    "make_header",
+    "payload_ok",
+]

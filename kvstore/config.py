@@ -1,0 +1,283 @@
+"""Configuration: one TOML file per role, then ``TIERKV_*`` environment variables, then
+explicit overrides (CLI flags), parsed into frozen dataclasses.
+
+An unknown key or a bad value is a :class:`ConfigError` naming the key (``dram.capacity``),
+never a warning. Sizes are human strings (``"64GiB"``, ``"512MiB"``) or plain byte counts.
+Environment variables name a key as ``TIERKV_<SECTION>__<KEY>`` (``TIERKV_DRAM__CAPACITY=2GiB``).
+Every default is safe on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvstore.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_PREFIX = "TIERKV_"
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def parse_size(value: Any, name: str = "size") -> int:
+    """``"8GiB"`` -> 8589934592. Binary units (KiB..PiB; ``K``/``KB`` mean KiB too). Raises
+    ConfigError naming ``name`` for anything else, or for a negative number."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a size like '64GiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name}: size must be >= 0, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "").upper().replace("IB", "").replace("B", "") if m.group(2) else ""
+            return int(float(m.group(1)) * _UNITS[unit])
+    raise ConfigError(f"{name}: expected a size like '64GiB' or a byte count, got {value!r}")
+
+
+def format_size(n: float) -> str:
+    """Bytes as a short human string: ``format_size(3*2**30) == '3.0GiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}PiB"  # pragma: no cover
+
+
+class Size(int):
+    """Marker type for size fields: parsed with :func:`parse_size`."""
+
+
+# ---------------------------------------------------------------- the store's sections
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    name: str = ""  # defaults to the host name at start
+    promote_on_read: bool = True
+    lease_ttl_s: float = 30.0
+    zone: str = ""
+
+
+@dataclass(frozen=True)
+class DramSection:
+    capacity: Size = Size(256 * 1024**2)
+    slab_size: Size = Size(32 * 1024**2)  # the largest block the tier takes
+    pin: Literal["auto", "true", "false"] = "auto"  # page-lock via torch/CUDA when available
+
+
+@dataclass(frozen=True)
+class DiskSection:
+    enabled: bool = True
+    path: str = ""  # required when enabled; no default path on purpose
+    capacity: Size = Size(1024**3)
+    map_size: Size = Size(0)  # 0: derived from capacity
+    sync: bool = True  # fsync on commit: a durable ack survives power loss
+    writemap: bool = False
+    write_mode: Literal["write-through", "write-back"] = "write-through"
+
+
+@dataclass(frozen=True)
+class HbmSection:
+    capacity: Size = Size(0)  # 0: tier off
+    device: str = "cuda:0"
+    slab_size: Size = Size(32 * 1024**2)
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    host: str = "127.0.0.1"
+    data_port: int = 0  # 0: an ephemeral port, printed at start
+    admin_port: int = 0
+    max_frame: Size = Size(64 * 1024**2)
+    transport: Literal["auto", "tcp", "rdma"] = "auto"
+    port_file: str = ""  # when set, the bound ports are written here as JSON at start
+
+
+@dataclass(frozen=True)
+class AuthSection:
+    token_file: str = ""  # lines "token tenant"; empty: no auth, loopback only
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The ``kvstore serve`` role and the in-process node (``local://``)."""
+
+    node: NodeSection = field(default_factory=NodeSection)
+    dram: DramSection = field(default_factory=DramSection)
+    disk: DiskSection = field(default_factory=DiskSection)
+    hbm: HbmSection = field(default_factory=HbmSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+
+    def __post_init__(self) -> None:
+        if self.disk.enabled and not self.disk.path:
+            raise ConfigError("disk.path: required when disk.enabled is true")
+        if self.dram.capacity and self.dram.capacity < self.dram.slab_size:
+            raise ConfigError(
+                f"dram.capacity ({format_size(self.dram.capacity)}) is smaller than "
+                f"dram.slab_size ({format_size(self.dram.slab_size)})"
+            )
+        if self.hbm.capacity and self.hbm.capacity < self.hbm.slab_size:
+            raise ConfigError("hbm.capacity is smaller than hbm.slab_size")
+        if self.dram.capacity == 0 and not self.disk.enabled:
+            raise ConfigError("dram.capacity is 0 and disk.enabled is false: the node would store nothing")
+
+
+# ---------------------------------------------------------------- the generic loader
+
+
+def load_config(
+    cls: type,
+    path: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+):
+    """Build ``cls`` (a frozen dataclass of section dataclasses) from, in rising priority: its
+    defaults, the TOML file at ``path``, ``TIERKV_SECTION__KEY`` variables in ``env`` (pass
+    ``os.environ`` explicitly; None means none), and ``overrides`` (``{"dram.capacity": "1GiB"}``).
+    Raises ConfigError naming the key on any unknown key or bad value, or FileNotFoundError-like
+    ConfigError naming a missing file."""
+    raw: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {exc}") from exc
+    sections = {f.name: f for f in dataclasses.fields(cls)}
+    for sec, table in raw.items():
+        if sec not in sections:
+            raise ConfigError(f"{sec}: unknown section (known: {', '.join(sections)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{sec}: expected a table")
+    merged: dict[str, dict[str, Any]] = {s: dict(raw.get(s, {})) for s in sections}
+    for name, value in (env or {}).items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        sec, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
+        if not sep or sec not in sections:
+            continue  # other TIERKV_* variables belong to other roles
+        merged[sec][key] = _EnvString(value)
+    for dotted, value in (overrides or {}).items():
+        sec, _, key = dotted.partition(".")
+        if sec not in sections or not key:
+            raise ConfigError(f"{dotted}: unknown key")
+        merged[sec][key] = value
+    built = {}
+    for sec, f in sections.items():
+        built[sec] = _build_section(sec, _resolve(f.type, cls), merged[sec])
+    try:
+        return cls(**built)
+    except TypeError as exc:  # pragma: no cover - programming error
+        raise ConfigError(str(exc)) from exc
+
+
+class _EnvString(str):
+    """A value from the environment: coerced to the field's type rather than type-checked."""
+
+
+def _resolve(tp, owner):
+    if isinstance(tp, str):
+        hints = typing.get_type_hints(owner)
+        return hints[tp] if tp in hints else eval(tp, vars(sys.modules[owner.__module__]))  # noqa: S307
+    return tp
+
+
+def _build_section(sec: str, sec_cls: type, values: dict[str, Any]):
+    hints = typing.get_type_hints(sec_cls)
+    known = {f.name for f in dataclasses.fields(sec_cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{sec}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        kwargs[key] = _coerce(f"{sec}.{key}", hints[key], value)
+    try:
+        return sec_cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{sec}: {exc}") from exc
+
+
+def _coerce(name: str, tp, value):
+    from_env = isinstance(value, _EnvString)
+    origin = typing.get_origin(tp)
+    if tp is Size:
+        if from_env and value.strip().isdigit():
+            value = int(value)
+        return Size(parse_size(value, name))
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if isinstance(value, bool) and "true" in choices:
+            value = "true" if value else "false"
+        if value not in choices:
+            raise ConfigError(f"{name}: expected one of {list(choices)}, got {value!r}")
+        return str(value)
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{name}: union types are not supported in config")  # pragma: no cover
+    if tp is bool:
+        if from_env:
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+        elif isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    if tp is int:
+        if from_env:
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if tp is float:
+        if from_env:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return str(value)
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    if origin is tuple:  # tuple[X, ...]
+        item = typing.get_args(tp)[0]
+        if from_env:
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return tuple(_coerce(f"{name}[{i}]", item, v) for i, v in enumerate(value))
+    raise ConfigError(f"{name}: unsupported field type {tp!r}")  # pragma: no cover
+
+
+def load_store_config(
+    path: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> StoreConfig:
+    """The store's config from ``path``, the process environment and ``overrides``."""
+    return load_config(StoreConfig, path, os.environ if env is None else env, overrides)
