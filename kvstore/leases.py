@@ -1,0 +1,103 @@
+"""Leases, reservations and holds: what keeps a block's bytes from moving under a reader or
+writer.
+
+A *hold* is a count on a key; a held key is never evicted, overwritten or freed. A *lease*
+(a reader's) and a *reservation* (a writer's two-phase put) each carry a deadline, so a client
+that vanishes cannot pin memory forever: :meth:`LeaseTable.expired` hands back what is overdue.
+Not thread-safe: one event loop owns a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvstore.block import BlockHeader
+from kvstore.keys import BlockKey
+
+
+@dataclass(eq=False)
+class Lease:
+    """A reader's claim on one block. ``view`` holds the payload (read-only; in the DRAM slot
+    when ``offset`` is not None, else a private copy) until :meth:`NodeStore.release`."""
+
+    id: int
+    key: BlockKey
+    header: BlockHeader
+    view: memoryview
+    offset: int | None
+    tier: str
+    expires: float
+
+
+@dataclass(eq=False)
+class Reservation:
+    """A writer's slot for one block (two-phase put). Fill ``view`` (exactly payload_len bytes),
+    then commit or abort. ``tier`` is the memory tier of the slot, or None for a private buffer
+    that commit sends to disk."""
+
+    id: int
+    header: BlockHeader
+    header_bytes: bytes
+    view: memoryview
+    offset: int | None
+    tier: str | None
+    expires: float
+    scratch: bytearray | None = field(default=None, repr=False)
+
+
+class LeaseTable:
+    def __init__(self, default_ttl_s: float) -> None:
+        self.default_ttl_s = default_ttl_s
+        self._ids = itertools.count(1)
+        self.holds: Counter[bytes] = Counter()
+        self.leases: dict[int, Lease] = {}
+        self.reservations: dict[int, Reservation] = {}
+        self.reserved_keys: dict[bytes, int] = {}
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def deadline(self, ttl_s: float | None) -> float:
+        return time.monotonic() + (self.default_ttl_s if ttl_s is None else ttl_s)
+
+    def hold(self, key: bytes) -> None:
+        self.holds[key] += 1
+
+    def unhold(self, key: bytes) -> bool:
+        """Drop one hold; True when the key is no longer held."""
+        n = self.holds[key] - 1
+        if n <= 0:
+            del self.holds[key]
+            return True
+        self.holds[key] = n
+        return False
+
+    def held(self, key: bytes) -> bool:
+        return key in self.holds
+
+    def add_lease(self, lease: Lease) -> None:
+        self.leases[lease.id] = lease
+        self.hold(lease.key.raw)
+
+    def pop_lease(self, lease_id: int) -> Lease | None:
+        return self.leases.pop(lease_id, None)
+
+    def add_reservation(self, r: Reservation) -> None:
+        self.reservations[r.id] = r
+        self.reserved_keys[r.header.key.raw] = r.id
+
+    def pop_reservation(self, r: Reservation) -> bool:
+        """Forget ``r``; False when it was already committed, aborted or expired."""
+        if self.reservations.pop(r.id, None) is None:
+            return False
+        self.reserved_keys.pop(r.header.key.raw, None)
+        return True
+
+    def expired(self, now: float | None = None) -> tuple[list[Lease], list[Reservation]]:
+        now = time.monotonic() if now is None else now
+        leases = [x for x in self.leases.values() if x.expires <= now]
+        res = [x for x in self.reservations.values() if x.expires <= now]
+        return leases, res

@@ -1,0 +1,148 @@
+"""The operator's view of a node: listing, describing, verifying, statistics, integrity check.
+
+A mixin of :class:`kvstore.node.NodeStore` (it uses the node's tiers, leases and counters);
+kept apart so the data path in node.py stays short. Same threading rules as the node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+
+from kvstore.block import BlockHeader, checksum
+from kvstore.errors import BlockFormatError
+from kvstore.keys import BlockKey
+from kvstore.results import BlockInfo, Status
+
+
+class NodeInspection:
+    async def _header(self, key: bytes) -> BlockHeader | None:
+        for t in self.tiers:
+            if key in t:
+                raw = await t.read_header(key)
+                if raw is None:
+                    continue
+                try:
+                    return BlockHeader.decode(raw)
+                except BlockFormatError:
+                    return None
+        return None
+
+    def _info(self, key: bytes, header: BlockHeader) -> BlockInfo:
+        tiers = tuple(t.name for t in self.tiers if key in t)
+        atime = max((t.atime(key) for t in self.tiers if key in t), default=0)
+        return BlockInfo(
+            key=header.key,
+            namespace=header.namespace,
+            tiers=tiers,
+            payload_len=header.payload_len,
+            num_tokens=header.num_tokens,
+            created=header.created,
+            last_access=float(atime),
+            leases=self.leases.holds.get(key, 0),
+            pinned=key in self.pinned,
+        )
+
+    async def list_blocks(
+        self,
+        tier: str | None = None,
+        namespace: BlockKey | None = None,
+        after: BlockKey | None = None,
+        limit: int = 100,
+    ) -> list[BlockInfo]:
+        """Blocks in key order, after ``after`` (exclusive), at most ``limit``; filtered by the
+        tier holding them and by namespace. Raises ValueError for an unknown tier name."""
+        sources = self.tiers
+        if tier is not None:
+            sources = [t for t in self.tiers if t.name == tier]
+            if not sources:
+                raise ValueError(f"tier {tier!r} is not configured (have {[t.name for t in self.tiers]})")
+        keys: set[bytes] = set()
+        for t in sources:
+            keys.update(t.keys())
+        keys -= self.doomed
+        lo = after.raw if after is not None else b""
+        out: list[BlockInfo] = []
+        cand = (
+            sorted(k for k in keys if k > lo)
+            if namespace is not None
+            else heapq.nsmallest(limit, (k for k in keys if k > lo))
+        )
+        for k in cand:
+            h = await self._header(k)
+            if h is None or (namespace is not None and h.namespace != namespace):
+                continue
+            out.append(self._info(k, h))
+            if len(out) >= limit:
+                break
+        return out
+
+    async def describe(self, key: BlockKey) -> tuple[BlockHeader, BlockInfo] | None:
+        """The block's header and what the node knows of it, or None when absent."""
+        if self._where(key.raw) is None:
+            return None
+        h = await self._header(key.raw)
+        return None if h is None else (h, self._info(key.raw, h))
+
+    async def verify(self, keys: Sequence[BlockKey] | None = None, repair: bool = False) -> dict:
+        """Re-check the checksum of every copy (every tier) of the given blocks, or of all.
+        With ``repair``, corrupt copies are dropped. Returns counts and the corrupt keys."""
+        todo = (
+            [k.raw for k in keys] if keys is not None else sorted({k for t in self.tiers for k in t.keys()})  # noqa: SIM118
+        )
+        corrupt: list[str] = []
+        checked = dropped = 0
+        for k in todo:
+            for t in self.tiers:
+                if k not in t:
+                    continue
+                checked += 1
+                ok = await self._copy_ok(t, k)
+                if ok:
+                    continue
+                corrupt.append(f"{k.hex()}@{t.name}")
+                self.counters["checksum_failures"] += 1
+                if repair and not self.leases.held(k):
+                    if t is self.disk:
+                        await t.delete([k])
+                    else:
+                        t.remove(k)
+                    dropped += 1
+        return {"checked": checked, "corrupt": corrupt, "dropped": dropped}
+
+    async def _copy_ok(self, tier, key: bytes) -> bool:
+        if tier is self.disk:
+            buf = bytearray(tier.payload_len(key))
+            [(st, _)] = await tier.get_into([key], [buf], drop_corrupt=False)
+            return st is Status.HIT
+        raw = tier.header_sync(key)
+        try:
+            h = BlockHeader.decode(raw)
+        except BlockFormatError:
+            return False
+        return h.key.raw == key and checksum(tier.payload_host(key)) == h.checksum
+
+    def stats(self) -> dict:
+        """Counters of the node and usage of each tier (plain JSON-able dict)."""
+        return {
+            "node": {
+                "name": self.name,
+                "time": time.time(),
+                "leases_active": len(self.leases.leases),
+                "reservations_active": len(self.leases.reservations),
+                "pinned": len(self.pinned),
+                "dirty": len(self.dirty),
+                **dict(self.counters),
+            },
+            "tiers": {t.name: t.stats() for t in self.tiers},
+        }
+
+    def check(self) -> None:
+        """Integrity check for tests: tiers consistent, capacities held, holds balanced."""
+        for t in self.tiers:
+            t.check()
+        for k in self.pinned:
+            assert self._where(k) is not None, f"pinned key {k.hex()} not stored"
+        assert all(n > 0 for n in self.leases.holds.values())
+        assert set(self.leases.reserved_keys.values()) == set(self.leases.reservations)

@@ -1,0 +1,1 @@
+"""Storage tiers: memory (DRAM/HBM over a slab allocator) and disk (LMDB)."""

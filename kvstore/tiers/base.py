@@ -1,0 +1,93 @@
+"""What every tier offers the node, and the compact per-block index entry they share.
+
+A tier stores (key, encoded header, payload) triples and keeps its own LRU order. Batched calls
+take and return lists in input order. The node owns placement and policy: which tier takes a
+block, when a block moves down, which blocks may not be evicted (leases, pins). A tier's
+``victims()`` is its eviction hook: least recently used keys first.
+
+Index entries are one packed int per block (offset | header length | payload length | access
+time), so 1M blocks cost a few hundred bytes each, not kilobytes of Python objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from kvstore.results import Status
+
+_OFF_BITS, _HDR_BITS, _LEN_BITS = 42, 20, 36
+_HDR_SHIFT = _OFF_BITS
+_LEN_SHIFT = _OFF_BITS + _HDR_BITS
+_T_SHIFT = _LEN_SHIFT + _LEN_BITS
+MAX_HEADER_LEN = (1 << _HDR_BITS) - 1
+MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
+
+
+def pack_entry(offset: int, header_len: int, payload_len: int, atime: int) -> int:
+    return offset | (header_len << _HDR_SHIFT) | (payload_len << _LEN_SHIFT) | (atime << _T_SHIFT)
+
+
+def entry_offset(e: int) -> int:
+    return e & ((1 << _OFF_BITS) - 1)
+
+
+def entry_header_len(e: int) -> int:
+    return (e >> _HDR_SHIFT) & MAX_HEADER_LEN
+
+
+def entry_payload_len(e: int) -> int:
+    return (e >> _LEN_SHIFT) & MAX_PAYLOAD_LEN
+
+
+def entry_atime(e: int) -> int:
+    return e >> _T_SHIFT
+
+
+def entry_touch(e: int, atime: int) -> int:
+    return (e & ((1 << _T_SHIFT) - 1)) | (atime << _T_SHIFT)
+
+
+def now_s() -> int:
+    """Wall-clock seconds, the resolution of access times in the index."""
+    return int(time.time())
+
+
+class Tier(Protocol):
+    """The interface the node drives. Methods named ``*_sync`` never do I/O; the async ones may
+    run I/O on threads but never block the event loop. Not thread-safe: call from the loop."""
+
+    name: str
+
+    @property
+    def capacity_bytes(self) -> int: ...
+
+    @property
+    def used_bytes(self) -> int: ...
+
+    def __contains__(self, key: bytes) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
+        """Copy each payload into its buffer; per key (status, encoded header or None)."""
+        ...
+
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+        """Store (key, header, payload) triples; False where there is no room."""
+        ...
+
+    async def delete(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    async def read_header(self, key: bytes) -> bytes | None: ...
+
+    def touch(self, key: bytes) -> None: ...
+
+    def victims(self) -> Iterator[bytes]:
+        """Keys in least-recently-used order (the eviction hook)."""
+        ...
+
+    def stats(self) -> dict: ...

@@ -1,0 +1,304 @@
+"""The disk tier: one LMDB environment; headers and payloads in two named databases.
+
+LMDB commits are atomic, so a process killed mid-write leaves either the whole block or none
+of it; with ``sync`` every commit is flushed before the put returns, so an acknowledged durable
+block survives ``kill -9`` and power loss. Every read verifies the payload's xxh3_64 checksum
+in the reading thread; a bad copy is reported CORRUPT and deleted.
+
+The in-memory index (key -> packed lengths and access time, in LRU order) is rebuilt from the
+header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
+allows one writer); the event loop never waits on disk. Call from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+
+import lmdb
+
+from kvstore.block import BlockHeader, checksum
+from kvstore.errors import BlockFormatError, TierError
+from kvstore.results import Status
+from kvstore.tiers.base import (
+    entry_atime,
+    entry_header_len,
+    entry_payload_len,
+    entry_touch,
+    now_s,
+    pack_entry,
+)
+
+log = logging.getLogger("tierkv.disk")
+
+
+class DiskTier:
+    name = "disk"
+
+    def __init__(
+        self,
+        path: str,
+        capacity: int,
+        *,
+        map_size: int = 0,
+        sync: bool = True,
+        writemap: bool = False,
+        protected: Callable[[bytes], bool] = lambda k: False,
+    ) -> None:
+        self.path = path
+        self._capacity = capacity
+        self.sync = sync
+        self._protected = protected
+        map_size = map_size or int(capacity * 1.5) + (64 << 20)
+        try:
+            os.makedirs(path, exist_ok=True)
+            self.env = lmdb.open(
+                path,
+                map_size=map_size,
+                max_dbs=2,
+                sync=sync,
+                metasync=sync,
+                writemap=writemap,
+                readahead=False,
+                max_readers=64,
+            )
+        except (OSError, lmdb.Error) as exc:
+            raise TierError(f"disk.path {path!r}: cannot open LMDB environment: {exc}") from exc
+        self.env.reader_check()  # clear reader slots left by a killed process
+        self._hdr = self.env.open_db(b"hdr")
+        self._data = self.env.open_db(b"data")
+        self._index: OrderedDict[bytes, int] = OrderedDict()
+        self.payload_bytes = 0
+        self._used = 0
+        self.evictions = 0
+        self.checksum_failures = 0
+        self.write_errors = 0
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="tierkv-disk-w")
+        self._readers = ThreadPoolExecutor(4, thread_name_prefix="tierkv-disk-r")
+        self._write_lock = asyncio.Lock()
+        self._rebuild()
+
+    # ------------------------------------------------------------------ startup
+    def _rebuild(self) -> None:
+        """Index every stored block, oldest first; drop headers that do not decode."""
+        found: list[tuple[float, bytes, int, int]] = []
+        bad: list[bytes] = []
+        with self.env.begin() as txn:
+            for key, hdr in txn.cursor(db=self._hdr):
+                try:
+                    h = BlockHeader.decode(hdr)
+                except BlockFormatError:
+                    bad.append(bytes(key))
+                    continue
+                if h.key.raw != key:
+                    bad.append(bytes(key))
+                    continue
+                found.append((h.created, bytes(key), len(hdr), h.payload_len))
+        if bad:
+            with self.env.begin(write=True) as txn:
+                for k in bad:
+                    txn.delete(k, db=self._hdr)
+                    txn.delete(k, db=self._data)
+            log.warning("event=disk_rebuild_dropped count=%d path=%s", len(bad), self.path)
+        found.sort()
+        t = now_s()
+        for _, key, hlen, plen in found:
+            self._index[key] = pack_entry(0, hlen, plen, t)
+            self.payload_bytes += plen
+            self._used += plen + hlen
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        idx = self._index
+        return [k in idx for k in keys]
+
+    def payload_len(self, key: bytes) -> int:
+        return entry_payload_len(self._index[key])
+
+    def atime(self, key: bytes) -> int:
+        return entry_atime(self._index[key])
+
+    # ------------------------------------------------------------------ reads
+    async def get_into(
+        self, keys: Sequence[bytes], bufs: Sequence, drop_corrupt: bool = True
+    ) -> list[tuple[Status, bytes | None]]:
+        """Copy and verify each payload into its buffer. Per key: (HIT, header), (MISS, None),
+        (BUF_TOO_SMALL, header) or (CORRUPT, None) — a corrupt copy is counted and, with
+        ``drop_corrupt``, deleted before return."""
+        want = [k if k in self._index else None for k in keys]
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(self._readers, self._read_batch, want, bufs)
+        corrupt = [k for k, (st, _) in zip(keys, out) if st is Status.CORRUPT]
+        if corrupt and drop_corrupt:
+            self.checksum_failures += len(corrupt)
+            log.warning("event=checksum_failure tier=disk keys=%s", ",".join(k.hex() for k in corrupt))
+            await self.delete(corrupt)
+        for k, (st, _) in zip(keys, out):
+            if st is Status.HIT:
+                self.touch(k)
+        return out
+
+    def _read_batch(self, keys, bufs) -> list[tuple[Status, bytes | None]]:
+        out: list[tuple[Status, bytes | None]] = []
+        with self.env.begin(buffers=True) as txn:
+            for key, buf in zip(keys, bufs):
+                if key is None:
+                    out.append((Status.MISS, None))
+                    continue
+                hdr, data = txn.get(key, db=self._hdr), txn.get(key, db=self._data)
+                if hdr is None or data is None:
+                    out.append((Status.MISS, None))
+                    continue
+                hdr = bytes(hdr)
+                try:
+                    h = BlockHeader.decode(hdr)
+                except BlockFormatError:
+                    out.append((Status.CORRUPT, None))
+                    continue
+                dst = memoryview(buf).cast("B")
+                if dst.nbytes < len(data):
+                    out.append((Status.BUF_TOO_SMALL, hdr))
+                    continue
+                n = len(data)
+                dst[:n] = data
+                ok = n == h.payload_len and checksum(dst[:n]) == h.checksum
+                out.append((Status.HIT, hdr) if ok else (Status.CORRUPT, None))
+        return out
+
+    async def read_header(self, key: bytes) -> bytes | None:
+        if key not in self._index:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._read_header, key)
+
+    def _read_header(self, key: bytes) -> bytes | None:
+        with self.env.begin() as txn:
+            return txn.get(key, db=self._hdr)
+
+    # ------------------------------------------------------------------ writes
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+        """Store (key, header, payload) triples in one transaction, evicting least recently
+        used unprotected blocks to stay within capacity. True where stored (and synced, if
+        configured) on return; False where no room could be made or the write failed. The
+        caller keeps each payload buffer unchanged until this returns."""
+        async with self._write_lock:  # room is computed and spent by one put at a time
+            return await self._put_locked(items)
+
+    async def _put_locked(self, items) -> list[bool]:
+        todo, evict, room = [], {}, self._capacity - self._used
+        candidates = iter(self._index)  # LRU first; the index does not change before the await
+        for key, hdr, payload in items:
+            if key in self._index:
+                continue
+            need = memoryview(payload).nbytes + len(hdr)
+            while room < need:
+                victim = next(candidates, None)
+                if victim is None:
+                    break
+                if self._protected(victim) or victim in evict:
+                    continue
+                evict[victim] = None
+                room += entry_payload_len(self._index[victim]) + entry_header_len(self._index[victim])
+            if room >= need:
+                room -= need
+                todo.append((key, hdr, payload))
+        if todo or evict:
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self._writer, self._write_batch, todo, list(evict))
+            except lmdb.Error as exc:
+                self.write_errors += 1
+                log.error("event=disk_write_failed blocks=%d error=%r", len(todo), exc)
+                return [key in self._index for key, _, _ in items]
+        for victim in evict:
+            if self._drop(victim):
+                self.evictions += 1
+        t = now_s()
+        for key, hdr, payload in todo:
+            plen = memoryview(payload).nbytes
+            self._index[key] = pack_entry(0, len(hdr), plen, t)
+            self.payload_bytes += plen
+            self._used += plen + len(hdr)
+        return [key in self._index for key, _, _ in items]
+
+    def _write_batch(self, todo, evict) -> None:
+        with self.env.begin(write=True) as txn:
+            for key in evict:
+                txn.delete(key, db=self._hdr)
+                txn.delete(key, db=self._data)
+            for key, hdr, payload in todo:
+                txn.put(key, payload, db=self._data)
+                txn.put(key, hdr, db=self._hdr)
+
+    async def delete(self, keys: Sequence[bytes]) -> list[bool]:
+        present = [k for k in keys if k in self._index]
+        if present:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._writer, self._write_batch, [], present)
+        return [self._drop(k) for k in keys]
+
+    def _drop(self, key: bytes) -> bool:
+        e = self._index.pop(key, None)
+        if e is None:
+            return False
+        self.payload_bytes -= entry_payload_len(e)
+        self._used -= entry_payload_len(e) + entry_header_len(e)
+        return True
+
+    # ------------------------------------------------------------------ order, stats, close
+    def touch(self, key: bytes) -> None:
+        e = self._index.get(key)
+        if e is not None:
+            self._index[key] = entry_touch(e, now_s())
+            self._index.move_to_end(key)
+
+    def victims(self, limit: int = 256) -> Iterator[bytes]:
+        """Up to ``limit`` keys, least recently used first (a snapshot)."""
+        return iter(list(islice(self._index, limit)))
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self._index)
+
+    def stats(self) -> dict:
+        return {
+            "capacity_bytes": self._capacity,
+            "used_bytes": self._used,
+            "payload_bytes": self.payload_bytes,
+            "blocks": len(self._index),
+            "evictions": self.evictions,
+            "checksum_failures": self.checksum_failures,
+            "write_errors": self.write_errors,
+            "sync": self.sync,
+        }
+
+    def check(self) -> None:
+        assert self._used <= self._capacity
+        with self.env.begin() as txn:
+            assert txn.stat(self._hdr)["entries"] == len(self._index)
+            assert txn.stat(self._data)["entries"] == len(self._index)
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self.env.sync, True)
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self.env.close()

@@ -1,0 +1,208 @@
+"""A memory tier: an arena (host DRAM or GPU HBM) cut into slots by a slab allocator.
+
+One slot holds ``[payload][encoded header]``: the payload starts the slot (aligned, so RDMA and
+zero-copy sends read it in place) and the header follows it. No per-block allocation: a put
+takes a slot from the allocator, a delete gives it back.
+
+Two-phase writes: :meth:`reserve` hands out a slot (header already written), the caller fills
+the payload, then :meth:`commit` indexes it or :meth:`abandon` returns it. A reserved slot is
+invisible to readers until commit. Not thread-safe; no I/O (copies only).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+from kvstore.results import Status
+from kvstore.tiers.base import (
+    MAX_HEADER_LEN,
+    entry_atime,
+    entry_header_len,
+    entry_offset,
+    entry_payload_len,
+    entry_touch,
+    now_s,
+    pack_entry,
+)
+from kvstore.tiers.slab import SlabAllocator
+
+
+class MemoryTier:
+    def __init__(self, name: str, arena, slab_size: int) -> None:
+        self.name = name
+        self.arena = arena
+        self.alloc = SlabAllocator(arena.size, slab_size)
+        self._index: OrderedDict[bytes, int] = OrderedDict()
+        self.payload_bytes = 0
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def capacity_bytes(self) -> int:
+        return self.alloc.capacity
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of slots in use (what capacity limits), including slack inside slots."""
+        return self.alloc.allocated_bytes
+
+    @property
+    def max_block_bytes(self) -> int:
+        return self.alloc.slab_size
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        idx = self._index
+        return [k in idx for k in keys]
+
+    def fits(self, payload_len: int, header_len: int) -> bool:
+        return payload_len + header_len <= self.alloc.slab_size
+
+    # ------------------------------------------------------------------ two-phase write
+    def reserve(self, header: bytes, payload_len: int) -> int | None:
+        """A slot for a block with this header; the header is written, the payload is not.
+        Returns its offset, or None when no slab can serve the size (caller evicts, retries).
+        Raises ValueError when the block can never fit this tier."""
+        if len(header) > MAX_HEADER_LEN or not self.fits(payload_len, len(header)):
+            raise ValueError(f"block of {payload_len}+{len(header)} bytes exceeds {self.name} slot size")
+        off = self.alloc.alloc(payload_len + len(header))
+        if off is not None:
+            self.arena.write(off + payload_len, header)
+        return off
+
+    def commit(self, key: bytes, offset: int, header_len: int, payload_len: int) -> None:
+        """Index a reserved slot as ``key`` (most recently used). The key must be absent."""
+        if key in self._index:
+            raise ValueError(f"{self.name}: key {key.hex()} already indexed")
+        self._index[key] = pack_entry(offset, header_len, payload_len, now_s())
+        self.payload_bytes += payload_len
+
+    def abandon(self, offset: int) -> None:
+        """Return a reserved, uncommitted slot."""
+        self.alloc.free(offset)
+
+    def writable(self, offset: int, payload_len: int):
+        """The payload area of a reserved slot (a memoryview on host, a tensor on GPU)."""
+        return self.arena.slice(offset, payload_len)
+
+    # ------------------------------------------------------------------ batched interface
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+        out = []
+        for key, header, payload in items:
+            if key in self._index:
+                out.append(True)
+                continue
+            mv = memoryview(payload).cast("B")
+            off = self.reserve(header, mv.nbytes)
+            if off is None:
+                out.append(False)
+                continue
+            self.arena.write(off, mv)
+            self.commit(key, off, len(header), mv.nbytes)
+            out.append(True)
+        return out
+
+    async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
+        """Per key: (HIT, header) with the payload copied, (MISS, None) or (BUF_TOO_SMALL, header)."""
+        out: list[tuple[Status, bytes | None]] = []
+        for k, b in zip(keys, bufs):
+            e = self._index.get(k)
+            if e is None:
+                out.append((Status.MISS, None))
+            elif memoryview(b).nbytes < entry_payload_len(e):
+                out.append((Status.BUF_TOO_SMALL, self.header_sync(k)))
+            else:
+                out.append((Status.HIT, self.read_into(k, b)))
+        return out
+
+    async def delete(self, keys: Sequence[bytes]) -> list[bool]:
+        return [self.remove(k) for k in keys]
+
+    async def read_header(self, key: bytes) -> bytes | None:
+        return self.header_sync(key)
+
+    # ------------------------------------------------------------------ single-key, sync
+    def read_into(self, key: bytes, buf) -> bytes | None:
+        """Copy the payload into ``buf`` (at least payload_len bytes); return the header."""
+        e = self._index.get(key)
+        if e is None:
+            return None
+        off, plen = entry_offset(e), entry_payload_len(e)
+        self.arena.read_into(off, buf, plen)
+        return self.arena.read(off + plen, entry_header_len(e))
+
+    def header_sync(self, key: bytes) -> bytes | None:
+        e = self._index.get(key)
+        if e is None:
+            return None
+        return self.arena.read(entry_offset(e) + entry_payload_len(e), entry_header_len(e))
+
+    def payload_view(self, key: bytes):
+        """The stored payload in place (valid until the block is removed) and its offset."""
+        e = self._index[key]
+        return self.arena.slice(entry_offset(e), entry_payload_len(e)), entry_offset(e)
+
+    def payload_host(self, key: bytes):
+        """The payload as a host bytes-like: in place on host arenas, a copy from a GPU."""
+        e = self._index[key]
+        if self.arena.view is not None:
+            return self.arena.slice(entry_offset(e), entry_payload_len(e))
+        return self.arena.read(entry_offset(e), entry_payload_len(e))
+
+    def payload_len(self, key: bytes) -> int:
+        return entry_payload_len(self._index[key])
+
+    def atime(self, key: bytes) -> int:
+        return entry_atime(self._index[key])
+
+    def slot_size(self, key: bytes) -> int:
+        return self.alloc.slot_size(entry_offset(self._index[key]))
+
+    def remove(self, key: bytes) -> bool:
+        e = self._index.pop(key, None)
+        if e is None:
+            return False
+        self.payload_bytes -= entry_payload_len(e)
+        self.alloc.free(entry_offset(e))
+        return True
+
+    def touch(self, key: bytes) -> None:
+        e = self._index.get(key)
+        if e is not None:
+            self._index[key] = entry_touch(e, now_s())
+            self._index.move_to_end(key)
+
+    def victims(self, limit: int = 256) -> Iterator[bytes]:
+        """Up to ``limit`` keys, least recently used first (a snapshot: safe to mutate after)."""
+        return iter(list(islice(self._index, limit)))
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self._index)
+
+    def stats(self) -> dict:
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "used_bytes": self.used_bytes,
+            "payload_bytes": self.payload_bytes,
+            "blocks": len(self._index),
+            "evictions": self.evictions,
+            "free_slabs": self.alloc.free_slabs,
+            "pinned_memory": bool(getattr(self.arena, "pinned", False)),
+        }
+
+    def check(self) -> None:
+        """Integrity check for tests: allocator consistent, index within capacity."""
+        self.alloc.check()
+        assert self.used_bytes <= self.capacity_bytes
+        assert self.payload_bytes == sum(entry_payload_len(e) for e in self._index.values())
+
+    def close(self) -> None:
+        self._index.clear()
+        self.arena.close()
