@@ -46,6 +46,7 @@ class Reservation:
     tier: str | None
     expires: float
     scratch: bytearray | None = field(default=None, repr=False)
+    slots: tuple[int, int] | None = None  # (payload, header) slot offsets in the tier
 
 
 class LeaseTable:

@@ -183,28 +183,28 @@ class NodeStore(NodeInspection):
         top = self.memory[0]
         hb = header.encode()
         if not top.fits(header.payload_len, len(hb)) or not self._room_without_io(
-            top, header.payload_len + len(hb)
+            top, header.payload_len, len(hb)
         ):
             return
-        off = top.reserve(hb, header.payload_len)
-        if off is None:
+        slots = top.reserve(hb, header.payload_len)
+        if slots is None:
             return
-        top.arena.write(off, memoryview(payload).cast("B")[: header.payload_len])
-        top.commit(header.key.raw, off, len(hb), header.payload_len)
+        top.arena.write(slots[0], memoryview(payload).cast("B")[: header.payload_len])
+        top.commit(header.key.raw, slots, len(hb), header.payload_len)
         self.counters["promotions"] += 1
 
-    def _room_without_io(self, tier: MemoryTier, nbytes: int) -> bool:
+    def _room_without_io(self, tier: MemoryTier, plen: int, hlen: int) -> bool:
         """Make room in ``tier`` by dropping only blocks that are also on disk (no writes)."""
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
-            if tier.alloc.can_alloc(nbytes):
+            if tier.can_alloc(plen, hlen):
                 return True
-            victim = self._pick_victim(tier, nbytes, clean_only=True)
+            victim = self._pick_victim(tier, plen, clean_only=True)
             if victim is None:
                 return False
             tier.remove(victim)
             tier.evictions += 1
             self.counters[f"evictions_{tier.name}"] += 1
-        return tier.alloc.can_alloc(nbytes)
+        return tier.can_alloc(plen, hlen)
 
     # ------------------------------------------------------------------ writes
     async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:
@@ -266,10 +266,11 @@ class NodeStore(NodeInspection):
         for tier in self.memory:
             if not tier.fits(h.payload_len, len(hb)) or not isinstance(tier.arena, HostArena):
                 continue
-            if await self._make_room(tier, h.payload_len + len(hb)):
-                off = tier.reserve(hb, h.payload_len)
-                if off is not None:
-                    return Reservation(rid, h, hb, tier.writable(off, h.payload_len), off, tier.name, expires)
+            if await self._make_room(tier, h.payload_len, len(hb)):
+                slots = tier.reserve(hb, h.payload_len)
+                if slots is not None:
+                    view = tier.writable(slots[0], h.payload_len)
+                    return Reservation(rid, h, hb, view, slots[0], tier.name, expires, slots=slots)
         if self.disk is not None and h.payload_len + len(hb) <= self.disk.capacity_bytes:
             buf = bytearray(h.payload_len)
             return Reservation(rid, h, hb, memoryview(buf), None, None, expires, scratch=buf)
@@ -291,7 +292,7 @@ class NodeStore(NodeInspection):
                 results.append(PutResult(Status.INVALID))
                 continue
             if r.tier is not None:
-                self._tier(r.tier).commit(key, r.offset, len(r.header_bytes), r.header.payload_len)
+                self._tier(r.tier).commit(key, r.slots, len(r.header_bytes), r.header.payload_len)
                 self.counters["puts"] += 1
                 self.counters["bytes_in"] += r.header.payload_len
                 if self.disk is None:
@@ -336,7 +337,7 @@ class NodeStore(NodeInspection):
 
     def _free_reservation(self, r: Reservation) -> None:
         if r.tier is not None:
-            self._tier(r.tier).abandon(r.offset)
+            self._tier(r.tier).abandon(r.slots)
 
     _free_slot = _free_reservation
 
@@ -361,16 +362,16 @@ class NodeStore(NodeInspection):
         below = self.tiers[self.tiers.index(tier) + 1 :]
         return any(key in t for t in below) and key not in self.dirty
 
-    async def _make_room(self, tier: MemoryTier, nbytes: int) -> bool:
-        """Evict LRU blocks of ``tier`` (moving them down) until a slot of ``nbytes`` is free."""
+    async def _make_room(self, tier: MemoryTier, plen: int, hlen: int) -> bool:
+        """Evict LRU blocks of ``tier`` (moving them down) until a block of these sizes fits."""
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
-            if tier.alloc.can_alloc(nbytes):
+            if tier.can_alloc(plen, hlen):
                 return True
-            victim = self._pick_victim(tier, nbytes, clean_only=False)
+            victim = self._pick_victim(tier, plen, clean_only=False)
             if victim is None:
                 return False
             await self._demote(tier, victim)
-        return tier.alloc.can_alloc(nbytes)
+        return tier.can_alloc(plen, hlen)
 
     async def _demote(self, tier: MemoryTier, key: bytes) -> None:
         """Move ``key`` out of ``tier`` to the next tier down (or drop it at the bottom)."""
@@ -396,7 +397,7 @@ class NodeStore(NodeInspection):
         payload = tier.payload_host(key)
         nxt = below[0]
         if isinstance(nxt, MemoryTier):
-            if nxt.fits(len(payload), len(hdr)) and await self._make_room(nxt, len(payload) + len(hdr)):
+            if nxt.fits(len(payload), len(hdr)) and await self._make_room(nxt, len(payload), len(hdr)):
                 await nxt.put([(key, hdr, payload)])
                 self.counters["demotions"] += 1
                 return

@@ -5,7 +5,7 @@ take and return lists in input order. The node owns placement and policy: which 
 block, when a block moves down, which blocks may not be evicted (leases, pins). A tier's
 ``victims()`` is its eviction hook: least recently used keys first.
 
-Index entries are one packed int per block (offset | header length | payload length | access
+Index entries are one packed int per block (payload and header offsets, lengths, access
 time), so 1M blocks cost a few hundred bytes each, not kilobytes of Python objects.
 """
 
@@ -17,24 +17,38 @@ from typing import Protocol
 
 from kvstore.results import Status
 
-_OFF_BITS, _HDR_BITS, _LEN_BITS = 42, 20, 36
-_HDR_SHIFT = _OFF_BITS
-_LEN_SHIFT = _OFF_BITS + _HDR_BITS
+_OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
+_HOFF_SHIFT = _OFF_BITS
+_HLEN_SHIFT = 2 * _OFF_BITS
+_LEN_SHIFT = _HLEN_SHIFT + _HLEN_BITS
 _T_SHIFT = _LEN_SHIFT + _LEN_BITS
-MAX_HEADER_LEN = (1 << _HDR_BITS) - 1
+_OFF_MASK = (1 << _OFF_BITS) - 1
+MAX_HEADER_LEN = (1 << _HLEN_BITS) - 1
 MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
 
 
-def pack_entry(offset: int, header_len: int, payload_len: int, atime: int) -> int:
-    return offset | (header_len << _HDR_SHIFT) | (payload_len << _LEN_SHIFT) | (atime << _T_SHIFT)
+def pack_entry(offset: int, header_offset: int, header_len: int, payload_len: int, atime: int) -> int:
+    """One int per block: payload slot offset, header slot offset, header and payload lengths,
+    access time (seconds). The disk tier leaves both offsets 0."""
+    return (
+        offset
+        | (header_offset << _HOFF_SHIFT)
+        | (header_len << _HLEN_SHIFT)
+        | (payload_len << _LEN_SHIFT)
+        | (atime << _T_SHIFT)
+    )
 
 
 def entry_offset(e: int) -> int:
-    return e & ((1 << _OFF_BITS) - 1)
+    return e & _OFF_MASK
+
+
+def entry_header_offset(e: int) -> int:
+    return (e >> _HOFF_SHIFT) & _OFF_MASK
 
 
 def entry_header_len(e: int) -> int:
-    return (e >> _HDR_SHIFT) & MAX_HEADER_LEN
+    return (e >> _HLEN_SHIFT) & MAX_HEADER_LEN
 
 
 def entry_payload_len(e: int) -> int:

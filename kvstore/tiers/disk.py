@@ -108,7 +108,7 @@ class DiskTier:
         found.sort()
         t = now_s()
         for _, key, hlen, plen in found:
-            self._index[key] = pack_entry(0, hlen, plen, t)
+            self._index[key] = pack_entry(0, 0, hlen, plen, t)
             self.payload_bytes += plen
             self._used += plen + hlen
 
@@ -235,7 +235,7 @@ class DiskTier:
         t = now_s()
         for key, hdr, payload in todo:
             plen = memoryview(payload).nbytes
-            self._index[key] = pack_entry(0, len(hdr), plen, t)
+            self._index[key] = pack_entry(0, 0, len(hdr), plen, t)
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]

@@ -1,8 +1,9 @@
 """A memory tier: an arena (host DRAM or GPU HBM) cut into slots by a slab allocator.
 
-One slot holds ``[payload][encoded header]``: the payload starts the slot (aligned, so RDMA and
-zero-copy sends read it in place) and the header follows it. No per-block allocation: a put
-takes a slot from the allocator, a delete gives it back.
+A block takes two slots of the same arena: one for its payload (so a payload of a model's block
+size fills a slot exactly, and RDMA or zero-copy sends read it in place) and a small one for its
+encoded header. No per-block allocation: a put takes slots from the allocator, a delete gives
+them back.
 
 Two-phase writes: :meth:`reserve` hands out a slot (header already written), the caller fills
 the payload, then :meth:`commit` indexes it or :meth:`abandon` returns it. A reserved slot is
@@ -20,6 +21,7 @@ from kvstore.tiers.base import (
     MAX_HEADER_LEN,
     entry_atime,
     entry_header_len,
+    entry_header_offset,
     entry_offset,
     entry_payload_len,
     entry_touch,
@@ -63,30 +65,45 @@ class MemoryTier:
         return [k in idx for k in keys]
 
     def fits(self, payload_len: int, header_len: int) -> bool:
-        return payload_len + header_len <= self.alloc.slab_size
+        return 0 < payload_len <= self.alloc.slab_size and 0 < header_len <= min(
+            MAX_HEADER_LEN, self.alloc.slab_size
+        )
+
+    def can_alloc(self, payload_len: int, header_len: int) -> bool:
+        """Whether :meth:`reserve` would succeed now without eviction."""
+        a = self.alloc
+        if a.class_of(payload_len) == a.class_of(header_len):
+            return a.can_alloc_n(payload_len, 2)
+        return a.can_alloc(payload_len) and a.can_alloc(header_len)
 
     # ------------------------------------------------------------------ two-phase write
-    def reserve(self, header: bytes, payload_len: int) -> int | None:
-        """A slot for a block with this header; the header is written, the payload is not.
-        Returns its offset, or None when no slab can serve the size (caller evicts, retries).
-        Raises ValueError when the block can never fit this tier."""
-        if len(header) > MAX_HEADER_LEN or not self.fits(payload_len, len(header)):
+    def reserve(self, header: bytes, payload_len: int) -> tuple[int, int] | None:
+        """Slots for a block with this header; the header is written, the payload is not.
+        Returns (payload offset, header offset), or None when no slab can serve the sizes
+        (the caller evicts and retries). Raises ValueError when the block can never fit."""
+        if not self.fits(payload_len, len(header)):
             raise ValueError(f"block of {payload_len}+{len(header)} bytes exceeds {self.name} slot size")
-        off = self.alloc.alloc(payload_len + len(header))
-        if off is not None:
-            self.arena.write(off + payload_len, header)
-        return off
+        off = self.alloc.alloc(payload_len)
+        if off is None:
+            return None
+        hoff = self.alloc.alloc(len(header))
+        if hoff is None:
+            self.alloc.free(off)
+            return None
+        self.arena.write(hoff, header)
+        return off, hoff
 
-    def commit(self, key: bytes, offset: int, header_len: int, payload_len: int) -> None:
-        """Index a reserved slot as ``key`` (most recently used). The key must be absent."""
+    def commit(self, key: bytes, slots: tuple[int, int], header_len: int, payload_len: int) -> None:
+        """Index reserved slots as ``key`` (most recently used). The key must be absent."""
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
-        self._index[key] = pack_entry(offset, header_len, payload_len, now_s())
+        self._index[key] = pack_entry(slots[0], slots[1], header_len, payload_len, now_s())
         self.payload_bytes += payload_len
 
-    def abandon(self, offset: int) -> None:
-        """Return a reserved, uncommitted slot."""
-        self.alloc.free(offset)
+    def abandon(self, slots: tuple[int, int]) -> None:
+        """Return reserved, uncommitted slots."""
+        self.alloc.free(slots[0])
+        self.alloc.free(slots[1])
 
     def writable(self, offset: int, payload_len: int):
         """The payload area of a reserved slot (a memoryview on host, a tensor on GPU)."""
@@ -100,12 +117,12 @@ class MemoryTier:
                 out.append(True)
                 continue
             mv = memoryview(payload).cast("B")
-            off = self.reserve(header, mv.nbytes)
-            if off is None:
+            slots = self.reserve(header, mv.nbytes)
+            if slots is None:
                 out.append(False)
                 continue
-            self.arena.write(off, mv)
-            self.commit(key, off, len(header), mv.nbytes)
+            self.arena.write(slots[0], mv)
+            self.commit(key, slots, len(header), mv.nbytes)
             out.append(True)
         return out
 
@@ -134,15 +151,14 @@ class MemoryTier:
         e = self._index.get(key)
         if e is None:
             return None
-        off, plen = entry_offset(e), entry_payload_len(e)
-        self.arena.read_into(off, buf, plen)
-        return self.arena.read(off + plen, entry_header_len(e))
+        self.arena.read_into(entry_offset(e), buf, entry_payload_len(e))
+        return self.arena.read(entry_header_offset(e), entry_header_len(e))
 
     def header_sync(self, key: bytes) -> bytes | None:
         e = self._index.get(key)
         if e is None:
             return None
-        return self.arena.read(entry_offset(e) + entry_payload_len(e), entry_header_len(e))
+        return self.arena.read(entry_header_offset(e), entry_header_len(e))
 
     def payload_view(self, key: bytes):
         """The stored payload in place (valid until the block is removed) and its offset."""
@@ -171,6 +187,7 @@ class MemoryTier:
             return False
         self.payload_bytes -= entry_payload_len(e)
         self.alloc.free(entry_offset(e))
+        self.alloc.free(entry_header_offset(e))
         return True
 
     def touch(self, key: bytes) -> None:

@@ -1,9 +1,12 @@
 """A slab allocator over one contiguous range of bytes: offsets only, no memory of its own.
 
 ``[0, capacity)`` is cut into slabs of ``slab_size`` bytes. A slab serves one size class at a
-time; classes grow geometrically (``growth``, default 1.125) from ``min_slot`` to
-``slab_size``, rounded up to ``align``, so the slack inside a slot is under 12.5 % plus the
-alignment. A slab whose slots are all free goes back to the shared pool and can serve another
+time. Below ``slab_size / 64`` classes grow geometrically (``growth``, default 1.125) from
+``min_slot``, rounded up to ``align``, so the slack inside a slot is under 12.5 % plus the
+alignment; above that the classes are ``slab_size / k`` (k = 64..1), which tile a slab
+exactly (neighbouring classes differ by at most 1/8 for k >= 8).
+Blocks of one model all have one size: choose ``slab_size`` as a multiple of it and the waste
+is zero. A slab whose slots are all free goes back to the shared pool and can serve another
 class, so a change of block size does not strand memory.
 
 Every operation is O(1) (a slab's free list is built once when the slab is assigned, in
@@ -13,11 +16,12 @@ O(slots per slab)). Not thread-safe: the owner serialises calls.
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import islice
 
 
 class SlabAllocator:
     def __init__(
-        self, capacity: int, slab_size: int, *, min_slot: int = 4096, growth: float = 1.125, align: int = 4096
+        self, capacity: int, slab_size: int, *, min_slot: int = 256, growth: float = 1.125, align: int = 256
     ) -> None:
         if slab_size <= 0 or capacity < slab_size:
             raise ValueError(f"capacity {capacity} must hold at least one slab of {slab_size} bytes")
@@ -26,12 +30,20 @@ class SlabAllocator:
         self.slab_size = slab_size
         self.num_slabs = capacity // slab_size
         self.capacity = self.num_slabs * slab_size
+        # Small slots: geometric classes (slack < 1/growth). Larger ones (from slab/64): exactly
+        # slab/k for k = 64..1, which tile a slab with no tail; neighbours differ by <= 1/8
+        # down to k = 8.
         classes: list[int] = []
         size = min(_round_up(min_slot, align), slab_size)
-        while size < slab_size:
+        while size < slab_size // 64:
             classes.append(size)
             size = max(_round_up(int(size * growth), align), size + align)
-        classes.append(slab_size)
+        for k in range(64, 0, -1):
+            s = slab_size // k // align * align
+            if s >= align and (not classes or s > classes[-1]):
+                classes.append(s)
+        if classes[-1] != slab_size:
+            classes.append(slab_size)
         self.classes: tuple[int, ...] = tuple(classes)
         self._slab_class = [-1] * self.num_slabs
         self._slab_free: list[list[int] | None] = [None] * self.num_slabs
@@ -99,6 +111,12 @@ class SlabAllocator:
 
     def can_alloc(self, nbytes: int) -> bool:
         return bool(self._partial[self.class_of(nbytes)]) or bool(self._free_slabs)
+
+    def can_alloc_n(self, nbytes: int, n: int) -> bool:
+        """Whether ``n`` slots of ``nbytes`` can be allocated now."""
+        c = self.class_of(nbytes)
+        free = sum(len(self._slab_free[s]) for s in islice(self._partial[c], n))
+        return free >= n or bool(self._free_slabs)
 
     @property
     def free_slabs(self) -> int:

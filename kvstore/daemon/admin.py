@@ -1,0 +1,153 @@
+"""The admin port (aiohttp, JSON): health, readiness, metrics, block listing/detail, stats,
+delete and pin. docs/operations.md lists every route.
+
+With auth on, every route except ``/healthz`` and ``/readyz`` needs ``Authorization: Bearer
+<token>`` of the operator tenant (``*``); anything else is 401/403 and counted. Handlers run
+on the daemon's event loop and call the NodeStore directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from kvstore.daemon.auth import OPERATOR, TokenTable
+from kvstore.daemon.dataport import _plain
+from kvstore.daemon.logs import kv
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.errors import KeyFormatError
+from kvstore.keys import BlockKey
+
+log = logging.getLogger("kvstore.daemon.admin")
+_OPEN = ("/healthz", "/readyz")
+_MAX_LIMIT = 10000
+
+
+def _key(text: str, name: str) -> BlockKey:
+    try:
+        return BlockKey.from_hex(text)
+    except KeyFormatError as exc:
+        raise web.HTTPBadRequest(text=f"{name}: {exc}") from exc
+
+
+def _info(info) -> dict[str, Any]:
+    return {
+        "key": info.key.hex,
+        "namespace": info.namespace.hex,
+        "tiers": list(info.tiers),
+        "payload_len": info.payload_len,
+        "num_tokens": info.num_tokens,
+        "created": info.created,
+        "last_access": info.last_access,
+        "leases": info.leases,
+        "pinned": info.pinned,
+    }
+
+
+def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], ready: Callable[[], bool]):
+    """Build the admin application. ``tokens`` returns the current table (SIGHUP swaps it);
+    ``ready`` says whether the data port serves."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        table = tokens()
+        if table.enabled and request.path not in _OPEN:
+            header = request.headers.get("Authorization", "")
+            token = header[7:] if header.startswith("Bearer ") else ""
+            tenant = table.tenant_of(token) if token else None
+            if tenant != OPERATOR:
+                metrics.auth_failures.labels("admin").inc()
+                log.info(kv("refused", port="admin", path=request.path, peer=request.remote))
+                if tenant is None:
+                    raise web.HTTPUnauthorized(text="a valid operator token is required")
+                raise web.HTTPForbidden(text="tenant tokens cannot use the admin API")
+        return await handler(request)
+
+    async def healthz(request):
+        return web.json_response({"ok": True})
+
+    async def readyz(request):
+        ok = ready()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    async def metrics_route(request):
+        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def stats(request):
+        out = _plain(node.stats())
+        out["daemon"] = metrics.snapshot()
+        return web.json_response(out)
+
+    async def blocks(request):
+        q = request.query
+        tier = q.get("tier") or None
+        ns = _key(q["namespace"], "namespace") if q.get("namespace") else None
+        after = _key(q["after"], "after") if q.get("after") else None
+        try:
+            limit = int(q.get("limit", "100"))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"limit: not an integer: {q.get('limit')!r}") from exc
+        if not 1 <= limit <= _MAX_LIMIT:
+            raise web.HTTPBadRequest(text=f"limit: must be in [1, {_MAX_LIMIT}]")
+        if tier not in (None, "hbm", "dram", "disk"):
+            raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
+        items = await node.list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
+        nxt = items[-1].key.hex if len(items) == limit else None
+        return web.json_response({"blocks": [_info(i) for i in items], "next": nxt})
+
+    async def block(request):
+        key = _key(request.match_info["key"], "key")
+        d = await node.describe(key)
+        if d is None:
+            raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
+        hdr, info = d
+        return web.json_response(
+            {
+                **_info(info),
+                "header": {
+                    "parent": hdr.parent.hex,
+                    "dtype": hdr.dtype,
+                    "shape": list(hdr.shape),
+                    "checksum": f"{hdr.checksum:016x}",
+                    "tokens": hdr.tokens,
+                    "version": hdr.version,
+                },
+            }
+        )
+
+    async def delete(request):
+        key = _key(request.match_info["key"], "key")
+        (ok,) = await node.delete([key])
+        log.info(kv("admin_delete", key=key.hex, deleted=ok))
+        if not ok:
+            raise web.HTTPNotFound(text=f"block {key.hex} is not stored (or is leased)")
+        return web.json_response({"deleted": True})
+
+    async def pin(request):
+        key = _key(request.match_info["key"], "key")
+        if request.method == "DELETE":
+            (ok,) = await node.unpin([key])
+        else:
+            (ok,) = await node.pin([key])
+        if not ok:
+            raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
+        return web.json_response({"pinned": request.method != "DELETE"})
+
+    app = web.Application(middlewares=[auth])
+    app.add_routes(
+        [
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics_route),
+            web.get("/v1/stats", stats),
+            web.get("/v1/blocks", blocks),
+            web.get("/v1/blocks/{key}", block),
+            web.delete("/v1/blocks/{key}", delete),
+            web.post("/v1/blocks/{key}/pin", pin),
+            web.delete("/v1/blocks/{key}/pin", pin),
+        ]
+    )
+    return app

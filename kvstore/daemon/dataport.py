@@ -1,0 +1,417 @@
+"""The data port: accepts connections and serves the framed protocol against a NodeStore.
+
+Each connection is served serially (one request, one reply) by its own task; requests on
+different connections interleave on the event loop. Payloads go from the node's lease views
+to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``.
+
+Failure rules (docs/protocol.md): a bad frame or a length over ``server.max_frame`` gets an
+error reply and the connection is closed; a bad request gets an error reply, its payload is
+skipped and the connection stays usable; a node failure is an ``internal`` reply; nothing a
+client sends can crash the daemon, store a block whose checksum does not match, or touch
+another tenant's blocks (every op checks the block's namespace against the session's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Any
+
+from kvstore import protocol as P
+from kvstore.daemon.auth import OPERATOR, TokenTable
+from kvstore.daemon.logs import kv
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.session import Session
+from kvstore.results import Status
+from rdma.tcp import FrameError, SocketChannel
+from rdma.transport import RemoteDescriptor
+
+log = logging.getLogger("kvstore.daemon.data")
+
+
+class _Fatal(Exception):
+    """Reply with this error, then close the connection."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DataServer:
+    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests."""
+
+    def __init__(self, node, sock: socket.socket, tokens: TokenTable, metrics: DaemonMetrics, cfg) -> None:
+        self.node = node
+        self.sock = sock
+        self.tokens = tokens
+        self.metrics = metrics
+        self.max_frame = int(cfg.server.max_frame)
+        self.lease_ttl = float(cfg.node.lease_ttl_s)
+        self.node_name = cfg.node.name or socket.gethostname()
+        self.closing = False
+        self._conns: dict[asyncio.Task, Session] = {}
+        self._accept_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closing:
+            try:
+                conn, addr = await loop.sock_accept(self.sock)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:  # EMFILE and friends: log, back off, keep serving
+                log.warning(kv("accept_failed", error=exc))
+                await asyncio.sleep(0.1)
+                continue
+            sess = Session(peer=f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr))
+            task = loop.create_task(self._serve(conn, sess))
+            self._conns[task] = sess
+            task.add_done_callback(self._conns.pop)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``grace_s``), close idle ones."""
+        self.closing = True
+        if self._accept_task:
+            self._accept_task.cancel()
+        self.sock.close()
+        for task, sess in list(self._conns.items()):
+            if not sess.busy:
+                task.cancel()
+        busy = list(self._conns)
+        if busy:
+            _, pending = await asyncio.wait(busy, timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+    # ------------------------------------------------------------ per connection
+
+    async def _serve(self, conn: socket.socket, sess: Session) -> None:
+        ch = SocketChannel(conn)
+        self.metrics.connections.inc()
+        try:
+            while not self.closing:
+                try:
+                    h = await ch.recv_header(P.MAX_HEADER, self.max_frame)
+                except FrameError as exc:
+                    self.metrics.protocol_errors.labels(exc.code).inc()
+                    log.info(kv("bad_frame", peer=sess.peer, code=exc.code, error=exc))
+                    await _try_send(ch, P.error_reply(0, exc.code, str(exc)))
+                    return
+                sess.busy = True
+                try:
+                    if not await self._request(ch, sess, h):
+                        return
+                finally:
+                    sess.busy = False
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception as exc:  # never let one connection take the daemon down
+            log.exception(kv("connection_failed", peer=sess.peer, error=type(exc).__name__))
+        finally:
+            ch.close()
+            self._drop_session(sess)
+            self.metrics.connections.dec()
+
+    def _drop_session(self, sess: Session) -> None:
+        try:
+            if sess.leases:
+                self.node.release([h.obj for h in sess.leases.values()])
+            if sess.reservations:
+                self.node.abort([h.obj for h in sess.reservations.values()])
+        except Exception as exc:
+            log.warning(kv("session_cleanup_failed", peer=sess.peer, error=exc))
+        sess.leases.clear()
+        sess.reservations.clear()
+
+    async def _request(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> bool:
+        """Serve one request; False closes the connection."""
+        plen = h.get("plen", 0)
+        rid = h.get("rid")
+        op = "?"
+        t0 = time.perf_counter()
+        try:
+            op, rid = P.req_op(h)
+            if op == "HELLO":
+                if plen:
+                    raise P.bad("HELLO carries no payload")
+                await self._hello(ch, sess, rid, h)
+            else:
+                if sess.tenant is None:
+                    raise _Fatal(P.AUTH, "send HELLO with a valid token first")
+                if plen and op not in ("PUT", "WRITE"):
+                    raise P.bad(f"{op} carries no payload")
+                await getattr(self, "_op_" + op.lower())(ch, sess, rid, h, plen)
+            self.metrics.ops.labels(op, "ok").inc()
+            self.metrics.latency.labels(op).observe(time.perf_counter() - t0)
+            return True
+        except _Fatal as exc:
+            self._count_error(op, exc.code)
+            if exc.code == P.AUTH:
+                self.metrics.auth_failures.labels("data").inc()
+            log.info(kv("refused", peer=sess.peer, op=op, code=exc.code, error=exc))
+            await _try_send(ch, P.error_reply(rid, exc.code, str(exc)))
+            return False
+        except P.ProtocolError as exc:
+            # raised before any payload byte was read or any reply byte sent: resync is safe
+            self._count_error(op, exc.code)
+            await ch.discard(plen)
+            await ch.send_frame(P.error_reply(rid, exc.code, str(exc)))
+            return True
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            # mid-request: the stream may be desynchronised, so the connection ends here
+            self._count_error(op, P.INTERNAL)
+            log.exception(kv("op_failed", peer=sess.peer, op=op, error=type(exc).__name__))
+            await _try_send(ch, P.error_reply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}"))
+            return False
+
+    def _count_error(self, op: str, code: str) -> None:
+        self.metrics.ops.labels(op, code).inc()
+        self.metrics.protocol_errors.labels(code).inc()
+
+    # ------------------------------------------------------------ ops
+
+    async def _hello(self, ch: SocketChannel, sess: Session, rid: int, h: dict[str, Any]) -> None:
+        try:
+            hello = P.parse_hello(h)
+        except P.ProtocolError as exc:
+            if exc.code == P.BAD_VERSION:
+                raise _Fatal(exc.code, str(exc)) from exc
+            raise
+        tenant = self.tokens.tenant_of(hello.token)
+        if tenant is None:
+            raise _Fatal(P.AUTH, "token refused")
+        if tenant == OPERATOR:
+            raise _Fatal(P.AUTH, "the operator token is for the admin port only")
+        if hello.tenant not in (None, tenant):
+            raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
+        ids = [P.namespace_from_wire(d, tenant, f"ns[{i}]").id.raw for i, d in enumerate(hello.namespaces)]
+        sess.tenant = tenant
+        sess.namespaces = frozenset(ids)
+        log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids)))
+        await ch.send_frame(
+            {
+                "rid": rid,
+                "ok": True,
+                "v": P.PROTOCOL_VERSION,
+                "tenant": tenant,
+                "salt": tenant,
+                "ns": ids,
+                "node": self.node_name,
+                "max_frame": self.max_frame,
+                "rdma": None,
+            }
+        )
+
+    async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
+        """Per key: its tier when stored and in one of the session's namespaces, else None."""
+        out: list[str | None] = []
+        for key, tier in zip(keys, tiers):
+            if tier is not None:
+                d = await self.node.describe(key)
+                if d is None or not sess.allows(d[0]):
+                    tier = None
+            out.append(tier)
+        return out
+
+    async def _op_exists(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        tiers = await self._visible(sess, keys, await self.node.contains(keys))
+        await ch.send_frame({"rid": rid, "ok": True, "tiers": tiers})
+
+    async def _op_get(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        exp = P.req_expects(h, len(keys))
+        caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
+        leases = await self.node.lease(keys, self.lease_ttl)
+        try:
+            res, views = [], []
+            for i, lease in enumerate(leases):
+                st = Status.HIT
+                hdr = lease.header if lease is not None else None
+                if lease is None or not sess.allows(hdr):
+                    st, hdr = Status.MISS, None
+                elif exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
+                    st = Status.MISMATCH
+                elif caps is not None and caps[i] < hdr.payload_len:
+                    st = Status.BUF_TOO_SMALL
+                if st is Status.HIT:
+                    views.append(lease.view)
+                    self.metrics.hits.inc()
+                else:
+                    self.metrics.misses.inc()
+                res.append(P.get_result_to_wire(st, hdr, lease.tier if lease is not None else None))
+            await ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
+            self.metrics.bytes_out.inc(sum(v.nbytes for v in views))
+        finally:
+            self.node.release([x for x in leases if x is not None])
+
+    async def _op_put(self, ch, sess, rid, h, plen) -> None:
+        hdrs = P.req_headers(h)
+        if sum(x.payload_len for x in hdrs) != plen:
+            raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
+        allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
+        reserved = await self.node.reserve([hdrs[i] for i in allowed]) if allowed else []
+        slot: dict[int, Any] = dict(zip(allowed, reserved))
+        got = []
+        try:
+            for i, x in enumerate(hdrs):
+                r = slot.get(i)
+                if r is None or isinstance(r, Status):
+                    await ch.discard(x.payload_len)
+                else:
+                    await ch.recv_into(r.view)
+                    got.append(r)
+        except BaseException:
+            self.node.abort([r for r in slot.values() if not isinstance(r, Status)])
+            raise
+        self.metrics.bytes_in.inc(plen)
+        committed = dict(zip([id(r) for r in got], await self.node.commit(got))) if got else {}
+        res = []
+        for i in range(len(hdrs)):
+            r = slot.get(i)
+            if r is None:
+                res.append([int(Status.INVALID), None, False])
+            elif isinstance(r, Status):
+                res.append([int(r), None, False])
+            else:
+                pr = committed[id(r)]
+                if pr.status is Status.INVALID:
+                    self.metrics.checksum_failures.inc()
+                res.append([int(pr.status), pr.tier, bool(pr.durable)])
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _op_delete(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        mine = await self._visible(sess, keys, await self.node.contains(keys))
+        todo = [k for k, t in zip(keys, mine) if t is not None]
+        done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
+        await ch.send_frame({"rid": rid, "ok": True, "res": [bool(done.get(k.raw, False)) for k in keys]})
+
+    async def _op_lease(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        ttl = P.req_float(h, "ttl", self.lease_ttl)
+        leases = await self.node.lease(keys, ttl)
+        res, drop = [], []
+        for lease in leases:
+            if lease is None or not sess.allows(lease.header):
+                if lease is not None:
+                    drop.append(lease)
+                res.append([int(Status.MISS), None, None, None])
+                continue
+            handle = sess.hold(sess.leases, lease, ttl)
+            desc = RemoteDescriptor(handle, 0, lease.header.payload_len)
+            res.append([int(Status.HIT), lease.header.encode(), lease.tier, desc.to_wire()])
+        if drop:
+            self.node.release(drop)
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _op_release(self, ch, sess, rid, h, plen) -> None:
+        handles = P.req_ints(h, "handles")
+        found = [sess.leases.pop(x, None) for x in handles]
+        self.node.release([f.obj for f in found if f is not None])
+        await ch.send_frame({"rid": rid, "ok": True, "res": [f is not None for f in found]})
+
+    async def _op_read(self, ch, sess, rid, h, plen) -> None:
+        descs = _descs(h)
+        res, views = [], []
+        for d in descs:
+            lease = sess.live(sess.leases, d.handle)
+            ok = lease is not None and d.addr + d.length <= lease.view.nbytes
+            if ok:
+                views.append(lease.view[d.addr : d.addr + d.length])
+            res.append(ok)
+        await ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
+        self.metrics.bytes_out.inc(sum(v.nbytes for v in views))
+
+    async def _op_reserve(self, ch, sess, rid, h, plen) -> None:
+        hdrs = P.req_headers(h)
+        allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
+        got = dict(zip(allowed, await self.node.reserve([hdrs[i] for i in allowed]))) if allowed else {}
+        res = []
+        for i, x in enumerate(hdrs):
+            r = got.get(i)
+            if r is None or isinstance(r, Status):
+                res.append([int(r if r is not None else Status.INVALID), None])
+            else:
+                handle = sess.hold(sess.reservations, r, self.lease_ttl)
+                res.append([None, RemoteDescriptor(handle, 0, x.payload_len).to_wire()])
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _op_write(self, ch, sess, rid, h, plen) -> None:
+        descs = _descs(h)
+        if sum(d.length for d in descs) != plen:
+            raise P.bad(f"plen {plen} is not the sum of the descriptors' lengths")
+        res = []
+        for d in descs:
+            r = sess.live(sess.reservations, d.handle)
+            if r is not None and d.addr + d.length <= r.view.nbytes:
+                await ch.recv_into(r.view[d.addr : d.addr + d.length])
+                res.append(True)
+            else:
+                await ch.discard(d.length)
+                res.append(False)
+        self.metrics.bytes_in.inc(plen)
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _op_commit(self, ch, sess, rid, h, plen) -> None:
+        handles = P.req_ints(h, "handles")
+        found = [sess.reservations.pop(x, None) for x in handles]
+        live = [f.obj for f in found if f is not None]
+        done = dict(zip([id(r) for r in live], await self.node.commit(live))) if live else {}
+        res = []
+        for f in found:
+            if f is None:
+                res.append([int(Status.INVALID), None, False])
+                continue
+            pr = done[id(f.obj)]
+            if pr.status is Status.INVALID:
+                self.metrics.checksum_failures.inc()
+            res.append([int(pr.status), pr.tier, bool(pr.durable)])
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _op_stats(self, ch, sess, rid, h, plen) -> None:
+        stats = _plain(self.node.stats())
+        stats["daemon"] = self.metrics.snapshot()
+        await ch.send_frame({"rid": rid, "ok": True, "stats": stats})
+
+
+def _descs(h: dict[str, Any]) -> list[RemoteDescriptor]:
+    from rdma.transport import TransportError
+
+    out = []
+    for i, raw in enumerate(P._list(h, "descs")):
+        try:
+            out.append(RemoteDescriptor.from_wire(raw))
+        except TransportError as exc:
+            raise P.bad(f"descs[{i}]: {exc}") from exc
+    return out
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with only msgpack/JSON-safe types (stats may hold tuples, enums, floats)."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:
+    try:
+        await asyncio.wait_for(ch.send_frame(header), 1.0)
+    except (ConnectionError, asyncio.TimeoutError, OSError):
+        pass

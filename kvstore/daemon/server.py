@@ -1,0 +1,184 @@
+"""The daemon: a NodeStore behind a data port and an admin port, until SIGTERM.
+
+``Daemon.start(cfg)`` opens the node (rebuilding the disk index), binds both ports (port 0:
+ephemeral), writes ``server.port_file`` (JSON ``{"host", "data_port", "admin_port", "pid"}``,
+atomically) and serves. SIGHUP reloads the token file (a bad file keeps the old table and is
+logged); SIGTERM/SIGINT stop accepting, let in-flight requests finish and close the node
+(which flushes the disk tier). Without ``auth.token_file`` the daemon binds to loopback only.
+Everything runs on one event loop; nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+
+from aiohttp import web
+
+from kvstore.config import StoreConfig
+from kvstore.daemon.admin import make_app
+from kvstore.daemon.auth import TokenTable
+from kvstore.daemon.dataport import DataServer
+from kvstore.daemon.logs import kv
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.errors import ConfigError
+from rdma.transport import TransportError, select_transport
+
+log = logging.getLogger("kvstore.daemon")
+GRACE_S = 30.0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"server: cannot bind {host}:{port}: {exc.strerror}") from exc
+    sock.listen(512)
+    return sock
+
+
+class Daemon:
+    def __init__(self, cfg: StoreConfig) -> None:
+        self.cfg = cfg
+        self.node = None
+        self.tokens = TokenTable.load(cfg.auth.token_file)
+        self.host = cfg.server.host
+        self.data: DataServer | None = None
+        self.metrics: DaemonMetrics | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+        self.data_port = 0
+        self.admin_port = 0
+
+    @classmethod
+    async def start(cls, cfg: StoreConfig) -> Daemon:
+        """Open everything and start serving. Raises ConfigError (bad token file, port in use)
+        or TransportError (``transport = "rdma"`` without a device) before serving anything."""
+        from kvstore.node import NodeStore  # heavy (tiers); only the daemon needs it
+        from rdma.verbs import device_available
+
+        self = cls(cfg)
+        if not self.tokens.enabled and not _is_loopback(self.host):
+            log.warning(kv("no_auth_loopback_only", requested_host=self.host, host="127.0.0.1"))
+            self.host = "127.0.0.1"
+        elif not self.tokens.enabled:
+            log.warning(kv("no_auth", host=self.host, note="no auth.token_file: loopback only"))
+        has_dev = device_available()
+        try:
+            chosen = select_transport(cfg.server.transport, has_dev, has_dev)
+        except TransportError as exc:
+            raise ConfigError(str(exc)) from exc
+        if chosen == "rdma":
+            # the verbs data path is not wired into the daemon yet (docs/rdma.md)
+            raise ConfigError("server.transport: the RDMA data path is not available in this build; use tcp")
+        if cfg.server.transport == "auto":
+            log.info(kv("transport", selected="tcp", reason="no RDMA device" if not has_dev else "tcp only"))
+        data_sock = _bind(self.host, cfg.server.data_port)
+        try:
+            self.node = await NodeStore.open(cfg)
+        except BaseException:
+            data_sock.close()
+            raise
+        self.metrics = DaemonMetrics(self.node.stats)
+        self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg)
+        self.data.start()
+        self.data_port = data_sock.getsockname()[1]
+        app = make_app(self.node, self.metrics, lambda: self.tokens, self.ready)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, cfg.server.admin_port, backlog=128)
+        await site.start()
+        self.admin_port = site._server.sockets[0].getsockname()[1]
+        self._write_port_file()
+        log.info(
+            kv(
+                "serving",
+                host=self.host,
+                data_port=self.data_port,
+                admin_port=self.admin_port,
+                auth="on" if self.tokens.enabled else "off",
+                pid=os.getpid(),
+            )
+        )
+        return self
+
+    def ready(self) -> bool:
+        return self.data is not None and not self.data.closing
+
+    def _write_port_file(self) -> None:
+        path = self.cfg.server.port_file
+        if not path:
+            return
+        doc = {
+            "host": self.host,
+            "data_port": self.data_port,
+            "admin_port": self.admin_port,
+            "pid": os.getpid(),
+        }
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+    def reload_tokens(self) -> None:
+        """SIGHUP: swap in the token file's current content; keep the old table on error."""
+        try:
+            table = TokenTable.load(self.cfg.auth.token_file)
+        except ConfigError as exc:
+            log.error(kv("token_reload_failed", error=exc))
+            return
+        if table.enabled != self.tokens.enabled:
+            log.error(kv("token_reload_failed", error="auth cannot be switched on or off by reload"))
+            return
+        self.tokens = table
+        if self.data is not None:
+            self.data.tokens = table
+        log.info(kv("tokens_reloaded", entries=len(table.entries)))
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM")
+        loop.add_signal_handler(signal.SIGINT, self.request_stop, "SIGINT")
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tokens)
+
+    def request_stop(self, why: str = "") -> None:
+        log.info(kv("stopping", signal=why or "-"))
+        self._stopped.set()
+
+    async def run_until_stopped(self) -> None:
+        await self._stopped.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish in-flight requests, close the admin port, close the node."""
+        if self.data is not None:
+            await self.data.stop(GRACE_S)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.node is not None:
+            await self.node.close()
+        log.info(kv("stopped"))
+
+
+async def serve(cfg: StoreConfig) -> None:
+    daemon = await Daemon.start(cfg)
+    daemon.install_signals()
+    await daemon.run_until_stopped()

@@ -1,0 +1,21 @@
+"""Fixtures for the single-node store tests: real tiers over tmp dirs, nothing mocked."""
+
+from __future__ import annotations
+
+import pytest
+from storeutil import make_cfg
+
+from kvstore.node import NodeStore
+
+
+@pytest.fixture
+async def node(tmp_path):
+    n = await NodeStore.open(make_cfg(tmp_path))
+    yield n
+    n.check()
+    await n.close()
+
+
+@pytest.fixture
+def cfg_factory(tmp_path):
+    return lambda **kw: make_cfg(tmp_path, **kw)

@@ -1,0 +1,79 @@
+"""Block format: header codec round trip, malformed input rejected, checksum catches flips."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvstore.block import BlockHeader, make_header, payload_ok
+from kvstore.errors import BlockFormatError
+from kvstore.keys import Namespace
+
+NS = Namespace("fp", "float16", 4)
+
+
+def _header(payload: bytes, tokens=(1, 2, 3, 4)) -> BlockHeader:
+    key = NS.block_keys(list(tokens))[0]
+    return make_header(
+        key=key, parent=NS.id, namespace=NS.id, tokens=list(tokens), dtype="float16",
+        shape=[len(payload) // 2], payload=payload,
+    )
+
+
+@given(st.binary(min_size=2, max_size=4096).filter(lambda b: len(b) % 2 == 0), st.lists(st.integers(0, 2**31 - 1), min_size=4, max_size=4))
+def test_roundtrip(payload, tokens):
+    h = _header(payload, tokens)
+    h2 = BlockHeader.decode(h.encode())
+    assert h2 == h
+    assert h2.tokens == tokens
+    assert payload_ok(h2, payload)
+
+
+def test_checksum_catches_any_single_flip():
+    payload = bytes(range(256)) * 16
+    h = _header(payload)
+    for i in range(0, len(payload), 97):
+        bad = bytearray(payload)
+        bad[i] ^= 0x01
+        assert not payload_ok(h, bad)
+    assert not payload_ok(h, payload[:-2])
+
+
+def test_matches_checks_key_parent_tokens():
+    h = _header(b"\x00" * 64)
+    assert h.matches(h.key, NS.id, h.token_bytes)
+    assert not h.matches(h.key, h.key, None), "wrong parent is a miss"
+    assert not h.matches(h.key, None, b"\x00" * 16), "wrong tokens are a miss"
+    assert not h.matches(NS.id, None, None)
+
+
+@given(st.binary(max_size=300))
+def test_garbage_never_decodes_silently(data):
+    try:
+        h = BlockHeader.decode(data)
+    except BlockFormatError:
+        return
+    assert isinstance(h, BlockHeader)  # only a fully valid header may decode
+
+
+def test_inconsistent_fields_rejected():
+    h = _header(b"\x00" * 64)
+    d = msgpack.unpackb(h.encode())
+    for field, value, word in [
+        ("len", 63, "payload_len"),
+        ("dtype", "complex128", "dtype"),
+        ("v", 99, "version"),
+        ("key", b"abc", "16 bytes"),
+        ("shape", [-1], "shape"),
+        ("tokens", b"abc", "token bytes"),
+    ]:
+        bad = dict(d, **{field: value})
+        with pytest.raises(BlockFormatError):
+            BlockHeader.decode(msgpack.packb(bad))
+        del word
+    missing = dict(d)
+    del missing["xxh3"]
+    with pytest.raises(BlockFormatError, match="missing"):
+        BlockHeader.decode(msgpack.packb(missing))

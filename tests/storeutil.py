@@ -1,0 +1,64 @@
+"""Helpers for the store tests: configs over tmp dirs and chained random blocks."""
+
+from __future__ import annotations
+
+import os
+
+from kvstore.block import make_header
+from kvstore.config import load_store_config
+from kvstore.keys import Namespace
+from kvstore.node import NodeStore
+
+MiB = 1 << 20
+
+
+def make_cfg(tmp_path, **overrides):
+    base = {
+        "disk.path": str(tmp_path / "disk"),
+        "dram.capacity": "8MiB",
+        "dram.slab_size": "1MiB",
+        "disk.capacity": "64MiB",
+        "disk.sync": False,
+    }
+    base.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return load_store_config(None, base, env={})
+
+
+def make_blocks(n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: int = 0, ns: Namespace | None = None):
+    """``n`` chained blocks of random payload: list of (header, payload bytes)."""
+    ns = ns or Namespace("test-model", "float16", block_tokens)
+    rnd = __import__("random").Random(seed)
+    tokens = [rnd.randrange(50000) for _ in range(n * block_tokens)]
+    keys = ns.block_keys(tokens)
+    out, parent = [], ns.id
+    for i, k in enumerate(keys):
+        payload = rnd.randbytes(nbytes)
+        h = make_header(
+            key=k,
+            parent=parent,
+            namespace=ns.id,
+            tokens=tokens[i * block_tokens : (i + 1) * block_tokens],
+            dtype="uint8",
+            shape=[nbytes],
+            payload=payload,
+        )
+        out.append((h, payload))
+        parent = k
+    return out
+
+
+
+
+def flip_byte_in_file(path: str, needle: bytes) -> int:
+    """Flip one byte inside the first occurrence of ``needle`` in ``path``; returns its offset."""
+    with open(path, "r+b") as f:
+        data = f.read()
+        off = data.find(needle)
+        assert off >= 0, "payload not found in file"
+        f.seek(off + len(needle) // 2)
+        b = f.read(1)
+        f.seek(off + len(needle) // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+    return off
