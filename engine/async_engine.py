@@ -1,0 +1,271 @@
+"""The engine loop: drives an LLMEngine from asyncio and runs the KV connector.
+
+One background task owns the engine. Between steps it applies events (new requests whose
+connector lookup finished, finished loads and saves, aborts); each step runs on one worker
+thread so the event loop (HTTP, connector I/O) stays responsive. All page-pool mutations
+happen on the loop task between steps, never concurrently with a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.kv_connector import ConnectorContext, ConnectorRegistry, ConnectorRequest, KVConnector
+from engine.llm import LLMEngine
+from engine.sequence import SamplingParams, Sequence
+
+log = logging.getLogger("engine")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_id: int | None
+    text: str  # delta
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class AsyncEngine:
+    def __init__(
+        self, engine: LLMEngine, connector: KVConnector | None = None, lookup_timeout_s: float = 0.5
+    ) -> None:
+        """``connector`` None means no connector: no lookups, loads or saves at all."""
+        self.engine = engine
+        self.connector = connector
+        self.lookup_timeout_s = lookup_timeout_s
+        if connector is not None:
+            engine.scheduler.connector_block_pages = connector.block_tokens // engine.config.page_size
+        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._events: list = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        self._bg: set[asyncio.Task] = set()
+        self._held: dict[int, list[int]] = {}  # save id -> pages held until the save returns
+        self.load_failures = 0
+
+    @classmethod
+    def from_model(
+        cls,
+        model_dir: str,
+        config: EngineConfig | None = None,
+        kv_connector: str = "none",
+        registry: ConnectorRegistry | None = None,
+    ) -> AsyncEngine:
+        eng = LLMEngine(model_dir, config)
+        ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, eng.config.device)
+        connector = (registry or ConnectorRegistry()).create(kv_connector, ctx)
+        return cls(eng, connector)
+
+    def connector_context(self) -> ConnectorContext:
+        e = self.engine
+        return ConnectorContext(e.config.page_size, e.kv, e.namespace, e.model_dir, e.config.device)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.create_task(self._loop(), name="engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for t in list(self._bg):
+            t.cancel()
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+        self._apply_events()
+        if self.connector is not None:
+            await self.connector.close()
+        self._pool.shutdown(wait=True)
+
+    def check_integrity(self) -> None:
+        """Pool integrity with every live request and every page held for a save."""
+        self.engine.check_integrity(list(self._held.values()))
+
+    # ---- requests -----------------------------------------------------------------------
+    async def generate(
+        self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request. Raises RequestError (before the first output) for a
+        bad request. Cancelling the iterator aborts the request."""
+        await self.start()
+        rid = request_id or uuid.uuid4().hex
+        seq = self.engine.add_request(prompt_tokens, params, rid)  # validates; queues it
+        if self.connector is not None:
+            # Hold it back from the scheduler until the lookup answers (or times out).
+            self.engine.scheduler.waiting.remove(seq)
+            self._spawn(self._lookup(seq))
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        self._kick()
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._queues.pop(rid, None)
+            if seq.finish_reason is None:
+                self._events.append(("abort", rid))
+                self._kick()
+            else:
+                self._events.append(("release", rid))
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.create_task(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    async def _lookup(self, seq: Sequence) -> None:
+        try:
+            hit = await asyncio.wait_for(self.connector.lookup(seq.prompt_tokens), self.lookup_timeout_s)
+        except Exception as exc:  # a slow or failing store is a miss, never an error
+            log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
+            hit = 0
+        self._events.append(("lookup", seq, int(hit)))
+        self._kick()
+
+    async def _load(self, seq: Sequence, first: int, pages: list[int]) -> None:
+        req = ConnectorRequest(seq.request_id, tuple(seq.tokens), tuple(seq.page_table), first)
+        try:
+            n = await self.connector.load(req, pages)
+        except Exception as exc:  # the rest becomes recompute
+            log.warning("event=connector_load_failed request=%s error=%r", seq.request_id, exc)
+            n = 0
+        if n < len(pages) * self.engine.config.page_size:
+            self.load_failures += 1
+        self._events.append(("loaded", seq, first, n))
+        self._kick()
+
+    async def _save(self, sid: int, seq_id: str, tokens: tuple[int, ...], pages: list[int]) -> None:
+        req = ConnectorRequest(seq_id, tokens, tuple(pages), 0)
+        try:
+            await self.connector.save(req, pages)
+        except Exception as exc:
+            log.warning("event=connector_save_failed request=%s error=%r", seq_id, exc)
+        finally:
+            self._events.append(("saved", sid))
+            self._kick()
+
+    # ---- the loop -----------------------------------------------------------------------
+    def _apply_events(self) -> None:
+        events, self._events = self._events, []
+        sch = self.engine.scheduler
+        for ev in events:
+            kind = ev[0]
+            if kind == "lookup":
+                _, seq, hit = ev
+                if seq.finish_reason is None:
+                    seq.external_hit_tokens = hit
+                    sch.add(seq)
+            elif kind == "loaded":
+                _, seq, first, n = ev
+                sch.finish_load(seq, first, n)
+                if seq.request_id not in self._queues:  # aborted while loading
+                    self.engine.abort(seq.request_id)
+            elif kind == "saved":
+                self.engine.bm.release(self._held.pop(ev[1]))
+            elif kind == "abort":
+                seq = self.engine.requests.get(ev[1])
+                if seq is not None and seq in sch.loading:
+                    continue  # finish_load aborts it; its pages are being written
+                self.engine.abort(ev[1])
+            elif kind == "release":
+                self.engine.release(ev[1])
+
+    def _after_step(self, outs) -> None:
+        eng = self.engine
+        if self.connector is not None:
+            for seq, first, pages in eng.scheduler.to_load:
+                self._spawn(self._load(seq, first, pages))
+            eng.scheduler.to_load.clear()
+            bt = self.connector.block_tokens
+            ppb = bt // eng.config.page_size
+            for seq in list(eng.scheduler.running):
+                if not seq.saved and seq.num_computed >= seq.num_prompt:
+                    seq.saved = True
+                    n_pages = (seq.num_prompt // bt) * ppb
+                    if n_pages:
+                        pages = seq.page_table[:n_pages]
+                        eng.bm.incref(pages)
+                        sid = id(pages)
+                        self._held[sid] = pages
+                        self._spawn(
+                            self._save(
+                                sid,
+                                seq.request_id,
+                                tuple(seq.tokens[: n_pages * eng.config.page_size]),
+                                pages,
+                            )
+                        )
+        for o in outs:
+            q = self._queues.get(o.seq.request_id)
+            if q is not None:
+                s = o.seq
+                q.put_nowait(
+                    RequestOutput(
+                        s.request_id,
+                        o.token,
+                        o.text_delta,
+                        o.finished,
+                        s.finish_reason if o.finished else None,
+                        s.num_prompt,
+                        len(s.output_tokens),
+                        s.num_cached_tokens or 0,
+                    )
+                )
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        eng = self.engine
+        while True:
+            self._apply_events()
+            # schedule loads for requests admitted straight from events (no step needed)
+            if not eng.has_work() or not (eng.scheduler.running or eng.scheduler.waiting):
+                self._after_step([])
+                self._wake.clear()
+                if not self._events:
+                    await self._wake.wait()
+                continue
+            before = eng.steps
+            try:
+                outs = await loop.run_in_executor(self._pool, eng.step)
+            except Exception as exc:  # a bug in a step: fail the live requests, keep serving
+                log.exception("event=step_failed")
+                for rid, q in list(self._queues.items()):
+                    q.put_nowait(exc)
+                    self._events.append(("abort", rid))
+                continue
+            self._after_step(outs)
+            if eng.steps == before and not self._events:
+                # Nothing could run (pages held by loads or saves): wait for one to finish.
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(0)  # let HTTP handlers and connector tasks run

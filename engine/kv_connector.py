@@ -1,0 +1,188 @@
+"""The KV-connector interface (implemented by connector/ in issue 5) and its registry.
+
+The engine calls a connector at three points, all ``async`` on the engine's event loop:
+
+1. ``lookup(token_ids) -> int`` when a request arrives (under a deadline; a timeout or an
+   error counts as 0): how many leading tokens the store holds, a multiple of
+   ``block_tokens``.
+2. ``load(request, page_ids) -> int`` when the scheduler admits a request whose reported hit
+   exceeds the engine's own prefix cache: fill ``page_ids`` (holding tokens
+   ``[request.first_token, request.first_token + len(page_ids) * page_size)``, block-aligned)
+   and return how many tokens from ``first_token`` are valid (whole blocks, in order). The
+   rest is recomputed, so a failed or partial load is never an error.
+3. ``save(request, page_ids)`` once a request's prompt is computed: ``page_ids`` hold tokens
+   ``[0, len(page_ids) * page_size)`` (whole blocks). The engine keeps a reference on those
+   pages until ``save`` returns; copy them out first (``ctx.kv.gather_block``), then send.
+
+Pages move as one contiguous buffer per block with :meth:`engine.kv_cache.KVCache.gather_block`
+/ :meth:`~engine.kv_cache.KVCache.scatter_block` (layout ``[layers, 2, block_tokens, kv_heads,
+head_dim]``). Connectors are created from a URL by a :class:`ConnectorRegistry`; the factory
+for a scheme is imported only when that scheme is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from engine.errors import ConnectorError
+
+
+@dataclass(frozen=True)
+class ConnectorContext:
+    """What a connector gets from the engine at creation."""
+
+    page_size: int
+    kv: Any  # engine.kv_cache.KVCache: .data, .layer(i), .gather_block, .scatter_block
+    namespace: Callable[[int], Any]  # block_tokens -> kvstore.keys.Namespace of this model
+    model_dir: str
+    device: str
+
+
+@dataclass(frozen=True)
+class ConnectorRequest:
+    """A request as a connector sees it. ``page_table[i]`` holds tokens
+    ``[i * page_size, (i + 1) * page_size)``; ``first_token`` is where the pages passed to
+    ``load`` / ``save`` begin."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    page_table: tuple[int, ...]
+    first_token: int
+
+
+class KVConnector(ABC):
+    """Base class of connectors. ``block_tokens`` must be a multiple of the page size."""
+
+    block_tokens: int
+
+    @abstractmethod
+    async def lookup(self, token_ids: Sequence[int]) -> int: ...
+
+    @abstractmethod
+    async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int: ...
+
+    @abstractmethod
+    async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (connections, buffers)."""
+
+
+class MemoryConnector(KVConnector):
+    """An in-process store of blocks (``memory://?block_tokens=N&fail_after=K``), keyed by
+    ``kvstore.keys`` exactly as the real store is. For tests and demos: ``fail_after=K`` makes
+    every load deliver only its first K blocks (then "fail"), to exercise recompute."""
+
+    def __init__(
+        self, ctx: ConnectorContext, block_tokens: int | None = None, fail_after: int | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.block_tokens = block_tokens or ctx.page_size
+        if self.block_tokens % ctx.page_size:
+            raise ConnectorError(
+                f"block_tokens {self.block_tokens} is not a multiple of page size {ctx.page_size}"
+            )
+        self.pages_per_block = self.block_tokens // ctx.page_size
+        self.ns = ctx.namespace(self.block_tokens)
+        self.fail_after = fail_after
+        self.blocks: dict[Any, tuple[tuple[int, ...], Any]] = {}
+        self.loaded_blocks = self.saved_blocks = self.lookups = 0
+
+    def _chain(self, token_ids: Sequence[int]) -> list[tuple[Any, tuple[int, ...]]]:
+        bt = self.block_tokens
+        keys = self.ns.block_keys(token_ids)
+        return [(k, tuple(token_ids[i * bt : (i + 1) * bt])) for i, k in enumerate(keys)]
+
+    async def lookup(self, token_ids: Sequence[int]) -> int:
+        self.lookups += 1
+        n = 0
+        for key, toks in self._chain(token_ids):
+            entry = self.blocks.get(key)
+            if entry is None or entry[0] != toks:  # a collision or stale entry is a miss
+                break
+            n += self.block_tokens
+        return n
+
+    async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int:
+        ppb, bt = self.pages_per_block, self.block_tokens
+        chain = self._chain(request.token_ids)
+        first_block = request.first_token // bt
+        done = 0
+        for j in range(len(page_ids) // ppb):
+            if self.fail_after is not None and j >= self.fail_after:
+                break
+            b = first_block + j
+            entry = self.blocks.get(chain[b][0]) if b < len(chain) else None
+            if entry is None or entry[0] != chain[b][1]:
+                break
+            self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], entry[1])
+            done += bt
+            self.loaded_blocks += 1
+        return done
+
+    async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
+        ppb = self.pages_per_block
+        chain = self._chain(request.token_ids[: len(page_ids) * self.ctx.page_size])
+        for j, (key, toks) in enumerate(chain):
+            if key not in self.blocks:
+                self.blocks[key] = (toks, self.ctx.kv.gather_block(page_ids[j * ppb : (j + 1) * ppb]).clone())
+                self.saved_blocks += 1
+
+
+def _memory_factory(url: str, ctx: ConnectorContext) -> MemoryConnector:
+    q = parse_qs(urlsplit(url).query)
+    bt = int(q["block_tokens"][0]) if "block_tokens" in q else None
+    fail = int(q["fail_after"][0]) if "fail_after" in q else None
+    return MemoryConnector(ctx, bt, fail)
+
+
+def _none_factory(url: str, ctx: ConnectorContext) -> None:
+    return None
+
+
+# scheme -> "module:attribute" of a factory ``(url, ctx) -> KVConnector | None``; imported lazily.
+BUILTIN_CONNECTORS: dict[str, str] = {
+    "none": "engine.kv_connector:_none_factory",
+    "memory": "engine.kv_connector:_memory_factory",
+    "kvstore": "connector:create",
+    "local": "connector:create",
+    "etcd": "connector:create",
+}
+
+
+class ConnectorRegistry:
+    """Named connector factories, keyed by URL scheme. A factory is a callable or a
+    ``"module:attribute"`` string imported on first use."""
+
+    def __init__(self, entries: dict[str, str | Callable] | None = None) -> None:
+        self._entries: dict[str, str | Callable] = {**BUILTIN_CONNECTORS, **(entries or {})}
+
+    def register(self, scheme: str, factory: str | Callable) -> None:
+        self._entries[scheme] = factory
+
+    def schemes(self) -> list[str]:
+        return sorted(self._entries)
+
+    def create(self, url: str, ctx: ConnectorContext) -> KVConnector | None:
+        """Build the connector for ``url`` (``none`` -> None). Raises ConnectorError naming
+        the URL for an unknown scheme or a factory that cannot be imported."""
+        scheme = url.split("://", 1)[0] if "://" in url else url
+        target = self._entries.get(scheme)
+        if target is None:
+            raise ConnectorError(
+                f"--kv-connector {url!r}: unknown scheme {scheme!r}; known: {self.schemes()}"
+            )
+        if isinstance(target, str):
+            mod_name, _, attr = target.partition(":")
+            try:
+                target = getattr(importlib.import_module(mod_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ConnectorError(
+                    f"--kv-connector {url!r}: cannot import {mod_name}:{attr}: {exc}"
+                ) from exc
+        return target(url, ctx)

@@ -1,0 +1,230 @@
+"""The synchronous engine: load a model folder, add requests, step. ``AsyncEngine``
+(engine/async_engine.py) drives the same object from an event loop and adds the connector."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import make_backend
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig
+from engine.errors import ModelLoadError, RequestError
+from engine.kv_cache import KVCache
+from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
+from engine.model import CausalLM, rope_table
+from engine.runner import ModelRunner
+from engine.sampling import sample
+from engine.scheduler import Scheduler
+from engine.sequence import SamplingParams, Sequence, Status
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(
+    model_dir: str | os.PathLike, cfg: ModelConfig, dtype: torch.dtype, device: str, max_len: int
+) -> CausalLM:
+    """Build the model and assign the folder's weights (memory-mapped; converted only when
+    the dtype or device differs). Raises ModelLoadError naming missing or misshapen tensors."""
+    state = load_state(model_dir)
+    state = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v for k, v in state.items()}
+    with torch.device("meta"):
+        model = CausalLM(cfg, max_len)
+    try:
+        result = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"{os.fspath(model_dir)}: weights do not fit config.json: {exc}") from exc
+    missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing:
+        raise ModelLoadError(f"{os.fspath(model_dir)}: missing tensors {missing[:5]}")
+    cos, sin = rope_table(cfg.rope, cfg.head_dim, max_len)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    model.tie_weights()
+    return model.eval()
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    token: int
+    text_delta: str
+    finished: bool
+
+
+class LLMEngine:
+    """Owns the model, the KV cache, the page pool and the scheduler. Not thread-safe: one
+    caller steps it (AsyncEngine runs every step on one worker thread)."""
+
+    def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.model_dir = os.fspath(model_dir)
+        self.model_config = mc = ModelConfig.from_dir(self.model_dir)
+        self.tokenizer = Tokenizer(self.model_dir)
+        self.dtype = _DTYPES[cfg.torch_dtype_name()]
+        self.max_model_len = min(cfg.max_model_len or mc.max_position, mc.max_position)
+        self.model = load_model(self.model_dir, mc, self.dtype, cfg.device, self.max_model_len)
+        shape = dict(
+            num_layers=mc.num_layers,
+            page_size=cfg.page_size,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+        )
+        num_pages = cfg.num_pages or KVCache.pages_for_budget(cfg.kv_cache_bytes, dtype=self.dtype, **shape)
+        self.kv = KVCache(num_pages=num_pages, dtype=self.dtype, device=cfg.device, **shape)
+        self.backend = make_backend(
+            cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim
+        )
+        ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache else None
+        self.bm = BlockManager(num_pages, cfg.page_size, ns)
+        self.scheduler = Scheduler(self.bm, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        self.runner = ModelRunner(self.model, self.kv, self.backend, cfg.device)
+        self.eos_ids = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.requests: dict[str, Sequence] = {}
+        self.detok: dict[str, IncrementalDetokenizer] = {}
+        self.record_logits: dict[str, list[torch.Tensor]] | None = None  # tests: logits per sample
+        self.steps = 0
+
+    def namespace(self, block_tokens: int):
+        """The kvstore.keys Namespace of this model: fingerprint of its folder, KV dtype, and
+        ``block_tokens`` (a multiple of the page size)."""
+        from kvstore.keys import Namespace, model_fingerprint
+
+        if block_tokens % self.config.page_size:
+            raise ValueError(
+                f"block_tokens {block_tokens} is not a multiple of page_size {self.config.page_size}"
+            )
+        return Namespace(
+            model_fingerprint(self.model_dir), str(self.dtype).removeprefix("torch."), block_tokens
+        )
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(
+        self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
+        """Queue a request. Raises RequestError when the prompt is empty, has ids outside the
+        vocabulary, or prompt + max_tokens exceeds the context or the page pool."""
+        if not prompt_tokens:
+            raise RequestError("prompt must not be empty", "prompt")
+        vocab = self.model_config.vocab_size
+        if any(not (0 <= t < vocab) for t in prompt_tokens):
+            raise RequestError(f"prompt has token ids outside [0, {vocab})", "prompt")
+        total = len(prompt_tokens) + params.max_tokens
+        cap = min(self.max_model_len, self.kv.num_pages * self.config.page_size)
+        if total > cap:
+            raise RequestError(
+                f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {cap} tokens",
+                "max_tokens",
+            )
+        rid = request_id or uuid.uuid4().hex
+        if rid in self.requests:
+            raise RequestError(f"duplicate request id {rid!r}", "request_id")
+        seq = Sequence(rid, list(prompt_tokens), params)
+        if not params.greedy:
+            g = torch.Generator()
+            g.manual_seed(
+                params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            )
+            seq.generator = g
+        self.requests[rid] = seq
+        self.detok[rid] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        seq = self.requests.pop(request_id, None)
+        self.detok.pop(request_id, None)
+        if seq is not None and seq.status is not Status.FINISHED:
+            self.scheduler.finish(seq, "abort")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- stepping -----------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Schedule, run the model once, sample, apply stop rules. Returns one output per
+        token generated this step."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            return []
+        to_sample, logits = self.runner.run(batch.items)
+        for seq, n in batch.items:
+            seq.num_computed += n
+            self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed)
+        self.steps += 1
+        if not to_sample:
+            return []
+        if self.record_logits is not None:
+            for i, seq in enumerate(to_sample):
+                self.record_logits.setdefault(seq.request_id, []).append(logits[i].clone())
+        tokens = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
+        outs = []
+        for seq, tok in zip(to_sample, tokens):
+            seq.tokens.append(tok)
+            outs.append(self._postprocess(seq, tok))
+        return outs
+
+    def _postprocess(self, seq: Sequence, tok: int) -> StepOutput:
+        p = seq.params
+        detok = self.detok[seq.request_id]
+        before = len(detok.text)
+        delta = detok.push(tok)
+        reason = None
+        if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            reason = "stop"
+            delta = ""  # the EOS/stop token's text is not part of the output
+        elif p.stop:
+            # Search only where a stop string could newly end; cut the text before it.
+            text = detok.text
+            lo = max(0, before - max(len(s) for s in p.stop))
+            hits = [i for i in (text.find(s, lo) for s in p.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                delta = text[before:cut] if cut > before else ""
+                detok.text = text[:cut]
+                reason = "stop"
+        if reason is None and len(seq.output_tokens) >= p.max_tokens:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+        return StepOutput(seq, tok, delta, reason is not None)
+
+    def text_of(self, request_id: str) -> str:
+        return self.detok[request_id].text
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's bookkeeping."""
+        self.requests.pop(request_id, None)
+        self.detok.pop(request_id, None)
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[Sequence]:
+        """Run prompts (token ids) to completion, all batched together. Returns the sequences
+        in input order (``.output_tokens``, ``.finish_reason``)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        while self.has_work():
+            self.step()
+        return seqs
+
+    def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
+        """Raise PoolIntegrityError unless the page pool is consistent with live requests."""
+        self.bm.check([*self.scheduler.live_tables(), *(extra_tables or [])])
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "pages_total": self.kv.num_pages,
+            "pages_used": self.bm.num_used,
+            "pages_cached": len(self.bm.lru),
+            "prefix_hit_tokens_total": self.bm.hit_tokens_total,
+            "preemptions_total": self.scheduler.num_preemptions,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "time": time.time(),
+        }

