@@ -1,0 +1,371 @@
+"""The async client of storage nodes: what engines (through the connector) and tools use.
+
+Contract: no method raises for a node problem. A timeout, reset, refused connection or a
+node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, ``None`` for
+EXISTS, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
+``counters``. A node that fails is marked down and skipped (instant misses) until a background
+probe reconnects. Every call has a deadline (``deadline_s``, default ``op_timeout_s``).
+Caller bugs (a buffer list of the wrong length, a payload that does not match its header)
+raise ValueError/TypeError at once.
+
+GET writes straight into caller buffers (bytearray, numpy arrays, contiguous CPU/pinned torch
+tensors): the socket ``recv_into``s the bytes, then the payload is checked against its header
+(key, expected parent/tokens, xxh3 checksum); a bad block is a miss.
+
+A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one node; it is bound
+to one event loop and safe for concurrent tasks on it. :class:`StoreClient` spreads keys over
+several nodes by rendezvous hashing (one replica; placement with replicas is the cluster's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import xxhash
+
+from kvstore import protocol as P
+from kvstore.block import BlockHeader
+from kvstore.client_conn import Conn, NodeRefused, byte_view
+from kvstore.keys import BlockKey, Namespace
+from kvstore.results import Expect, GetResult, PutResult, Status
+from rdma.tcp import FrameError
+from rdma.transport import TransportError
+
+log = logging.getLogger("kvstore.client")
+T = TypeVar("T")
+_FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolError, NodeRefused, EOFError)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a client reaches nodes. ``namespaces`` are the namespaces this client reads and
+    writes (without tenant salt: the node applies the salt of the token's tenant)."""
+
+    token: str = ""
+    tenant: str | None = None
+    namespaces: tuple[Namespace, ...] = ()
+    pool_size: int = 4
+    connect_timeout_s: float = 1.0
+    op_timeout_s: float = 5.0
+    probe_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+        for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming ``addr``."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"node address {addr!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class NodeClient:
+    """Batched ops against one node. See the module docstring for the failure contract."""
+
+    def __init__(self, addr: str, cfg: ClientConfig | None = None) -> None:
+        self.addr = addr
+        self.host, self.port = parse_addr(addr)
+        self.cfg = cfg or ClientConfig()
+        self.counters: Counter[str] = Counter()
+        self.up = True
+        self.hello: dict[str, Any] | None = None
+        self._idle: list[Conn] = []
+        self._slots = asyncio.Semaphore(self.cfg.pool_size)
+        self._probe: asyncio.Task | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------- connections
+
+    async def _open(self) -> Conn:
+        c = self.cfg
+        conn = await asyncio.wait_for(
+            Conn.open(self.host, self.port, c.token, c.tenant, c.namespaces), c.connect_timeout_s
+        )
+        self.hello = conn.hello
+        return conn
+
+    async def _with_conn(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._open()
+            try:
+                result = await fn(conn)
+            except BaseException:
+                conn.close()  # it may be mid-frame
+                raise
+            if self._closed or conn.closed:
+                conn.close()
+            else:
+                self._idle.append(conn)
+            return result
+
+    async def _run(self, op: str, fn: Callable[[Conn], Awaitable[T]], deadline_s: float | None) -> T | Status:
+        """``fn`` on a pooled connection within the deadline, or the Status of its failure."""
+        if not self.up or self._closed:
+            self.counters["skipped"] += 1
+            return Status.MISS
+        try:
+            return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
+        except asyncio.TimeoutError:
+            self.counters["timeouts"] += 1
+            self._mark_down(op, "deadline passed")
+            return Status.TIMEOUT
+        except _FAILURES as exc:
+            self.counters["errors"] += 1
+            if isinstance(exc, NodeRefused) and exc.code == P.AUTH:
+                self.counters["auth_refused"] += 1
+            self._mark_down(op, f"{type(exc).__name__}: {exc}")
+            return Status.ERROR
+
+    def _mark_down(self, op: str, why: str) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+        if self.up:
+            log.warning("event=node_down node=%s op=%s reason=%r", self.addr, op, why)
+            self.up = False
+            self.counters["node_down"] += 1
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def _probe_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.cfg.probe_interval_s)
+            try:
+                conn = await self._open()
+            except (asyncio.TimeoutError, *_FAILURES):
+                continue
+            if self._closed:
+                conn.close()
+                return
+            self._idle.append(conn)
+            self.up = True
+            log.info("event=node_up node=%s", self.addr)
+            return
+
+    async def close(self) -> None:
+        """Close every connection and stop probing; later calls are instant misses."""
+        self._closed = True
+        if self._probe is not None:
+            self._probe.cancel()
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+    # ---------------------------------------------------------- ops
+
+    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
+        """Per key: the highest tier holding it (visible to this tenant), or None."""
+        if not keys:
+            return []
+        r = await self._run("EXISTS", lambda c: _chunked(keys, P.MAX_BATCH, c.exists), deadline_s)
+        return [None] * len(keys) if isinstance(r, Status) else r
+
+    async def get_into(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """Fill ``bufs[i]`` with block ``keys[i]``'s payload; HIT only when it arrived whole and
+        verified. Bytes of a buffer whose result is not HIT are unspecified."""
+        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
+            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
+        views = [byte_view(b) for b in bufs]
+        exp = list(expect) if expect is not None else [None] * len(keys)
+
+        async def go(conn: Conn) -> list[GetResult]:
+            out: list[GetResult] = []
+            for i, j in _batches_by_bytes([v.nbytes for v in views], conn.max_frame - (1 << 20)):
+                out += await conn.get_into(keys[i:j], views[i:j], exp[i:j])
+            return out
+
+        r = await self._run("GET", go, deadline_s)
+        if isinstance(r, Status):
+            self.counters["misses"] += len(keys)
+            return [GetResult(r)] * len(keys)
+        for g in r:
+            self.counters["hits" if g.status is Status.HIT else "misses"] += 1
+            if g.status is Status.CORRUPT:
+                self.counters["corrupt"] += 1
+        self.counters["bytes_in"] += sum(g.header.payload_len for g in r if g.status is Status.HIT)
+        return r
+
+    async def put(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """Store blocks (header, payload bytes-like). A failure drops the writes (counted)."""
+        if not blocks:
+            return []
+        r = await self._run("PUT", lambda c: c.put(blocks), deadline_s)
+        if isinstance(r, Status):
+            self.counters["dropped_writes"] += len(blocks)
+            return [PutResult(r)] * len(blocks)
+        for p in r:
+            self.counters["stored" if p.status.ok else "refused_writes"] += 1
+        self.counters["bytes_out"] += sum(h.payload_len for h, _ in blocks)
+        return r
+
+    async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
+        if not keys:
+            return []
+        r = await self._run("DELETE", lambda c: _chunked(keys, P.MAX_BATCH, c.delete), deadline_s)
+        return [False] * len(keys) if isinstance(r, Status) else r
+
+    async def stats(self, deadline_s: float | None = None) -> dict[str, Any] | None:
+        r = await self._run("STATS", lambda c: c.stats(), deadline_s)
+        return None if isinstance(r, Status) else r
+
+    async def get_into_leased(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """GET the RDMA way: LEASE (descriptors), one-sided transport reads, RELEASE. Over TCP
+        the node copies the leased bytes; with verbs the client would pull them itself."""
+        views = [byte_view(b) for b in bufs]
+        exp = list(expect) if expect is not None else [None] * len(keys)
+
+        async def go(conn: Conn) -> list[GetResult]:
+            leased = await conn.lease(keys, None)
+            out = [
+                GetResult(st if st is not Status.HIT else Status.MISS, hdr, tier)
+                for st, hdr, tier, _ in leased
+            ]
+            pairs, idx = [], []
+            for i, (st, hdr, _tier, desc) in enumerate(leased):
+                if st is Status.HIT and desc is not None and hdr.payload_len <= views[i].nbytes:
+                    pairs.append((views[i][: hdr.payload_len], desc))
+                    idx.append(i)
+                elif st is Status.HIT:
+                    out[i] = GetResult(Status.BUF_TOO_SMALL, hdr, _tier)
+            done = await conn.transport().read(pairs) if pairs else []
+            from kvstore.client_conn import check_payload
+
+            for i, ok, (dst, _) in zip(idx, done, pairs):
+                st, hdr, tier, _ = leased[i]
+                out[i] = GetResult(check_payload(hdr, keys[i], exp[i], dst) if ok else Status.MISS, hdr, tier)
+            handles = [d.handle for *_, d in leased if d is not None]
+            if handles and not conn.closed:
+                await conn.release(handles)
+            return out
+
+        r = await self._run("LEASE", go, deadline_s)
+        return [GetResult(r)] * len(keys) if isinstance(r, Status) else r
+
+    async def put_reserved(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """PUT the RDMA way: RESERVE slots (descriptors), one-sided transport writes, COMMIT."""
+
+        async def go(conn: Conn) -> list[PutResult]:
+            reserved = await conn.reserve([h for h, _ in blocks])
+            out = [PutResult(st or Status.ERROR) for st, _ in reserved]
+            pairs = [
+                (memoryview(p).cast("B"), d) for (_, p), (_, d) in zip(blocks, reserved) if d is not None
+            ]
+            idx = [i for i, (_, d) in enumerate(reserved) if d is not None]
+            done = await conn.transport().write(pairs) if pairs else []
+            handles = [pairs[k][1].handle for k in range(len(done))]
+            if handles and not conn.closed:
+                for i, pr in zip(idx, await conn.commit(handles)):
+                    out[i] = pr
+            return out
+
+        r = await self._run("RESERVE", go, deadline_s)
+        return [PutResult(r)] * len(blocks) if isinstance(r, Status) else r
+
+
+async def _chunked(
+    keys: Sequence[BlockKey], n: int, fn: Callable[[Sequence[BlockKey]], Awaitable[list]]
+) -> list:
+    out: list = []
+    for i in range(0, len(keys), n):
+        out += await fn(keys[i : i + n])
+    return out
+
+
+def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
+    larger item is its own run) and at most MAX_BATCH items."""
+    out, start, total = [], 0, 0
+    for i, s in enumerate(sizes):
+        if i > start and (total + s > limit or i - start >= P.MAX_BATCH):
+            out.append((start, i))
+            start, total = i, 0
+        total += s
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+class StoreClient:
+    """Several nodes; each key goes to one node by rendezvous hashing over the configured
+    nodes (a down node's keys miss until it is back; nothing moves). Same contract as
+    :class:`NodeClient`; calls to different nodes run concurrently."""
+
+    def __init__(self, addrs: Sequence[str], cfg: ClientConfig | None = None) -> None:
+        if not addrs:
+            raise ValueError("StoreClient needs at least one node address")
+        self.nodes = [NodeClient(a, cfg) for a in addrs]
+
+    def node_for(self, key: BlockKey) -> NodeClient:
+        return max(self.nodes, key=lambda n: xxhash.xxh3_64_intdigest(key.raw + n.addr.encode()))
+
+    def _split(self, keys: Sequence[BlockKey]) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(self.nodes.index(self.node_for(k)), []).append(i)
+        return groups
+
+    async def _fan(self, n: int, keys, call) -> list:
+        out: list = [None] * n
+        groups = self._split(keys)
+        results = await asyncio.gather(*(call(self.nodes[g], idx) for g, idx in groups.items()))
+        for idx, res in zip(groups.values(), results):
+            for i, r in zip(idx, res):
+                out[i] = r
+        return out
+
+    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
+        return await self._fan(len(keys), keys, lambda n, idx: n.exists([keys[i] for i in idx], deadline_s))
+
+    async def get_into(self, keys, bufs, expect=None, deadline_s: float | None = None) -> list[GetResult]:
+        exp = expect if expect is not None else [None] * len(keys)
+        return await self._fan(
+            len(keys),
+            keys,
+            lambda n, idx: n.get_into(
+                [keys[i] for i in idx], [bufs[i] for i in idx], [exp[i] for i in idx], deadline_s
+            ),
+        )
+
+    async def put(self, blocks, deadline_s: float | None = None) -> list[PutResult]:
+        keys = [h.key for h, _ in blocks]
+        return await self._fan(len(keys), keys, lambda n, idx: n.put([blocks[i] for i in idx], deadline_s))
+
+    async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
+        return await self._fan(len(keys), keys, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s))
+
+    @property
+    def counters(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for n in self.nodes:
+            total.update(n.counters)
+        return total
+
+    async def close(self) -> None:
+        await asyncio.gather(*(n.close() for n in self.nodes))
