@@ -75,7 +75,7 @@ class NodeSection:
 
 @dataclass(frozen=True)
 class DramSection:
-    capacity: Size = Size(256 * 1024**2)
+    capacity: Size = Size(1024**3)  # reserved lazily: untouched pages cost nothing
     slab_size: Size = Size(32 * 1024**2)  # the largest block the tier takes
     pin: Literal["auto", "true", "false"] = "auto"  # page-lock via torch/CUDA when available
 
@@ -127,13 +127,16 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.disk.enabled and not self.disk.path:
             raise ConfigError("disk.path: required when disk.enabled is true")
-        if self.dram.capacity and self.dram.capacity < self.dram.slab_size:
+        # a memory tier needs one slab for payloads and one for the headers beside them
+        if self.dram.capacity and self.dram.capacity < 2 * self.dram.slab_size:
             raise ConfigError(
-                f"dram.capacity ({format_size(self.dram.capacity)}) is smaller than "
-                f"dram.slab_size ({format_size(self.dram.slab_size)})"
+                f"dram.capacity ({format_size(self.dram.capacity)}) must hold at least two slabs of "
+                f"dram.slab_size ({format_size(self.dram.slab_size)}), or be 0 (tier off)"
             )
-        if self.hbm.capacity and self.hbm.capacity < self.hbm.slab_size:
-            raise ConfigError("hbm.capacity is smaller than hbm.slab_size")
+        if self.hbm.capacity and self.hbm.capacity < 2 * self.hbm.slab_size:
+            raise ConfigError(
+                "hbm.capacity must hold at least two slabs of hbm.slab_size, or be 0 (tier off)"
+            )
         if self.dram.capacity == 0 and not self.disk.enabled:
             raise ConfigError("dram.capacity is 0 and disk.enabled is false: the node would store nothing")
 

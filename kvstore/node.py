@@ -49,6 +49,7 @@ class NodeStore(NodeInspection):
         self.counters: Counter[str] = Counter()
         self.name = cfg.node.name or socket.gethostname()
         self._closed = False
+        self._tiers = [*memory, *([disk] if disk is not None else [])]
         if disk is not None:
             disk._protected = self._protected
 
@@ -70,7 +71,7 @@ class NodeStore(NodeInspection):
         log.info(
             "event=node_open tiers=%s disk_blocks=%d write_mode=%s",
             ",".join(t.name for t in node.tiers),
-            len(disk) if disk else 0,
+            len(disk) if disk is not None else 0,
             cfg.disk.write_mode,
         )
         return node
@@ -78,7 +79,8 @@ class NodeStore(NodeInspection):
     # ------------------------------------------------------------------ helpers
     @property
     def tiers(self) -> list:
-        return [*self.memory, *([self.disk] if self.disk else [])]
+        """Configured tiers, top first."""
+        return self._tiers
 
     @property
     def dram(self) -> MemoryTier | None:
@@ -88,7 +90,7 @@ class NodeStore(NodeInspection):
     def dram_buffer(self) -> memoryview | None:
         """The whole DRAM arena, for registering once with an RDMA device."""
         d = self.dram
-        return d.arena.view if d else None
+        return d.arena.view if d is not None else None
 
     def _visible(self, key: bytes) -> bool:
         return key not in self.doomed

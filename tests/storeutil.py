@@ -7,7 +7,6 @@ import os
 from kvstore.block import make_header
 from kvstore.config import load_store_config
 from kvstore.keys import Namespace
-from kvstore.node import NodeStore
 
 MiB = 1 << 20
 
@@ -24,7 +23,9 @@ def make_cfg(tmp_path, **overrides):
     return load_store_config(None, base, env={})
 
 
-def make_blocks(n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: int = 0, ns: Namespace | None = None):
+def make_blocks(
+    n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: int = 0, ns: Namespace | None = None
+):
     """``n`` chained blocks of random payload: list of (header, payload bytes)."""
     ns = ns or Namespace("test-model", "float16", block_tokens)
     rnd = __import__("random").Random(seed)
@@ -45,8 +46,6 @@ def make_blocks(n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: i
         out.append((h, payload))
         parent = k
     return out
-
-
 
 
 def flip_byte_in_file(path: str, needle: bytes) -> int:

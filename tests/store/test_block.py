@@ -17,12 +17,20 @@ NS = Namespace("fp", "float16", 4)
 def _header(payload: bytes, tokens=(1, 2, 3, 4)) -> BlockHeader:
     key = NS.block_keys(list(tokens))[0]
     return make_header(
-        key=key, parent=NS.id, namespace=NS.id, tokens=list(tokens), dtype="float16",
-        shape=[len(payload) // 2], payload=payload,
+        key=key,
+        parent=NS.id,
+        namespace=NS.id,
+        tokens=list(tokens),
+        dtype="float16",
+        shape=[len(payload) // 2],
+        payload=payload,
     )
 
 
-@given(st.binary(min_size=2, max_size=4096).filter(lambda b: len(b) % 2 == 0), st.lists(st.integers(0, 2**31 - 1), min_size=4, max_size=4))
+@given(
+    st.binary(min_size=2, max_size=4096).filter(lambda b: len(b) % 2 == 0),
+    st.lists(st.integers(0, 2**31 - 1), min_size=4, max_size=4),
+)
 def test_roundtrip(payload, tokens):
     h = _header(payload, tokens)
     h2 = BlockHeader.decode(h.encode())

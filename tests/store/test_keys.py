@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import struct
+import subprocess
 import sys
 
 import pytest
@@ -15,7 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvstore.errors import KeyFormatError
-from kvstore.keys import BlockKey, Namespace, block_spans, model_fingerprint, tokens_from_le_bytes, tokens_le_bytes
+from kvstore.keys import (
+    BlockKey,
+    Namespace,
+    block_spans,
+    model_fingerprint,
+    tokens_from_le_bytes,
+    tokens_le_bytes,
+)
 
 NS = Namespace("fp", "bfloat16", 16)
 tokens_st = st.lists(st.integers(0, 2**31 - 1), max_size=200)
@@ -61,7 +68,10 @@ def test_formula_matches_design():
     assert [k.raw for k in ns.block_keys([7, -3, 70000, 0, 5])] == [k0, k1]
     b = Namespace("fp", "bfloat16", 2, hash="blake2b_128")
     broot = hashlib.blake2b(b.canonical(), digest_size=16).digest()
-    assert b.block_keys([7, -3])[0].raw == hashlib.blake2b(broot + struct.pack("<2i", 7, -3), digest_size=16).digest()
+    assert (
+        b.block_keys([7, -3])[0].raw
+        == hashlib.blake2b(broot + struct.pack("<2i", 7, -3), digest_size=16).digest()
+    )
 
 
 @given(tokens_st, st.integers(1, 9))
