@@ -36,7 +36,8 @@ class Lease:
 class Reservation:
     """A writer's slot for one block (two-phase put). Fill ``view`` (exactly payload_len bytes),
     then commit or abort. ``tier`` is the memory tier of the slot, or None for a private buffer
-    that commit sends to disk."""
+    that commit sends to disk. ``offset`` is the payload's place in the DRAM buffer when the
+    view is that slot itself (RDMA WRITE can target it), else None."""
 
     id: int
     header: BlockHeader

@@ -266,13 +266,20 @@ class NodeStore(NodeInspection):
         hb = h.encode()
         rid, expires = self.leases.next_id(), self.leases.deadline(None)
         for tier in self.memory:
-            if not tier.fits(h.payload_len, len(hb)) or not isinstance(tier.arena, HostArena):
+            if not tier.fits(h.payload_len, len(hb)):
                 continue
             if await self._make_room(tier, h.payload_len, len(hb)):
                 slots = tier.reserve(hb, h.payload_len)
-                if slots is not None:
+                if slots is None:
+                    continue
+                if isinstance(tier.arena, HostArena):  # written in place (recv_into, RDMA WRITE)
                     view = tier.writable(slots[0], h.payload_len)
                     return Reservation(rid, h, hb, view, slots[0], tier.name, expires, slots=slots)
+                # a GPU slot: the bytes land in host memory and are copied up at commit
+                buf = bytearray(h.payload_len)
+                return Reservation(
+                    rid, h, hb, memoryview(buf), None, tier.name, expires, scratch=buf, slots=slots
+                )
         if self.disk is not None and h.payload_len + len(hb) <= self.disk.capacity_bytes:
             buf = bytearray(h.payload_len)
             return Reservation(rid, h, hb, memoryview(buf), None, None, expires, scratch=buf)
@@ -294,7 +301,10 @@ class NodeStore(NodeInspection):
                 results.append(PutResult(Status.INVALID))
                 continue
             if r.tier is not None:
-                self._tier(r.tier).commit(key, r.slots, len(r.header_bytes), r.header.payload_len)
+                tier = self._tier(r.tier)
+                if r.scratch is not None:
+                    tier.arena.write(r.slots[0], r.view)
+                tier.commit(key, r.slots, len(r.header_bytes), r.header.payload_len)
                 self.counters["puts"] += 1
                 self.counters["bytes_in"] += r.header.payload_len
                 if self.disk is None:
