@@ -216,7 +216,7 @@ class NodeStore(NodeInspection):
         headers, payloads, idx = [], [], []
         for i, (h, p) in enumerate(blocks):
             mv = memoryview(p).cast("B")
-            if mv.nbytes != h.payload_len or checksum(mv) != h.checksum:
+            if mv.nbytes != h.payload_len:  # the checksum is verified once, at commit
                 self.counters["put_invalid"] += 1
                 results[i] = PutResult(Status.INVALID)
                 continue

@@ -1,0 +1,275 @@
+"""Tier throughput beside its physical limit, measured in the same run.
+
+For 2 MiB and 32 MiB blocks:
+- DRAM put / get through the node (checksum on put, copy into the caller's buffer on get)
+  against a plain memcpy of the same bytes (numpy copy between preallocated buffers);
+- disk put / get through the node (LMDB, write-through; get verifies the xxh3 checksum)
+  against raw sequential file write (+fsync when the tier syncs) / read of the same bytes.
+Plus the index's memory per block at 1M blocks (tracemalloc), and slab waste for common block
+sizes. Prints a table, writes JSON (``--json PATH``). Not a test: numbers, not asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+
+from kvstore.block import make_header
+from kvstore.config import load_store_config
+from kvstore.keys import Namespace
+from kvstore.node import NodeStore
+from kvstore.tiers.arena import HostArena
+from kvstore.tiers.memory import MemoryTier
+from kvstore.tiers.slab import SlabAllocator
+
+MiB = 1 << 20
+
+
+def _blocks(n, nbytes, seed):
+    ns = Namespace(f"bench-{seed}", "bfloat16", 16)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 32000, n * 16).tolist()
+    out, parent = [], ns.id
+    for i, k in enumerate(ns.block_keys(tokens)):
+        p = rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes()
+        out.append(
+            (
+                make_header(
+                    key=k,
+                    parent=parent,
+                    namespace=ns.id,
+                    tokens=tokens[i * 16 : i * 16 + 16],
+                    dtype="uint8",
+                    shape=[nbytes],
+                    payload=p,
+                ),
+                p,
+            )
+        )
+        parent = k
+    return out
+
+
+def _best(fn, reps):
+    """Median seconds of ``reps`` runs of ``fn`` (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+async def _abest(fn, reps):
+    await fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        await fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) -> list[dict]:
+    n = max(4, total // nbytes)
+    blocks = _blocks(n, nbytes, seed=nbytes)
+    gb = n * nbytes / 1e9
+    rows = []
+    srcs = [np.frombuffer(p, dtype=np.uint8) for _, p in blocks]
+    dsts = [np.empty(nbytes, dtype=np.uint8) for _ in blocks]
+    bufs = [memoryview(d) for d in dsts]
+
+    def memcpy():
+        for s, d in zip(srcs, dsts):
+            np.copyto(d, s)
+
+    t_memcpy = _best(memcpy, reps)
+
+    # DRAM: capacity for all blocks (plus the header slab); disk off so only DRAM is timed
+    cfg = load_store_config(
+        None,
+        {
+            "dram.capacity": (n + 2) * max(nbytes, 32 * MiB),
+            "dram.slab_size": max(nbytes, 32 * MiB),
+            "disk.enabled": False,
+            "dram.pin": "false",
+        },
+        env={},
+    )
+    node = await NodeStore.open(cfg)
+    keys = [h.key for h, _ in blocks]
+
+    async def dram_put():
+        await node.delete(keys)
+        await node.put(blocks)
+
+    async def dram_get():
+        await node.get_into(keys, bufs)
+
+    t_put = await _abest(dram_put, reps)
+    t_get = await _abest(dram_get, reps)
+    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
+    await node.close()
+    rows.append(
+        dict(tier="dram", block=nbytes, op="put", gbps=gb / t_put, baseline="memcpy", base_gbps=gb / t_memcpy)
+    )
+    rows.append(
+        dict(tier="dram", block=nbytes, op="get", gbps=gb / t_get, baseline="memcpy", base_gbps=gb / t_memcpy)
+    )
+
+    # raw file baseline: sequential write (+fsync) and read of the same bytes
+    raw = os.path.join(root, f"raw-{nbytes}")
+
+    def raw_write():
+        with open(raw, "wb") as f:
+            for _, p in blocks:
+                f.write(p)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def raw_read():
+        with open(raw, "rb", buffering=0) as f:
+            for b in bufs:
+                f.readinto(b)
+
+    t_raw_w = _best(raw_write, reps)
+    t_raw_r = _best(raw_read, reps)
+
+    # disk: DRAM off, so every op goes to LMDB; reads verify checksums
+    dcfg = load_store_config(
+        None,
+        {
+            "dram.capacity": 0,
+            "disk.path": os.path.join(root, f"lmdb-{nbytes}"),
+            "disk.capacity": 3 * n * nbytes,
+            "disk.sync": sync,
+        },
+        env={},
+    )
+    node = await NodeStore.open(dcfg)
+
+    async def disk_put():
+        await node.delete(keys)
+        for i in range(0, n, 8):
+            await node.put(blocks[i : i + 8])
+
+    async def disk_get():
+        await node.get_into(keys, bufs)
+
+    t_dput = await _abest(disk_put, reps)
+    t_dget = await _abest(disk_get, reps)
+    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
+    await node.close()
+    wlabel = "raw write+fsync" if sync else "raw write"
+    rows.append(
+        dict(tier="disk", block=nbytes, op="put", gbps=gb / t_dput, baseline=wlabel, base_gbps=gb / t_raw_w)
+    )
+    rows.append(
+        dict(
+            tier="disk", block=nbytes, op="get", gbps=gb / t_dget, baseline="raw read", base_gbps=gb / t_raw_r
+        )
+    )
+    for r in rows:
+        r["ratio"] = r["gbps"] / r["base_gbps"]
+    return rows
+
+
+def index_bytes_per_block(n: int) -> float:
+    """tracemalloc bytes per block of a memory tier's index holding ``n`` blocks."""
+    tier = MemoryTier("dram", HostArena(64 * MiB, "false"), 32 * MiB)
+    keys = [os.urandom(16) for _ in range(n)]  # keys exist anyway (the caller's); not counted
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i, k in enumerate(keys):
+        tier.commit(k, (i * 4096 + 12345678, i * 256 + 999999), 180, 2 * MiB)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    # the key objects are owned by the index from here on: count them too
+    key_bytes = sum(k.__sizeof__() for k in keys) / n
+    return (after - before) / n + key_bytes
+
+
+def slab_waste() -> list[dict]:
+    out = []
+    a = SlabAllocator(1 << 30, 32 * MiB)
+    for label, nbytes in [
+        ("2 MiB", 2 * MiB),
+        ("1.5 MiB", 3 * MiB // 2),
+        ("640 KiB", 640 << 10),
+        ("Llama-3-8B, 16 tok, bf16", 32 * 2 * 16 * 8 * 128 * 2),
+        ("SmolLM2-135M, 16 tok, fp32", 30 * 2 * 16 * 3 * 64 * 4),
+        ("32 MiB", 32 * MiB),
+        ("header ~180 B", 180),
+    ]:
+        slot = a.slot_size_for(nbytes)
+        per_slab = (32 * MiB) // slot
+        used = per_slab * nbytes
+        out.append(
+            dict(
+                block=label,
+                bytes=nbytes,
+                slot=slot,
+                waste=1 - used / (32 * MiB) if nbytes > 4096 else 1 - nbytes / slot,
+            )
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument(
+        "--total-mib", type=int, default=256, help="bytes moved per measurement (default 256 MiB)"
+    )
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--no-sync", action="store_true", help="disk tier without fsync (and raw writes without fsync)"
+    )
+    ap.add_argument("--index-blocks", type=int, default=1_000_000)
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tierkv-bench-") as root:
+        for nbytes in (2 * MiB, 32 * MiB):
+            rows += asyncio.run(bench_size(nbytes, a.total_mib * MiB, root, a.reps, not a.no_sync))
+    print(f"{'tier':5} {'block':>6} {'op':4} {'GB/s':>7}  {'baseline':16} {'GB/s':>7} {'ratio':>6}")
+    for r in rows:
+        print(
+            f"{r['tier']:5} {r['block'] // MiB:>4}Mi {r['op']:4} {r['gbps']:7.2f}  {r['baseline']:16} {r['base_gbps']:7.2f} {r['ratio']:6.2f}"
+        )
+    idx = index_bytes_per_block(a.index_blocks)
+    print(f"\nindex memory: {idx:.0f} bytes per block at {a.index_blocks:,} blocks")
+    waste = slab_waste()
+    print("\nslab waste (32 MiB slabs):")
+    for w in waste:
+        print(f"  {w['block']:28} slot {w['slot']:>10}  waste {w['waste'] * 100:5.1f}%")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "host": platform.node(),
+                    "cpus": os.cpu_count(),
+                    "sync": not a.no_sync,
+                    "rows": rows,
+                    "index_bytes_per_block": idx,
+                    "index_blocks": a.index_blocks,
+                    "slab_waste": waste,
+                },
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
