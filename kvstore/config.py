@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import sys
+import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -20,11 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kvstore.errors import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ENV_PREFIX = "TIERKV_"
 

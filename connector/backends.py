@@ -1,0 +1,148 @@
+"""Where the connector's blocks live: an in-process node (``local://``) or storage daemons
+(``kvstore://``, ``etcd://``), behind one small batched interface.
+
+Contract (both): ``exists``, ``get_into`` and ``put`` never raise for a store problem — a
+failure is a miss (``None`` / a non-HIT status) or a dropped write; every call honours its
+deadline. Tier names are the node's (``dram``, ``disk``), prefixed ``remote:`` for daemons.
+Bound to the event loop of their first call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from connector.config import ConnectorConfig
+from kvstore.block import BlockHeader
+from kvstore.keys import BlockKey, Namespace
+from kvstore.results import Expect, GetResult, PutResult, Status
+
+log = logging.getLogger("tierkv.connector")
+
+
+class Backend:
+    async def exists(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
+        raise NotImplementedError
+
+    async def get_into(
+        self, keys: Sequence[BlockKey], bufs: Sequence[Any], expect: Sequence[Expect], deadline_s: float
+    ) -> list[GetResult]:
+        raise NotImplementedError
+
+    async def put(self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float) -> list[PutResult]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class LocalBackend(Backend):
+    """An in-process :class:`kvstore.node.NodeStore` with DRAM + disk under ``cfg.target``,
+    opened on first use (in the engine's event loop)."""
+
+    def __init__(self, cfg: ConnectorConfig) -> None:
+        self.cfg = cfg
+        self._node = None
+        self._opening: asyncio.Lock | None = None
+
+    async def _get(self):
+        if self._node is None:
+            from kvstore.config import load_store_config
+            from kvstore.node import NodeStore
+
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._node is None:
+                    store_cfg = load_store_config(
+                        None,
+                        {
+                            "node.name": "local",
+                            "dram.capacity": self.cfg.dram_capacity,
+                            "disk.path": os.path.join(self.cfg.target, "disk"),
+                            "disk.capacity": self.cfg.disk_capacity,
+                            "disk.sync": self.cfg.disk_sync,
+                        },
+                        env={},
+                    )
+                    self._node = await NodeStore.open(store_cfg)
+        return self._node
+
+    @property
+    def node(self):
+        return self._node
+
+    async def exists(self, keys, deadline_s):
+        try:
+            node = await asyncio.wait_for(self._get(), deadline_s * 20)
+            return await node.contains(keys)
+        except Exception as exc:  # the cache path never raises to the engine
+            log.warning("event=local_exists_failed error=%r", exc)
+            return [None] * len(keys)
+
+    async def get_into(self, keys, bufs, expect, deadline_s):
+        try:
+            node = await self._get()
+            return await asyncio.wait_for(node.get_into(keys, bufs, expect), deadline_s)
+        except Exception as exc:
+            log.warning("event=local_get_failed error=%r", exc)
+            return [GetResult(Status.ERROR)] * len(keys)
+
+    async def put(self, blocks, deadline_s):
+        try:
+            node = await self._get()
+            return await asyncio.wait_for(node.put(blocks), deadline_s)
+        except Exception as exc:
+            log.warning("event=local_put_failed error=%r", exc)
+            return [PutResult(Status.ERROR)] * len(blocks)
+
+    async def close(self) -> None:
+        if self._node is not None:
+            await self._node.close()
+            self._node = None
+
+
+class RemoteBackend(Backend):
+    """Storage daemons through :class:`kvstore.client.StoreClient` (the client keeps its own
+    failure contract: misses and dropped writes, never exceptions)."""
+
+    def __init__(self, cfg: ConnectorConfig, namespace: Namespace) -> None:
+        from kvstore.client import ClientConfig, StoreClient
+
+        token = cfg.token
+        if cfg.token_file and not token:
+            with open(cfg.token_file) as f:
+                token = f.read().split()[0]
+        ccfg = ClientConfig(
+            token=token,
+            tenant=cfg.tenant or None,
+            namespaces=(namespace,),
+            op_timeout_s=max(cfg.load_deadline_s, cfg.save_deadline_s),
+        )
+        self.client = StoreClient(cfg.addrs, ccfg)
+
+    async def exists(self, keys, deadline_s):
+        tiers = await self.client.exists(keys, deadline_s)
+        return [f"remote:{t}" if t else None for t in tiers]
+
+    async def get_into(self, keys, bufs, expect, deadline_s):
+        return await self.client.get_into(keys, bufs, expect, deadline_s)
+
+    async def put(self, blocks, deadline_s):
+        return await self.client.put(blocks, deadline_s)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def make_backend(cfg: ConnectorConfig, namespace: Namespace) -> Backend:
+    if cfg.kind == "local":
+        return LocalBackend(cfg)
+    if cfg.kind == "kvstore":
+        return RemoteBackend(cfg, namespace)
+    from kvstore.errors import ConfigError
+
+    raise ConfigError(f"--kv-connector {cfg.kind}://{cfg.target}: etcd membership is not built yet")

@@ -1,0 +1,134 @@
+"""The connector's configuration: from the ``--kv-connector`` URL, its query, and an optional
+TOML file (``?config=PATH`` or the engine's ``--kv-connector-config``). Later sources win:
+TOML, then the URL query. Errors name the key and the URL.
+
+URLs:
+  kvstore://host:port[,host:port...]   storage daemons (kvstore serve)
+  local://PATH                          an in-process node: DRAM + LMDB disk under PATH
+  etcd://host:port/CLUSTER              daemons found through etcd (cluster membership)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from kvstore.config import Size, parse_size
+from kvstore.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    kind: Literal["kvstore", "local", "etcd"]
+    target: str  # "host:port,..." | PATH | "host:port/CLUSTER"
+    block_tokens: int = 0  # 0: the engine's page size
+    lookup_deadline_s: float = 0.05  # well under one prefill chunk
+    load_deadline_s: float = 2.0
+    save_deadline_s: float = 5.0
+    policy: Literal["auto", "always", "never"] = "auto"
+    save: bool = True
+    save_queue_blocks: int = 256  # a full queue drops writes instead of stalling inference
+    load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
+    load_parallel: int = 4
+    tenant: str = ""
+    token: str = ""
+    token_file: str = ""
+    # assumed until measured: a tier's bandwidth (bytes/s) and the engine's prefill (tokens/s)
+    prefill_tokens_per_s: float = 2000.0
+    # local:// only
+    dram_capacity: Size = Size(1 << 30)
+    disk_capacity: Size = Size(8 << 30)
+    disk_sync: bool = False  # a cache: losing the last writes on power loss costs only a recompute
+
+    @property
+    def addrs(self) -> list[str]:
+        return [a for a in self.target.split(",") if a] if self.kind == "kvstore" else []
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ConnectorConfig)}
+
+
+def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorConfig:
+    """Parse ``url`` (and the TOML at ``config_path`` or ``?config=``) into a config.
+    Raises ConfigError naming the URL and the bad key."""
+    parts = urlsplit(url)
+    kind = parts.scheme
+    if kind not in ("kvstore", "local", "etcd"):
+        raise ConfigError(f"--kv-connector {url!r}: scheme must be kvstore, local or etcd")
+    if kind == "local":
+        target = unquote(parts.netloc + parts.path)
+    elif kind == "etcd":
+        target = parts.netloc + parts.path
+    else:
+        target = parts.netloc
+    if not target:
+        raise ConfigError(f"--kv-connector {url!r}: missing {'PATH' if kind == 'local' else 'host:port'}")
+    values: dict[str, object] = {}
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    path = query.pop("config", None) or config_path
+    if path:
+        try:
+            with open(path, "rb") as f:
+                values.update(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--kv-connector config {path!r}: {exc}") from exc
+    values.update(query)
+    kwargs: dict[str, object] = {}
+    for key, value in values.items():
+        f = _FIELDS.get(key)
+        if f is None or key in ("kind", "target"):
+            raise ConfigError(f"--kv-connector {url!r}: unknown option {key!r}")
+        kwargs[key] = _coerce(url, key, f.type, value)
+    cfg = ConnectorConfig(kind=kind, target=target, **kwargs)
+    for key in ("lookup_deadline_s", "load_deadline_s", "save_deadline_s", "prefill_tokens_per_s"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"--kv-connector {url!r}: {key} must be > 0")
+    if (
+        cfg.block_tokens < 0
+        or cfg.save_queue_blocks < 1
+        or cfg.load_batch_blocks < 1
+        or cfg.load_parallel < 1
+    ):
+        raise ConfigError(f"--kv-connector {url!r}: block_tokens, queue and batch sizes must be positive")
+    if kind == "kvstore":
+        for a in cfg.addrs:
+            host, sep, port = a.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"--kv-connector {url!r}: node address {a!r} is not host:port")
+    return cfg
+
+
+def _coerce(url: str, key: str, tp, value):
+    tp = (
+        {"int": int, "float": float, "bool": bool, "str": str, "Size": Size}.get(tp, tp)
+        if isinstance(tp, str)
+        else tp
+    )
+    try:
+        if tp == "Literal['auto', 'always', 'never']" or key == "policy":
+            if value not in ("auto", "always", "never"):
+                raise ValueError("expected auto, always or never")
+            return value
+        if tp is Size:
+            return Size(parse_size(int(value) if isinstance(value, str) and value.isdigit() else value, key))
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            low = str(value).lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if tp is int:
+            if isinstance(value, bool):
+                raise ValueError("expected an integer")
+            return int(value)
+        if tp is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError, ConfigError) as exc:
+        raise ConfigError(f"--kv-connector {url!r}: option {key}={value!r}: {exc}") from exc

@@ -1,0 +1,302 @@
+"""The engine's KV connector on top of tierkv's store.
+
+- ``lookup``: one batched EXISTS for the prompt's block keys under a deadline; the longest
+  prefix present, cut by the cost model to what is worth loading.
+- ``load``: GETs of whole blocks (one buffer per block, all layers) into staging buffers,
+  pipelined in batches; each block is verified before use (key, parent, token ids, checksum —
+  by the node or the client) and scattered into the engine's pages. The first block that fails
+  for any reason (miss, corrupt, mismatch, timeout, dead node) ends the load: it and every block
+  after it are recomputed. Never wrong output.
+- ``save``: copies new full blocks out of the pages at once and queues them; a background task
+  writes them, so the request never waits. Blocks known to be stored are not sent again; a full
+  queue drops writes (counted) rather than stall inference.
+
+All methods run on the engine's event loop; failures inside become misses and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from connector.backends import Backend, make_backend
+from connector.config import ConnectorConfig
+from connector.metrics import ConnectorMetrics
+from connector.policy import CostModel
+from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
+from kvstore.block import make_header
+from kvstore.errors import ConfigError
+from kvstore.keys import BlockKey, tokens_le_bytes
+from kvstore.results import Expect, Status
+
+log = logging.getLogger("tierkv.connector")
+
+_KNOWN_STORED_MAX = 1 << 16
+_RECENT_LOOKUPS_MAX = 1024
+
+
+class StoreConnector(KVConnector):
+    def __init__(self, ctx: ConnectorContext, cfg: ConnectorConfig, backend: Backend | None = None) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.block_tokens = cfg.block_tokens or ctx.page_size
+        if self.block_tokens % ctx.page_size:
+            raise ConfigError(
+                f"block_tokens {self.block_tokens} is not a multiple of page size {ctx.page_size}"
+            )
+        self.pages_per_block = self.block_tokens // ctx.page_size
+        self.ns = ctx.namespace(self.block_tokens)
+        kv = ctx.kv
+        self.block_shape = kv.block_shape(self.pages_per_block)
+        self.dtype = kv.dtype
+        self.dtype_name = str(kv.dtype).removeprefix("torch.")
+        self.block_bytes = math.prod(self.block_shape) * torch.empty((), dtype=kv.dtype).element_size()
+        self.pin = torch.cuda.is_available() and str(ctx.device).startswith("cuda")
+        self.backend = backend or make_backend(cfg, self.ns)
+        self.cost = CostModel(cfg.prefill_tokens_per_s)
+        self.metrics = ConnectorMetrics()
+        self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._stored: OrderedDict[bytes, None] = OrderedDict()
+        self._queue: asyncio.Queue | None = None
+        self._saver: asyncio.Task | None = None
+        self._inflight_saves = 0
+        self._staging: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _chain(self, token_ids: Sequence[int], n_blocks: int | None = None) -> list[BlockKey]:
+        bt = self.block_tokens
+        toks = token_ids if n_blocks is None else token_ids[: n_blocks * bt]
+        return self.ns.block_keys(toks)
+
+    def _remember(self, d: OrderedDict, key: bytes, value, limit: int) -> None:
+        d[key] = value
+        d.move_to_end(key)
+        while len(d) > limit:
+            d.popitem(last=False)
+
+    def _buffer(self) -> torch.Tensor:
+        if self._staging:
+            return self._staging.pop()
+        return torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=self.pin)
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The engine reports measured prefill speed (optional hook)."""
+        self.cost.observe_prefill(tokens, seconds)
+        self.metrics.prefill_tps.set(self.cost.prefill_tps)
+
+    # ------------------------------------------------------------------ lookup
+    async def lookup(self, token_ids: Sequence[int]) -> int:
+        self.metrics.lookups.inc()
+        keys = self._chain(token_ids)
+        if not keys:
+            return 0
+        try:
+            tiers = await asyncio.wait_for(
+                self.backend.exists(keys, self.cfg.lookup_deadline_s), self.cfg.lookup_deadline_s
+            )
+        except Exception as exc:  # a slow or failed lookup is a miss
+            log.debug("event=lookup_failed error=%r", exc)
+            self.metrics.fallbacks.labels("lookup_timeout").inc()
+            return 0
+        hit = 0
+        for t in tiers:
+            if t is None:
+                break
+            hit += 1
+        for k, t in zip(keys, tiers):
+            if t is not None:
+                self._remember(self._stored, k.raw, None, _KNOWN_STORED_MAX)
+        if hit == 0:
+            return 0
+        for t in set(tiers[:hit]):
+            self.metrics.lookup_hit_tokens.labels(t).inc(self.block_tokens * tiers[:hit].count(t))
+        self._remember(self._lookups, keys[hit - 1].raw, list(tiers[:hit]), _RECENT_LOOKUPS_MAX)
+        if self.cfg.policy == "never":
+            return 0
+        if self.cfg.policy == "always":
+            return hit * self.block_tokens
+        d = self.cost.decide(list(tiers[:hit]), self.block_bytes, self.block_tokens)
+        log.debug(
+            "event=load_decision hit_blocks=%d load_blocks=%d est_load_s=%.4f est_recompute_s=%.4f prefill_tps=%.0f",
+            d.hit_blocks,
+            d.load_blocks,
+            d.load_s,
+            d.recompute_s,
+            self.cost.prefill_tps,
+        )
+        if d.load_blocks < hit:
+            self.metrics.policy_skipped_tokens.inc((hit - d.load_blocks) * self.block_tokens)
+        return d.load_blocks * self.block_tokens
+
+    # ------------------------------------------------------------------ load
+    async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int:
+        bt, ppb = self.block_tokens, self.pages_per_block
+        first = request.first_token // bt
+        n = len(page_ids) // ppb
+        if request.first_token % bt or n == 0:
+            return 0
+        chain = self._chain(request.token_ids, first + n)
+        keys = chain[first:]
+        n = min(n, len(keys))
+        tiers = self._tiers_for(first, keys)
+        t0 = time.perf_counter()
+        done = 0
+        cause = None
+        batches = [
+            range(i, min(i + self.cfg.load_batch_blocks, n)) for i in range(0, n, self.cfg.load_batch_blocks)
+        ]
+        sem = asyncio.Semaphore(self.cfg.load_parallel)
+        bufs: list[torch.Tensor] = []
+
+        async def fetch(batch: range):
+            async with sem:
+                b = [self._buffer() for _ in batch]
+                bufs.extend(b)
+                exp = []
+                for j in batch:
+                    g = first + j
+                    parent = chain[g - 1] if g > 0 else self.ns.id
+                    exp.append(Expect(parent, tokens_le_bytes(request.token_ids[g * bt : (g + 1) * bt])))
+                ts = time.perf_counter()
+                views = [t.numpy() for t in b]  # host staging: a buffer both backends take
+                res = await self.backend.get_into(
+                    [keys[j] for j in batch], views, exp, self.cfg.load_deadline_s
+                )
+                return b, res, time.perf_counter() - ts
+
+        tasks = [asyncio.ensure_future(fetch(batch)) for batch in batches]
+        try:
+            async with asyncio.timeout(self.cfg.load_deadline_s):
+                for batch, task in zip(batches, tasks):
+                    b, res, secs = await task
+                    nbytes = 0
+                    for j, buf, r in zip(batch, b, res):
+                        if r.status is not Status.HIT:
+                            cause = r.status.name.lower()
+                            break
+                        block = buf[: self.block_bytes].view(self.dtype).view(self.block_shape)
+                        self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], block)
+                        nbytes += self.block_bytes
+                        done += 1
+                        self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
+                    self.metrics.bytes_loaded.inc(nbytes)
+                    if nbytes and tiers[batch[0]]:
+                        self.cost.observe_load(tiers[batch[0]], nbytes, secs)
+                        self.metrics.tier_bandwidth.labels(tiers[batch[0]]).set(self.cost.bw(tiers[batch[0]]))
+                    if cause:
+                        break
+        except TimeoutError:
+            cause = "timeout"
+        except Exception as exc:  # never an exception to the engine: recompute the rest
+            log.warning("event=load_failed request=%s error=%r", request.request_id, exc)
+            cause = "error"
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._staging.extend(bufs)
+        if cause:
+            self.metrics.fallbacks.labels(cause).inc(n - done)
+            log.info(
+                "event=load_partial request=%s loaded_blocks=%d of=%d cause=%s",
+                request.request_id,
+                done,
+                n,
+                cause,
+            )
+        self.metrics.load_seconds.observe(time.perf_counter() - t0)
+        return done * bt
+
+    def _tiers_for(self, first: int, keys: list[BlockKey]) -> list[str | None]:
+        """Tiers seen at lookup for prompt blocks ``first..first+len(keys)`` (from the latest
+        lookup that covered the most of them), None where unknown."""
+        for i in range(len(keys) - 1, -1, -1):
+            t = self._lookups.get(keys[i].raw)  # tiers of prompt blocks 0..first+i
+            if t is not None:
+                return [t[first + j] if first + j < len(t) else None for j in range(len(keys))]
+        return [None] * len(keys)
+
+    # ------------------------------------------------------------------ save
+    async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
+        if not self.cfg.save:
+            return
+        bt, ppb = self.block_tokens, self.pages_per_block
+        n = len(page_ids) // ppb
+        keys = self._chain(request.token_ids, n)
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.cfg.save_queue_blocks)
+            self._saver = asyncio.create_task(self._save_loop(), name="kv-connector-saver")
+        parent = self.ns.id
+        for j, key in enumerate(keys):
+            if key.raw not in self._stored:
+                if self._queue.full():
+                    self.metrics.dropped_saves.labels("queue_full").inc(
+                        sum(1 for k in keys[j:] if k.raw not in self._stored)
+                    )
+                    break
+                block = self.ctx.kv.gather_block(page_ids[j * ppb : (j + 1) * ppb])
+                payload = block.to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy()
+                h = make_header(
+                    key=key,
+                    parent=parent,
+                    namespace=self.ns.id,
+                    tokens=request.token_ids[j * bt : (j + 1) * bt],
+                    dtype=self.dtype_name,
+                    shape=self.block_shape,
+                    payload=payload,
+                )
+                self._queue.put_nowait((h, payload))
+                self._remember(self._stored, key.raw, None, _KNOWN_STORED_MAX)  # in flight counts as stored
+            parent = key
+        self.metrics.save_queue.set(self._queue.qsize())
+
+    async def _save_loop(self) -> None:
+        q = self._queue
+        while True:
+            batch = [await q.get()]
+            while not q.empty() and len(batch) < 16:
+                batch.append(q.get_nowait())
+            self._inflight_saves = len(batch)
+            try:
+                res = await self.backend.put(batch, self.cfg.save_deadline_s)
+            except Exception as exc:
+                log.warning("event=save_failed blocks=%d error=%r", len(batch), exc)
+                res = [None] * len(batch)
+            for (h, _), r in zip(batch, res):
+                if r is not None and r.status.ok:
+                    if r.status is Status.STORED:
+                        self.metrics.saved_blocks.inc()
+                        self.metrics.bytes_saved.inc(h.payload_len)
+                else:
+                    self._stored.pop(h.key.raw, None)  # let a later request try again
+                    self.metrics.dropped_saves.labels(
+                        r.status.name.lower() if r is not None else "error"
+                    ).inc()
+            self._inflight_saves = 0
+            for _ in batch:
+                q.task_done()
+            self.metrics.save_queue.set(q.qsize())
+
+    async def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued block was written or dropped. False on timeout."""
+        if self._queue is None:
+            return True
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        await self.flush(self.cfg.save_deadline_s)
+        if self._saver is not None:
+            self._saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saver
+        await self.backend.close()
