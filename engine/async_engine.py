@@ -263,9 +263,9 @@ class AsyncEngine:
             if eng.steps == before and not self._events:
                 # Nothing could run (pages held by loads or saves): wait for one to finish.
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 0.05)
-                except asyncio.TimeoutError:
-                    pass
+                waiter = asyncio.ensure_future(self._wake.wait())
+                done, _ = await asyncio.wait({waiter}, timeout=0.05)
+                if not done:
+                    waiter.cancel()
             else:
                 await asyncio.sleep(0)  # let HTTP handlers and connector tasks run

@@ -32,9 +32,37 @@ class AttnMetadata:
     _decode_slots: torch.Tensor | None = None
     _decode_mask: torch.Tensor | None = None
 
+    _decode_meta: AttnMetadata | None = None
+
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def num_leading_decodes(self) -> int:
+        n = 0
+        for q in self.query_lens:
+            if q != 1:
+                break
+            n += 1
+        return n
+
+    def decode_part(self) -> AttnMetadata:
+        """Metadata of the leading decode-only sequences (built once per step)."""
+        if self._decode_meta is None:
+            n = self.num_leading_decodes()
+            cl = self.context_lens[:n]
+            self._decode_meta = AttnMetadata(
+                slot_mapping=self.slot_mapping[:n],
+                query_lens=[1] * n,
+                context_lens=cl,
+                block_tables=self.block_tables[:n],
+                cu_query=self.cu_query[: n + 1],
+                context_lens_t=self.context_lens_t[:n],
+                max_query_len=1,
+                max_context_len=max(cl),
+                page_size=self.page_size,
+            )
+        return self._decode_meta
 
 
 def build_metadata(
@@ -108,8 +136,14 @@ class TorchAttention:
         if meta.is_decode_only:
             return self._decode(q, kf, vf, meta)
         out = torch.empty_like(q)
-        start = 0
+        # The scheduler puts decodes first: run them as one batched call, then the prefills.
+        nd = meta.num_leading_decodes()
+        if nd:
+            out[:nd] = self._decode(q[:nd], kf, vf, meta.decode_part())
+        start = nd
         for i, (ql, cl) in enumerate(zip(meta.query_lens, meta.context_lens)):
+            if i < nd:
+                continue
             qi = q[start : start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
             if ql == cl:  # no cached prefix: attend to the fresh K/V, plain causal
                 ki, vi = k[start : start + ql], v[start : start + ql]

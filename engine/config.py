@@ -85,6 +85,11 @@ class ModelConfig:
                 # Sliding-window attention is not implemented: within the window it is plain
                 # causal attention, so cap the context at the window instead of being wrong.
                 max_pos = min(max_pos, int(cfg["sliding_window"]))
+            rope = _rope_from_hf(cfg, source)
+            if rope.rope_type == "dynamic":
+                # Dynamic NTK equals the default rope within the original context; beyond it
+                # the base would change per length, which is not implemented: cap instead.
+                max_pos = min(max_pos, rope.original_max_position)
             model = cls(
                 architecture=arch,
                 vocab_size=int(cfg["vocab_size"]),
@@ -96,7 +101,7 @@ class ModelConfig:
                 head_dim=head_dim,
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 max_position=max_pos,
-                rope=_rope_from_hf(cfg, source),
+                rope=rope,
                 qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
                 o_bias=arch != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
                 mlp_bias=bool(cfg.get("mlp_bias", False)),

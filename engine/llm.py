@@ -60,13 +60,48 @@ class LLMEngine:
     caller steps it (AsyncEngine runs every step on one worker thread)."""
 
     def __init__(self, model_dir: str | os.PathLike, config: EngineConfig | None = None) -> None:
-        self.config = cfg = config or EngineConfig()
-        self.model_dir = os.fspath(model_dir)
-        self.model_config = mc = ModelConfig.from_dir(self.model_dir)
-        self.tokenizer = Tokenizer(self.model_dir)
+        cfg = config or EngineConfig()
+        self.model_dir: str | None = os.fspath(model_dir)
+        mc = ModelConfig.from_dir(self.model_dir)
+        tokenizer = Tokenizer(self.model_dir)
+        dtype = _DTYPES[cfg.torch_dtype_name()]
+        max_len = min(cfg.max_model_len or mc.max_position, mc.max_position)
+        self._setup(cfg, mc, load_model(self.model_dir, mc, dtype, cfg.device, max_len), tokenizer)
+
+    @classmethod
+    def from_random(cls, model_config: ModelConfig, config: EngineConfig, seed: int = 0) -> LLMEngine:
+        """An engine over random weights created directly on the device (benchmarks of real
+        model shapes without a checkpoint). No tokenizer: outputs carry token ids only."""
+        self = cls.__new__(cls)
+        self.model_dir = None
+        dtype = _DTYPES[config.torch_dtype_name()]
+        max_len = min(config.max_model_len or model_config.max_position, model_config.max_position)
+        torch.manual_seed(seed)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # create weights in the target dtype: no fp32 transient
+        try:
+            with torch.device(config.device):
+                model = CausalLM(model_config, max_len)
+        finally:
+            torch.set_default_dtype(prev)
+        for name, p in model.named_parameters():
+            with torch.no_grad():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02)
+        cos, sin = rope_table(model_config.rope, model_config.head_dim, max_len)
+        model.rope_cos, model.rope_sin = cos.to(config.device), sin.to(config.device)
+        model.tie_weights()
+        self._setup(config, model_config, model.eval(), None)
+        return self
+
+    def _setup(
+        self, cfg: EngineConfig, mc: ModelConfig, model: CausalLM, tokenizer: Tokenizer | None
+    ) -> None:
+        self.config, self.model_config, self.model, self.tokenizer = cfg, mc, model, tokenizer
         self.dtype = _DTYPES[cfg.torch_dtype_name()]
         self.max_model_len = min(cfg.max_model_len or mc.max_position, mc.max_position)
-        self.model = load_model(self.model_dir, mc, self.dtype, cfg.device, self.max_model_len)
         shape = dict(
             num_layers=mc.num_layers,
             page_size=cfg.page_size,
@@ -78,15 +113,15 @@ class LLMEngine:
         self.backend = make_backend(
             cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim
         )
-        ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache else None
+        ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache and self.model_dir else None
         self.bm = BlockManager(num_pages, cfg.page_size, ns)
         self.scheduler = Scheduler(self.bm, cfg.max_num_batched_tokens, cfg.max_num_seqs)
         self.runner = ModelRunner(self.model, self.kv, self.backend, cfg.device)
         self.eos_ids = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            self.eos_ids.add(tokenizer.eos_token_id)
         self.requests: dict[str, Sequence] = {}
-        self.detok: dict[str, IncrementalDetokenizer] = {}
+        self.detok: dict[str, IncrementalDetokenizer | None] = {}
         self.record_logits: dict[str, list[torch.Tensor]] | None = None  # tests: logits per sample
         self.steps = 0
 
@@ -95,6 +130,8 @@ class LLMEngine:
         ``block_tokens`` (a multiple of the page size)."""
         from kvstore.keys import Namespace, model_fingerprint
 
+        if self.model_dir is None:
+            raise ValueError("an engine over random weights has no model folder to fingerprint")
         if block_tokens % self.config.page_size:
             raise ValueError(
                 f"block_tokens {block_tokens} is not a multiple of page_size {self.config.page_size}"
@@ -132,7 +169,7 @@ class LLMEngine:
             )
             seq.generator = g
         self.requests[rid] = seq
-        self.detok[rid] = IncrementalDetokenizer(self.tokenizer)
+        self.detok[rid] = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
         self.scheduler.add(seq)
         return seq
 
@@ -172,13 +209,13 @@ class LLMEngine:
     def _postprocess(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params
         detok = self.detok[seq.request_id]
-        before = len(detok.text)
-        delta = detok.push(tok)
+        before = len(detok.text) if detok else 0
+        delta = detok.push(tok) if detok else ""
         reason = None
         if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             reason = "stop"
             delta = ""  # the EOS/stop token's text is not part of the output
-        elif p.stop:
+        elif p.stop and detok is not None:
             # Search only where a stop string could newly end; cut the text before it.
             text = detok.text
             lo = max(0, before - max(len(s) for s in p.stop))

@@ -116,3 +116,14 @@ def test_engine_cli_make_tiny_and_generate(tmp_path, capsys):
     )
     assert "ttft_s=" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "none"), "--prompt", "hi", "--device", "cpu"]) == 2
+
+
+def test_engine_from_random_weights():
+    from engine.config import RopeConfig
+    from engine.sequence import SamplingParams
+
+    mc = ModelConfig("LlamaForCausalLM", 300, 64, 128, 2, 4, 2, 16, 1e-5, 512, RopeConfig(theta=1e4))
+    eng = LLMEngine.from_random(mc, EngineConfig(num_pages=16))
+    [s] = eng.generate([[1, 2, 3] * 10], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    assert len(s.output_tokens) == 5 and eng.bm.namespace is None
+    eng.check_integrity()

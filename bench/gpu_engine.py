@@ -1,0 +1,131 @@
+"""GPU benchmark for a lent device (not run in CI): a Llama-3.1-8B-shaped model with random
+bf16 weights created on the GPU. Cold prefill at 2K / 8K / 32K tokens with achieved TFLOP/s
+beside a measured bf16 matmul peak, and decode tokens/s at batch 1 and 32. Prints a table;
+``--json PATH`` writes the numbers.
+
+    python bench/gpu_engine.py --json gpu.json [--backend auto|torch|triton|flash_attn]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def llama31_8b():
+    from engine.config import ModelConfig, RopeConfig
+
+    return ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position=131072,
+        rope=RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                        high_freq_factor=4.0, original_max_position=8192),
+    )  # fmt: skip
+
+
+def matmul_peak_tflops(n: int = 8192, reps: int = 20) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def prefill_flops(mc, n: int) -> float:
+    """Matmul FLOPs of a causal prefill of n tokens (projections, MLP, attention, last-token head)."""
+    h, kv = mc.hidden_size, mc.num_kv_heads * mc.head_dim
+    per_tok = 2 * (h * h + 2 * h * kv + h * h + 3 * h * mc.intermediate_size)
+    attn = 2 * n * n * mc.num_heads * mc.head_dim  # QK^T and PV, causal half, 2 FLOPs per MAC
+    return mc.num_layers * (per_tok * n + attn) + 2 * h * mc.vocab_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prefill", type=int, nargs="+", default=[2048, 8192, 32768])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--decode-prompt", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--kv-cache", default="24GiB")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/gpu_engine.py needs a CUDA device")
+
+    from engine.cli import parse_size
+    from engine.config import EngineConfig
+    from engine.llm import LLMEngine
+    from engine.sequence import SamplingParams
+
+    mc = llama31_8b()
+    max_len = max(args.prefill) + 16
+    cfg = EngineConfig(
+        device="cuda", dtype="bfloat16", kv_cache_bytes=parse_size(args.kv_cache), max_num_batched_tokens=max_len,
+        max_num_seqs=max(args.batches), max_model_len=max_len + args.decode_tokens, attention_backend=args.backend,
+    )  # fmt: skip
+    eng = LLMEngine.from_random(mc, cfg)
+    peak = matmul_peak_tflops()
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    one = SamplingParams(max_tokens=1, temperature=0)
+    eng.generate([torch.randint(0, mc.vocab_size, (512,), generator=g).tolist()], one)  # warm up
+    for n in args.prefill:
+        prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()
+        eng.generate([prompt], one)  # warm-up at this shape
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        eng.generate([prompt], one)  # no prefix cache (random engine): cold every time
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        tf = prefill_flops(mc, n) / dt / 1e12
+        rows.append(
+            {"metric": f"prefill {n}", "tokens_per_s": n / dt, "tflops": tf, "pct_peak": 100 * tf / peak}
+        )
+    for b in args.batches:
+        prompts = [
+            torch.randint(0, mc.vocab_size, (args.decode_prompt,), generator=g).tolist() for _ in range(b)
+        ]
+        sp = SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True)
+        seqs = [eng.add_request(p, sp) for p in prompts]
+        while any(s.num_computed < s.num_prompt for s in seqs):
+            eng.step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while eng.has_work():
+            eng.step()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        rows.append({"metric": f"decode batch {b}", "tokens_per_s": b * (args.decode_tokens - 1) / dt})
+    eng.check_integrity()
+    print(f"Llama-3.1-8B shape, random bf16, backend {eng.backend.name}, {torch.cuda.get_device_name()}")
+    print(f"bf16 matmul peak (8192^3): {peak:.1f} TFLOP/s")
+    print(f"| {'metric':<18} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'% peak':>7} |")
+    print(f"|{'-' * 20}|{'-' * 12}|{'-' * 10}|{'-' * 9}|")
+    for r in rows:
+        tf = f"{r['tflops']:.1f}" if "tflops" in r else "-"
+        pct = f"{r['pct_peak']:.0f}%" if "pct_peak" in r else "-"
+        print(f"| {r['metric']:<18} | {r['tokens_per_s']:>10.1f} | {tf:>8} | {pct:>7} |")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "backend": eng.backend.name,
+                    "peak_tflops": peak,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    main()
