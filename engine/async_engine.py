@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -251,6 +252,7 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             before = eng.steps
+            t0 = time.perf_counter()
             try:
                 outs = await loop.run_in_executor(self._pool, eng.step)
             except Exception as exc:  # a bug in a step: fail the live requests, keep serving
@@ -259,6 +261,11 @@ class AsyncEngine:
                     q.put_nowait(exc)
                     self._events.append(("abort", rid))
                 continue
+            prefill, decode = eng.last_step_tokens
+            if self.connector is not None and eng.steps != before and prefill and not decode:
+                observe = getattr(self.connector, "observe_prefill", None)
+                if observe is not None:
+                    observe(prefill, time.perf_counter() - t0)
             self._after_step(outs)
             if eng.steps == before and not self._events:
                 # Nothing could run (pages held by loads or saves): wait for one to finish.

@@ -69,6 +69,10 @@ class KVConnector(ABC):
     @abstractmethod
     async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None: ...
 
+    def observe_prefill(self, tokens: int, seconds: float) -> None:  # noqa: B027 - optional hook
+        """The engine reports a pure-prefill step: ``tokens`` computed in ``seconds`` (for a
+        load-versus-recompute cost model)."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (connections, buffers)."""
 
@@ -92,6 +96,11 @@ class MemoryConnector(KVConnector):
         self.fail_after = fail_after
         self.blocks: dict[Any, tuple[tuple[int, ...], Any]] = {}
         self.loaded_blocks = self.saved_blocks = self.lookups = 0
+        self.prefill_seconds = self.prefill_tokens = 0.0
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill_tokens += tokens
+        self.prefill_seconds += seconds
 
     def _chain(self, token_ids: Sequence[int]) -> list[tuple[Any, tuple[int, ...]]]:
         bt = self.block_tokens

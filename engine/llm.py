@@ -124,6 +124,7 @@ class LLMEngine:
         self.detok: dict[str, IncrementalDetokenizer | None] = {}
         self.record_logits: dict[str, list[torch.Tensor]] | None = None  # tests: logits per sample
         self.steps = 0
+        self.last_step_tokens = (0, 0)
 
     def namespace(self, block_tokens: int):
         """The kvstore.keys Namespace of this model: fingerprint of its folder, KV dtype, and
@@ -189,6 +190,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.items:
             return []
+        n_decode = sum(1 for seq, n in batch.items if n == 1 and seq.num_computed >= seq.num_prompt)
+        self.last_step_tokens = (batch.num_tokens - n_decode, n_decode)  # (prefill, decode)
         to_sample, logits = self.runner.run(batch.items)
         for seq, n in batch.items:
             seq.num_computed += n

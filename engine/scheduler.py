@@ -123,8 +123,9 @@ class Scheduler:
             self.running.append(seq)
             batch.items.append((seq, chunk))
             budget -= chunk
-        if not batch.items and self.running and not self.loading and not self.waiting:
-            # Every running prefill is stuck without pages: free the youngest to unblock.
+        if not batch.items and self.running:
+            # Every running prefill is stuck without pages: free the youngest to unblock
+            # (it re-queues at the front; the older ones get its pages next step).
             self._preempt(self.running[-1], batch)
         return batch
 

@@ -86,6 +86,7 @@ async def test_engine_connector_hit_equals_no_hit(tiny_model_dir, url, expect_ca
     try:
         first, cached0, _ = await run(aeng, prompt)
         assert first == ref and cached0 == 0
+        assert aeng.connector.prefill_tokens >= 40 and aeng.connector.prefill_seconds > 0
         await asyncio.sleep(0.05)  # let the background save finish
         aeng.check_integrity()
         assert aeng.connector.saved_blocks == 96 // aeng.connector.block_tokens

@@ -158,3 +158,14 @@ def test_engine_rejects_bad_requests(tiny_model_dir, engines):
         eng.add_request([7] * 120, GREEDY)  # 8 pages x 16 = 128 tokens
     with pytest.raises(RequestError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_engine_long_prefills_compete_for_a_small_pool(tiny_model_dir, engines):
+    d = tiny_model_dir("llama-tiny")
+    ps = prompts(262, [100, 100, 100], seed=13)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    ref = alone(d, engines, ps, params)
+    # Each request alone needs 7 pages; 9 pages and 32-token chunks make prefills collide.
+    eng = make(d, engines, num_pages=9, max_num_batched_tokens=32, enable_prefix_cache=False)
+    seqs = eng.generate(ps, params)
+    assert [s.output_tokens for s in seqs] == ref
