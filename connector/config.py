@@ -25,7 +25,7 @@ class ConnectorConfig:
     kind: Literal["kvstore", "local", "etcd"]
     target: str  # "host:port,..." | PATH | "host:port/CLUSTER"
     block_tokens: int = 0  # 0: the engine's page size
-    lookup_deadline_s: float = 0.05  # well under one prefill chunk
+    lookup_deadline_s: float = 0.2  # under one prefill chunk; the engine's own cap is 0.5 s
     load_deadline_s: float = 2.0
     save_deadline_s: float = 5.0
     policy: Literal["auto", "always", "never"] = "auto"
@@ -33,7 +33,7 @@ class ConnectorConfig:
     save_queue_blocks: int = 256  # a full queue drops writes instead of stalling inference
     load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
     load_parallel: int = 4
-    tenant: str = ""
+    tenant: str = ""  # the tenant the token belongs to: keys are computed in its salted namespace
     token: str = ""
     token_file: str = ""
     # assumed until measured: a tier's bandwidth (bytes/s) and the engine's prefill (tokens/s)

@@ -51,14 +51,16 @@ class StoreConnector(KVConnector):
                 f"block_tokens {self.block_tokens} is not a multiple of page size {ctx.page_size}"
             )
         self.pages_per_block = self.block_tokens // ctx.page_size
-        self.ns = ctx.namespace(self.block_tokens)
+        base_ns = ctx.namespace(self.block_tokens)
+        # A tenant's blocks live in its salted namespace (daemons salt with the token's tenant).
+        self.ns = base_ns.with_tenant(cfg.tenant) if cfg.tenant else base_ns
         kv = ctx.kv
         self.block_shape = kv.block_shape(self.pages_per_block)
         self.dtype = kv.dtype
         self.dtype_name = str(kv.dtype).removeprefix("torch.")
         self.block_bytes = math.prod(self.block_shape) * torch.empty((), dtype=kv.dtype).element_size()
         self.pin = torch.cuda.is_available() and str(ctx.device).startswith("cuda")
-        self.backend = backend or make_backend(cfg, self.ns)
+        self.backend = backend or make_backend(cfg, base_ns)
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
         self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()

@@ -1,0 +1,205 @@
+"""kvstore:// end to end against real daemons: a second engine process hits what the first
+stored; faults (kill -9 mid-load, a corrupt block on disk, a daemon that never answers, a wrong
+token) all end in correct output, within the deadline plus prefill time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from connutil import make_engine, prompt_kv, reference, run
+
+CHILD = pathlib.Path(__file__).with_name("engine_child.py")
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 250, (n,), generator=g).tolist()
+
+
+async def _store(model_dir: str, url: str, prompt: list[int]):
+    """Run ``prompt`` once with a connector (cold) and wait for its blocks to be stored."""
+    a = make_engine(model_dir, url)
+    try:
+        toks, cached = await run(a, prompt)
+        assert cached == 0
+        assert await a.connector.flush()
+        return toks, prompt_kv(a, prompt, len(prompt) // 16 * 16)
+    finally:
+        await a.stop()
+
+
+async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
+    d = tiny_model()
+    node = start_daemon()
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5"
+    prompt = _prompt(150, 1)
+    ref = reference(d, prompt)
+    toks, cold_kv = await _store(d, url, prompt)
+    assert toks == ref
+    # in-process fresh engine: bitwise KV
+    b = make_engine(d, url)
+    try:
+        toks_b, cached_b = await run(b, prompt)
+        assert toks_b == ref and cached_b == 144
+        assert torch.equal(prompt_kv(b, prompt, 144), cold_kv)
+        assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
+    finally:
+        await b.stop()
+    # another process: the hit crosses process boundaries
+    out = subprocess.run(
+        [sys.executable, str(CHILD), d, url, json.dumps(prompt)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"tokens": ref, "cached": 144}
+
+
+@pytest.mark.heavy
+async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
+    d = tiny_model()
+    node = start_daemon()
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5&load_batch_blocks=1&load_parallel=1&policy=always"
+    prompt = _prompt(400, 2)  # 25 blocks: 25 sequential GETs
+    ref = reference(d, prompt)
+    await _store(d, url, prompt)
+    b = make_engine(d, url, enable_prefix_cache=False)
+
+    async def killer():
+        while b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 0:
+            await asyncio.sleep(0.0005)
+        node.kill9()
+
+    try:
+        k = asyncio.ensure_future(killer())
+        t0 = time.monotonic()
+        toks, cached = await run(b, prompt)
+        assert toks == ref
+        assert 0 < cached < 400, f"the kill did not land mid-load (cached={cached})"
+        assert time.monotonic() - t0 < 30
+        await k
+        causes = sum(
+            b.connector.metrics.value("tierkv_connector_recompute_fallbacks_total", cause=c)
+            for c in ("miss", "error", "timeout")
+        )
+        assert causes > 0
+        # the daemon is gone: later requests are ordinary prefill
+        toks2, cached2 = await run(b, prompt)
+        assert toks2 == ref and cached2 == 0
+        b.check_integrity()
+    finally:
+        await b.stop()
+
+
+async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp_path):
+    d = tiny_model()
+    wd = tmp_path / "n"
+    node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
+    prompt = _prompt(150, 3)
+    ref = reference(d, prompt)
+    _, cold_kv = await _store(d, f"kvstore://{node.addr}?lookup_deadline_s=5", prompt)
+    assert node.stop() == 0
+    # flip a byte inside block 4's payload in the daemon's LMDB file
+    needle = cold_kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
+    data = (wd / "disk" / "data.mdb").read_bytes()
+    off = data.find(needle)
+    assert off >= 0
+    with open(wd / "disk" / "data.mdb", "r+b") as f:
+        f.seek(off + 100)
+        f.write(bytes([data[off + 100] ^ 0xFF]))
+    node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
+    b = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5", enable_prefix_cache=False)
+    try:
+        toks, cached = await run(b, prompt)
+        assert toks == ref
+        assert cached == 64, "blocks before the corrupt one load; it and the rest are recomputed"
+        causes = {
+            c: b.connector.metrics.value("tierkv_connector_recompute_fallbacks_total", cause=c)
+            for c in ("corrupt", "miss")
+        }
+        assert sum(causes.values()) >= 1, causes  # the daemon drops the bad copy: corrupt, then a miss
+    finally:
+        await b.stop()
+
+
+class _SilentServer:
+    """Accepts connections and never answers (a hung daemon)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop = True
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+async def test_daemon_that_never_answers(tiny_model):
+    d = tiny_model()
+    srv = _SilentServer()
+    prompt = _prompt(100, 4)
+    ref = reference(d, prompt)
+    b = make_engine(d, f"kvstore://{srv.addr}?save_deadline_s=0.5&load_deadline_s=0.5")
+    try:
+        t0 = time.monotonic()
+        toks, cached = await run(b, prompt)
+        elapsed = time.monotonic() - t0
+        assert toks == ref and cached == 0
+        assert elapsed < 10, elapsed
+        assert await b.connector.flush(10)
+        assert b.connector.metrics.value("tierkv_connector_saved_blocks_total") == 0
+    finally:
+        await b.stop()
+        srv.close()
+
+
+async def test_wrong_token_is_a_miss_not_an_error(tiny_model, start_daemon, tmp_path):
+    d = tiny_model()
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret-token-a tenant-a\n")
+    node = start_daemon(auth={"token_file": str(tokens)})
+    prompt = _prompt(100, 5)
+    ref = reference(d, prompt)
+    good = f"kvstore://{node.addr}?token=s3cret-token-a&tenant=tenant-a&lookup_deadline_s=5"
+    await _store(d, good, prompt)
+    b = make_engine(
+        d, f"kvstore://{node.addr}?token=wrong-token-b&tenant=tenant-a", enable_prefix_cache=False
+    )
+    try:
+        toks, cached = await run(b, prompt)
+        assert toks == ref and cached == 0
+    finally:
+        await b.stop()
+    c = make_engine(d, good, enable_prefix_cache=False)
+    try:
+        toks, cached = await run(c, prompt)
+        assert toks == ref and cached == 96
+    finally:
+        await c.stop()
