@@ -113,10 +113,11 @@ class NodeClient:
         """``fn`` on a pooled connection within the deadline, or the Status of its failure."""
         if not self.up or self._closed:
             self.counters["skipped"] += 1
+            await asyncio.sleep(0)  # an instant miss still yields, so retry loops cannot starve the loop
             return Status.MISS
         try:
             return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.counters["timeouts"] += 1
             self._mark_down(op, "deadline passed")
             return Status.TIMEOUT
@@ -143,7 +144,7 @@ class NodeClient:
             await asyncio.sleep(self.cfg.probe_interval_s)
             try:
                 conn = await self._open()
-            except (asyncio.TimeoutError, *_FAILURES):
+            except (TimeoutError, *_FAILURES):
                 continue
             if self._closed:
                 conn.close()

@@ -26,10 +26,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _overrides(items: list[str]) -> dict[str, object]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    import tomllib
 
     out: dict[str, object] = {}
     for item in items:

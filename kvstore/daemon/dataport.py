@@ -413,5 +413,5 @@ def _plain(obj: Any) -> Any:
 async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:
     try:
         await asyncio.wait_for(ch.send_frame(header), 1.0)
-    except (ConnectionError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, ConnectionError, OSError):
         pass

@@ -1,0 +1,113 @@
+"""Tokens on both ports, tenant isolation, and token reload on SIGHUP."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import aiohttp
+import pytest
+
+from kvstore.client import ClientConfig, NodeClient
+from kvstore.results import Status
+
+TOKENS = "tok-acme-0001 acme\ntok-globex-01 globex\ntok-operator1 *\n"
+
+
+@pytest.fixture
+def authed(start_daemon, tmp_path):
+    f = tmp_path / "tokens.txt"
+    f.write_text(TOKENS)
+    d = start_daemon(auth={"token_file": str(f)})
+    d.token_file = f
+    return d
+
+
+def client(d, ns, token, **kw) -> NodeClient:
+    return NodeClient(d.addr, ClientConfig(token=token, namespaces=(ns,), op_timeout_s=3, **kw))
+
+
+async def test_wrong_token_is_refused_on_both_ports(authed, ns, blocks_of):
+    bad = client(authed, ns, "tok-nobody-000")
+    blocks = blocks_of(ns, 1, 100)
+    assert [r.status for r in await bad.put(blocks)] == [Status.ERROR]
+    assert bad.counters["auth_refused"] == 1 and not bad.up
+    assert (await bad.get_into([blocks[0][0].key], [bytearray(100)]))[0].status is Status.MISS  # skipped
+    await bad.close()
+    op = client(authed, ns, "tok-operator1")  # the operator token is admin-only
+    assert (await op.exists([blocks[0][0].key])) == [None] and op.counters["auth_refused"] == 1
+    await op.close()
+    claim = client(authed, ns, "tok-acme-0001", tenant="globex")  # claiming another tenant
+    assert (await claim.exists([blocks[0][0].key])) == [None] and claim.counters["auth_refused"] == 1
+    await claim.close()
+
+    async with aiohttp.ClientSession(authed.admin) as s:
+        assert (await s.get("/healthz")).status == 200  # probes stay open
+        assert (await s.get("/v1/blocks")).status == 401
+        assert (await s.get("/metrics", headers={"Authorization": "Bearer wrong-token"})).status == 401
+        assert (await s.get("/v1/stats", headers={"Authorization": "Bearer tok-acme-0001"})).status == 403
+        ok = await s.get("/metrics", headers={"Authorization": "Bearer tok-operator1"})
+        assert ok.status == 200
+        text = await ok.text()
+        assert 'tierkv_auth_failures_total{port="data"} 3.0' in text
+        assert 'tierkv_auth_failures_total{port="admin"} 3.0' in text
+
+
+async def test_tenants_are_isolated(authed, ns, blocks_of):
+    acme = client(authed, ns, "tok-acme-0001")
+    globex = client(authed, ns, "tok-globex-01")
+    # each tenant computes keys in its own salted namespace; the node salts with the token's tenant
+    acme_blocks = blocks_of(ns.with_tenant("acme"), 3, 500)
+    assert [r.status for r in await acme.put(acme_blocks)] == [Status.STORED] * 3
+    assert acme.hello["salt"] == "acme"
+    keys = [h.key for h, _ in acme_blocks]
+    # globex knows acme's keys: still nothing is visible, readable, deletable or overwritable
+    assert await globex.exists(keys) == [None] * 3
+    got = await globex.get_into(keys, [bytearray(500) for _ in keys])
+    assert [g.status for g in got] == [Status.MISS] * 3
+    assert [g.status for g in await globex.get_into_leased(keys, [bytearray(500) for _ in keys])] == [
+        Status.MISS
+    ] * 3
+    assert await globex.delete(keys) == [False] * 3
+    assert [r.status for r in await globex.put(acme_blocks)] == [Status.INVALID] * 3
+    # globex's own blocks for the same prompt live beside acme's, under other keys
+    globex_blocks = blocks_of(ns.with_tenant("globex"), 3, 500)
+    assert not {h.key for h, _ in globex_blocks} & set(keys)
+    assert [r.status for r in await globex.put(globex_blocks)] == [Status.STORED] * 3
+    assert await acme.exists(keys) == ["dram"] * 3
+    assert await acme.exists([h.key for h, _ in globex_blocks]) == [None] * 3
+    # an unsalted namespace id is refused too
+    assert [r.status for r in await acme.put(blocks_of(ns, 1, 500))] == [Status.INVALID]
+    await acme.close()
+    await globex.close()
+
+
+async def test_sighup_reloads_tokens(authed, ns, blocks_of):
+    authed.token_file.write_text("tok-newcomer1 acme\ntok-operator1 *\n")
+    authed.signal(signal.SIGHUP)
+    for _ in range(100):
+        if "tokens_reloaded" in authed.logs():
+            break
+        await asyncio.sleep(0.05)
+    new = client(authed, ns, "tok-newcomer1")
+    assert await new.exists([blocks_of(ns, 1, 10)[0][0].key]) == [None] and new.up
+    old = client(authed, ns, "tok-acme-0001")
+    await old.exists([blocks_of(ns, 1, 10)[0][0].key])
+    assert old.counters["auth_refused"] == 1
+    # a broken file keeps the current table
+    authed.token_file.write_text("broken-line-without-tenant\n")
+    authed.signal(signal.SIGHUP)
+    for _ in range(100):
+        if "token_reload_failed" in authed.logs():
+            break
+        await asyncio.sleep(0.05)
+    again = client(authed, ns, "tok-newcomer1")
+    assert await again.exists([blocks_of(ns, 1, 10)[0][0].key]) == [None] and again.up
+    for c in (new, old, again):
+        await c.close()
+
+
+def test_without_tokens_the_daemon_binds_loopback_only(start_daemon):
+    d = start_daemon(server={"host": "0.0.0.0"})
+    assert d.ports["host"] == "127.0.0.1"
+    assert "no_auth_loopback_only" in d.logs()
