@@ -46,6 +46,7 @@ class AsyncEngine:
         self.lookup_timeout_s = lookup_timeout_s
         if connector is not None:
             engine.scheduler.connector_block_pages = connector.block_tokens // engine.config.page_size
+            engine.save_block_tokens = connector.block_tokens
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._events: list = []
         self._wake: asyncio.Event | None = None
@@ -203,25 +204,11 @@ class AsyncEngine:
             for seq, first, pages in eng.scheduler.to_load:
                 self._spawn(self._load(seq, first, pages))
             eng.scheduler.to_load.clear()
-            bt = self.connector.block_tokens
-            ppb = bt // eng.config.page_size
-            for seq in list(eng.scheduler.running):
-                if not seq.saved and seq.num_computed >= seq.num_prompt:
-                    seq.saved = True
-                    n_pages = (seq.num_prompt // bt) * ppb
-                    if n_pages:
-                        pages = seq.page_table[:n_pages]
-                        eng.bm.incref(pages)
-                        sid = id(pages)
-                        self._held[sid] = pages
-                        self._spawn(
-                            self._save(
-                                sid,
-                                seq.request_id,
-                                tuple(seq.tokens[: n_pages * eng.config.page_size]),
-                                pages,
-                            )
-                        )
+            for rid, tokens, pages in eng.pending_saves:  # referenced by the step
+                sid = id(pages)
+                self._held[sid] = pages
+                self._spawn(self._save(sid, rid, tokens, pages))
+            eng.pending_saves.clear()
         for o in outs:
             q = self._queues.get(o.seq.request_id)
             if q is not None:

@@ -125,6 +125,9 @@ class LLMEngine:
         self.record_logits: dict[str, list[torch.Tensor]] | None = None  # tests: logits per sample
         self.steps = 0
         self.last_step_tokens = (0, 0)
+        # Connector saves (set by AsyncEngine): block size, and pages held until saved.
+        self.save_block_tokens = 0
+        self.pending_saves: list[tuple[str, tuple[int, ...], list[int]]] = []
 
     def namespace(self, block_tokens: int):
         """The kvstore.keys Namespace of this model: fingerprint of its folder, KV dtype, and
@@ -196,6 +199,8 @@ class LLMEngine:
         for seq, n in batch.items:
             seq.num_computed += n
             self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed)
+            if self.save_block_tokens and not seq.saved and seq.num_computed >= seq.num_prompt:
+                self._hold_for_save(seq)
         self.steps += 1
         if not to_sample:
             return []
@@ -208,6 +213,17 @@ class LLMEngine:
             seq.tokens.append(tok)
             outs.append(self._postprocess(seq, tok))
         return outs
+
+    def _hold_for_save(self, seq: Sequence) -> None:
+        # Before the request can finish and release its pages: reference the prompt's whole
+        # connector blocks; the AsyncEngine saves them and drops the reference afterwards.
+        seq.saved = True
+        ps = self.config.page_size
+        n_pages = (seq.num_prompt // self.save_block_tokens) * (self.save_block_tokens // ps)
+        if n_pages:
+            pages = seq.page_table[:n_pages]
+            self.bm.incref(pages)
+            self.pending_saves.append((seq.request_id, tuple(seq.tokens[: n_pages * ps]), pages))
 
     def _postprocess(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params
@@ -255,7 +271,8 @@ class LLMEngine:
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
         """Raise PoolIntegrityError unless the page pool is consistent with live requests."""
-        self.bm.check([*self.scheduler.live_tables(), *(extra_tables or [])])
+        held = [p for _, _, p in self.pending_saves]
+        self.bm.check([*self.scheduler.live_tables(), *held, *(extra_tables or [])])
 
     def stats(self) -> dict[str, float]:
         return {

@@ -165,3 +165,24 @@ async def test_engine_abort_releases_pages(tiny_model_dir):
         assert aeng.engine.bm.num_used == 0
     finally:
         await aeng.stop()
+
+
+async def test_engine_saves_even_when_the_request_ends_at_prefill(tiny_model_dir):
+    d = tiny_model_dir("llama-tiny")
+    aeng = AsyncEngine.from_model(
+        d, EngineConfig(num_pages=32, enable_prefix_cache=False), "memory://?block_tokens=32"
+    )
+    try:
+        prompt = list(range(10, 80))  # 2 whole blocks of 32
+        await run(aeng, prompt, SamplingParams(max_tokens=1, temperature=0))
+        for _ in range(50):
+            if aeng.connector.saved_blocks == 2 and not aeng._held:
+                break
+            await asyncio.sleep(0.01)
+        assert aeng.connector.saved_blocks == 2
+        aeng.check_integrity()
+        assert aeng.engine.bm.num_used == 0  # the save's references are gone
+        _, cached, _ = await run(aeng, prompt, SamplingParams(max_tokens=1, temperature=0))
+        assert cached == 64
+    finally:
+        await aeng.stop()
