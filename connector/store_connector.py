@@ -174,27 +174,26 @@ class StoreConnector(KVConnector):
 
         tasks = [asyncio.ensure_future(fetch(batch)) for batch in batches]
         try:
-            async with asyncio.timeout(self.cfg.load_deadline_s):
-                for batch, task in zip(batches, tasks):
-                    b, res, secs = await task
-                    nbytes = 0
-                    for j, buf, r in zip(batch, b, res):
-                        if r.status is not Status.HIT:
-                            cause = r.status.name.lower()
-                            break
-                        block = buf[: self.block_bytes].view(self.dtype).view(self.block_shape)
-                        self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], block)
-                        nbytes += self.block_bytes
-                        done += 1
-                        self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
-                    self.metrics.bytes_loaded.inc(nbytes)
-                    if nbytes and tiers[batch[0]]:
-                        self.cost.observe_load(tiers[batch[0]], nbytes, secs)
-                        self.metrics.tier_bandwidth.labels(tiers[batch[0]]).set(self.cost.bw(tiers[batch[0]]))
-                    if cause:
+            # No deadline on the whole load: each GET batch has its own (load_deadline_s), so a
+            # dead or hung node costs at most one deadline while a slow-but-moving load goes on.
+            for batch, task in zip(batches, tasks):
+                b, res, secs = await task
+                nbytes = 0
+                for j, buf, r in zip(batch, b, res):
+                    if r.status is not Status.HIT:
+                        cause = r.status.name.lower()
                         break
-        except TimeoutError:
-            cause = "timeout"
+                    block = buf[: self.block_bytes].view(self.dtype).view(self.block_shape)
+                    self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], block)
+                    nbytes += self.block_bytes
+                    done += 1
+                    self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
+                self.metrics.bytes_loaded.inc(nbytes)
+                if nbytes and tiers[batch[0]]:
+                    self.cost.observe_load(tiers[batch[0]], nbytes, secs)
+                    self.metrics.tier_bandwidth.labels(tiers[batch[0]]).set(self.cost.bw(tiers[batch[0]]))
+                if cause:
+                    break
         except Exception as exc:  # never an exception to the engine: recompute the rest
             log.warning("event=load_failed request=%s error=%r", request.request_id, exc)
             cause = "error"
