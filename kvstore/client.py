@@ -125,6 +125,8 @@ class NodeClient:
             self.counters["errors"] += 1
             if isinstance(exc, NodeRefused) and exc.code == P.AUTH:
                 self.counters["auth_refused"] += 1
+            if isinstance(exc, NodeRefused) and exc.code not in P.FATAL_CODES and exc.code != P.INTERNAL:
+                return Status.ERROR  # the node refused this request only (a client bug); it is up
             self._mark_down(op, f"{type(exc).__name__}: {exc}")
             return Status.ERROR
 

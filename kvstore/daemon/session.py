@@ -41,6 +41,8 @@ class Session:
 
     def live(self, table: dict[int, Held], handle: int) -> Any | None:
         held = table.get(handle)
-        if held is None or held.deadline < time.monotonic():
+        # the node's own deadline wins when it is earlier: past it the node may reuse the slot
+        deadline = min(held.deadline, getattr(held.obj, "expires", held.deadline)) if held else 0.0
+        if held is None or deadline < time.monotonic():
             return None
         return held.obj

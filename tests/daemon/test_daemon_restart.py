@@ -80,3 +80,49 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     await c.close()
     assert d2.stop() == 0
+
+
+def test_sigterm_finishes_the_request_in_flight(start_daemon, ns, blocks_of):
+    import signal
+    import socket
+    import struct
+
+    import msgpack
+
+    from kvstore import protocol as P
+
+    d = start_daemon()
+    [(h, payload)] = blocks_of(ns, 1, 3 * MiB, seed=12)
+
+    def frame(header, body=b""):
+        raw = msgpack.packb(header, use_bin_type=True)
+        return struct.pack(">I", len(raw)) + raw + body
+
+    def read_reply(s):
+        data = b""
+        while len(data) < 4:
+            chunk = s.recv(4 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        (n,) = struct.unpack(">I", data)
+        body = b""
+        while len(body) < n:
+            body += s.recv(n - len(body))
+        return msgpack.unpackb(body, raw=False)
+
+    idle = socket.create_connection(("127.0.0.1", d.data_port), timeout=10)
+    s = socket.create_connection(("127.0.0.1", d.data_port), timeout=10)
+    s.sendall(frame({"op": "HELLO", "rid": 1, "v": P.PROTOCOL_VERSION, "ns": [P.namespace_to_wire(ns)]}))
+    assert read_reply(s)["ok"]
+    s.sendall(frame({"op": "PUT", "rid": 2, "hdrs": [h.encode()], "plen": len(payload)}) + payload[:MiB])
+    time.sleep(0.3)  # the daemon is now inside the PUT, waiting for the rest of the payload
+    d.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert idle.recv(1) == b"", "idle connections are closed at once"
+    s.sendall(payload[MiB:])
+    reply = read_reply(s)
+    assert reply["ok"] and reply["res"][0][0] == int(Status.STORED)
+    assert read_reply(s) is None, "then the connection is closed"
+    assert d.proc.wait(30) == 0
+    assert "event=stopped" in d.logs()
