@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo demo-store test lint bench clean venv
 
 venv: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m connector.demo
+
+demo-store: $(STAMP)
 	$(PY) -m kvstore.demo
 
 lint: $(STAMP)

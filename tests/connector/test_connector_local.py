@@ -32,7 +32,7 @@ async def test_dram_then_disk_hits_are_exact(tiny_model, tmp_path):
     d = tiny_model()
     prompt = _prompt(150, 1)  # 9 full blocks of 16 and a 6-token tail
     ref = reference(d, prompt)
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5"
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
     a = make_engine(d, url)
     try:
         toks, cached = await run(a, prompt)
@@ -71,7 +71,7 @@ async def test_partial_prefix_and_tails(tiny_model, tmp_path):
     """Prompts sharing only part of a cached prefix load only the shared blocks."""
     d = tiny_model()
     base = _prompt(100, 2)
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5"
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
     a = make_engine(d, url, enable_prefix_cache=False)  # every hit must come from the store
     try:
         await run(a, base)
@@ -115,7 +115,7 @@ async def test_policy_never_and_bad_url(tiny_model, tmp_path):
 
 async def test_concurrent_requests_share_prefixes(tiny_model, tmp_path):
     d = tiny_model()
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5"
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
     a = make_engine(d, url, enable_prefix_cache=False)
     shared = _prompt(64, 6)
     prompts = [shared + _prompt(5 + 7 * i, 10 + i) for i in range(6)]

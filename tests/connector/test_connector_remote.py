@@ -40,7 +40,7 @@ async def _store(model_dir: str, url: str, prompt: list[int]):
 async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
     d = tiny_model()
     node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5"
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
     prompt = _prompt(150, 1)
     ref = reference(d, prompt)
     toks, cold_kv = await _store(d, url, prompt)
@@ -67,7 +67,7 @@ async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
 async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
     d = tiny_model()
     node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&load_batch_blocks=1&load_parallel=1&policy=always"
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=1&load_parallel=1"
     prompt = _prompt(400, 2)  # 25 blocks: 25 sequential GETs
     ref = reference(d, prompt)
     await _store(d, url, prompt)
@@ -105,7 +105,7 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
     prompt = _prompt(150, 3)
     ref = reference(d, prompt)
-    _, cold_kv = await _store(d, f"kvstore://{node.addr}?lookup_deadline_s=5", prompt)
+    _, cold_kv = await _store(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
     assert node.stop() == 0
     # flip a byte inside block 4's payload in the daemon's LMDB file
     needle = cold_kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
@@ -116,7 +116,7 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
         f.seek(off + 100)
         f.write(bytes([data[off + 100] ^ 0xFF]))
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
-    b = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5", enable_prefix_cache=False)
+    b = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", enable_prefix_cache=False)
     try:
         toks, cached = await run(b, prompt)
         assert toks == ref
@@ -187,7 +187,7 @@ async def test_wrong_token_is_a_miss_not_an_error(tiny_model, start_daemon, tmp_
     node = start_daemon(auth={"token_file": str(tokens)})
     prompt = _prompt(100, 5)
     ref = reference(d, prompt)
-    good = f"kvstore://{node.addr}?token=s3cret-token-a&tenant=tenant-a&lookup_deadline_s=5"
+    good = f"kvstore://{node.addr}?token=s3cret-token-a&tenant=tenant-a&lookup_deadline_s=5&policy=always"
     await _store(d, good, prompt)
     b = make_engine(
         d, f"kvstore://{node.addr}?token=wrong-token-b&tenant=tenant-a", enable_prefix_cache=False
