@@ -20,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -228,6 +229,8 @@ def _start_daemon(tmp: Path, slab: int) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
+    # SIGTERM runs the cleanup below (daemon, redis-server, raw server) instead of orphaning them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--sizes", default="2,32", help="block sizes in MiB")

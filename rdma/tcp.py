@@ -16,10 +16,13 @@ a channel: READ/WRITE frames whose payloads are the bytes of the named leases/re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import select
 import socket
 import struct
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import msgpack
@@ -30,6 +33,7 @@ _LEN = struct.Struct(">I")
 _IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 _DISCARD_CHUNK = 1 << 20
 _SOCK_BUF = 4 << 20
+OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread hop costs ~50 us
 
 
 class FrameError(TransportError):
@@ -46,9 +50,15 @@ class SocketChannel:
 
     ``send`` and ``recv_into`` either finish or raise ConnectionError (peer closed, reset);
     cancelling them leaves the stream mid-frame, so the owner must then close the channel.
+
+    With an ``offload`` executor, transfers of at least ``OFFLOAD_MIN`` bytes run in a worker
+    thread (the GIL is released during the kernel copy), so one process moves several large
+    payloads at once on several cores; the event loop stays free. A cancelled offloaded
+    transfer shuts the socket down and waits for its worker before re-raising, so no thread
+    touches the buffer after the await ends.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, offload: Executor | None = None) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -56,6 +66,7 @@ class SocketChannel:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCK_BUF)
         self.sock = sock
         self._loop = asyncio.get_running_loop()
+        self._offload = offload
         self.closed = False
         self.bytes_in = 0
         self.bytes_out = 0
@@ -99,10 +110,23 @@ class SocketChannel:
             else:
                 self._loop.remove_reader(fd)
 
+    async def _in_worker(self, fn, *args) -> int:
+        fut = self._loop.run_in_executor(self._offload, fn, *args)
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)  # the worker's next syscall fails at once
+            await asyncio.wait({fut}, timeout=10)
+            raise
+
     async def send(self, buffers: Sequence[Any]) -> None:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if v.nbytes]
+        if self._offload is not None and sum(v.nbytes for v in views) >= OFFLOAD_MIN:
+            self.bytes_out += await self._in_worker(_send_blocking, self.sock, views)
+            return
         i = 0
         while i < len(views):
             chunk = views[i : i + _IOV_MAX]
@@ -125,6 +149,9 @@ class SocketChannel:
     async def recv_into(self, view: Any) -> None:
         """Fill ``view`` (a writable buffer) exactly; ConnectionError on EOF or reset."""
         mv = memoryview(view).cast("B")
+        if self._offload is not None and mv.nbytes >= OFFLOAD_MIN:
+            self.bytes_in += await self._in_worker(_recv_blocking, self.sock, mv)
+            return
         pos, end = 0, mv.nbytes
         while pos < end:
             try:
@@ -189,6 +216,49 @@ class SocketChannel:
         if not self.closed:
             self.closed = True
             self.sock.close()
+
+
+def _send_blocking(sock: socket.socket, views: list[memoryview]) -> int:
+    """Worker-thread body of an offloaded send (the socket stays non-blocking: poll on EAGAIN)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    i, total = 0, 0
+    while i < len(views):
+        try:
+            n = sock.sendmsg(views[i : i + _IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            poller.poll(1000)
+            continue
+        except OSError as exc:
+            raise ConnectionError(f"send failed: {exc}") from exc
+        total += n
+        while n:
+            if n >= views[i].nbytes:
+                n -= views[i].nbytes
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+    return total
+
+
+def _recv_blocking(sock: socket.socket, mv: memoryview) -> int:
+    """Worker-thread body of an offloaded ``recv_into``."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    pos, end = 0, mv.nbytes
+    while pos < end:
+        try:
+            n = sock.recv_into(mv[pos:])
+        except (BlockingIOError, InterruptedError):
+            poller.poll(1000)
+            continue
+        except OSError as exc:
+            raise ConnectionError(f"recv failed: {exc}") from exc
+        if n == 0:
+            raise ConnectionError(f"peer closed the connection after {pos} of {end} bytes")
+        pos += n
+    return pos
 
 
 class TcpTransport(Transport):

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstore import protocol as P
@@ -52,6 +54,10 @@ class DataServer:
         self.node_name = cfg.node.name or socket.gethostname()
         self.closing = False
         self._conns: dict[asyncio.Task, Session] = {}
+        # payload copies of large blocks run here, so connections move bytes on several cores
+        self._copies = ThreadPoolExecutor(
+            max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
+        )
         self._accept_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -92,11 +98,12 @@ class DataServer:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+        self._copies.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        ch = SocketChannel(conn)
+        ch = SocketChannel(conn, offload=self._copies)
         self.metrics.connections.inc()
         try:
             while not self.closing:

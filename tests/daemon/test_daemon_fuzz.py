@@ -131,16 +131,38 @@ def _exchange(port: int, hello: bool, frames: list[bytes]) -> None:
             pass
 
 
+def _reply(s: socket.socket) -> dict:
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            assert chunk, "the daemon closed a well-behaved connection"
+            buf += chunk
+        return buf
+
+    (n,) = struct.unpack(">I", exact(4))
+    return msgpack.unpackb(exact(n), raw=False)
+
+
 def test_fuzz_data_port(start_daemon):
     d = start_daemon(server={"max_frame": "1MiB"})
+    # a well-behaved client on its own long-lived connection, served between every example
+    sentinel = socket.create_connection(("127.0.0.1", d.data_port), timeout=5)
+    sentinel.sendall(
+        _frame({"op": "HELLO", "rid": 1, "v": P.PROTOCOL_VERSION, "ns": [P.namespace_to_wire(NS)]})
+    )
+    assert _reply(sentinel)["ok"]
 
     @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(hello=st.booleans(), frames=FRAMES)
     def run(hello, frames):
         _exchange(d.data_port, hello, frames)
         assert d.proc.poll() is None, d.logs()[-3000:]
+        sentinel.sendall(_frame({"op": "EXISTS", "rid": 2, "keys": [NS.id.raw]}))
+        assert _reply(sentinel) == {"rid": 2, "ok": True, "tiers": [None]}
 
     run()
+    sentinel.close()
     asyncio.run(_verify_store(d))
     assert "Traceback" not in d.logs(), d.logs()[-5000:]
 

@@ -113,3 +113,31 @@ async def test_verbs_loopback_read_write():  # pragma: no cover - never ran here
     assert (dst == src).all()
     await a.close()
     await b.close()
+
+
+async def test_offloaded_channel_moves_large_payloads_and_cancels_cleanly():
+    import asyncio
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rdma.tcp import SocketChannel
+
+    pool = ThreadPoolExecutor(2)
+    a_sock, b_sock = socket.socketpair()
+    a, b = SocketChannel(a_sock, offload=pool), SocketChannel(b_sock, offload=pool)
+    big = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+    send = asyncio.ensure_future(a.send_frame({"op": "PUT", "rid": 1}, [big]))
+    h = await b.recv_header(1 << 20, 8 << 20)
+    dst = np.zeros(h["plen"], np.uint8)
+    await b.recv_into(dst)
+    await send
+    assert (dst == big).all() and b.bytes_in >= big.nbytes
+    # a receive that never completes: cancelling it returns only after the worker stopped
+    stuck = asyncio.ensure_future(b.recv_into(bytearray(1 << 20)))
+    await asyncio.sleep(0.2)
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(stuck, 5)
+    a.close()
+    b.close()
+    pool.shutdown()
