@@ -303,10 +303,10 @@ async def _chunked(
 
 def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
-    larger item is its own run) and at most MAX_BATCH items."""
+    larger item is its own run) and at most MAX_BLOCKS items."""
     out, start, total = [], 0, 0
     for i, s in enumerate(sizes):
-        if i > start and (total + s > limit or i - start >= P.MAX_BATCH):
+        if i > start and (total + s > limit or i - start >= P.MAX_BLOCKS):
             out.append((start, i))
             start, total = i, 0
         total += s

@@ -92,7 +92,7 @@ class Conn:
     async def _call(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> dict[str, Any]:
         rid = next(self._rid)
         await self.ch.send_frame({**header, "rid": rid}, payloads)
-        reply = await self.ch.recv_header(P.MAX_HEADER, 1 << 62)
+        reply = await self.ch.recv_header(P.MAX_REPLY_HEADER, 1 << 62)
         if reply.get("rid") != rid and reply.get("ok") is not False:
             raise P.bad(f"reply for request {reply.get('rid')!r}, expected {rid}")
         if not reply.get("ok"):
@@ -147,7 +147,7 @@ class Conn:
         size = 0
         for hdr, payload in blocks:
             mv = memoryview(payload).cast("B")
-            if batch and size + mv.nbytes > limit:
+            if batch and (size + mv.nbytes > limit or len(batch) >= P.MAX_BLOCKS):
                 out += await self._put_batch(batch)
                 batch, size = [], 0
             batch.append((hdr, mv))

@@ -18,8 +18,10 @@ from kvstore.keys import KEY_BYTES, BlockKey, Namespace
 from kvstore.results import Expect, Status
 
 PROTOCOL_VERSION = 1
-MAX_HEADER = 1 << 20  # a header map never needs more (4096 keys with tokens fit)
-MAX_BATCH = 4096  # keys per request
+MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
+MAX_BATCH = 4096  # keys (or descriptors, handles) per request
+MAX_BLOCKS = 256  # block headers per GET/PUT frame that clients send; keeps headers under MAX_HEADER
+MAX_REPLY_HEADER = 16 << 20  # what a client accepts from a node
 
 OPS = frozenset(
     {

@@ -256,3 +256,20 @@ async def test_wrong_namespace_writes_are_refused(daemon, ns, blocks_of):
     assert [r.status for r in await c.put([(forged, payload)])] == [Status.INVALID]
     assert await c.exists([h.key, blocks[0][0].key]) == [None, None]
     await c.close()
+
+
+async def test_large_batches_are_cut_to_fit_frames(daemon, blocks_of):
+    from kvstore.keys import Namespace
+
+    wide = Namespace("test-model", "uint8", 256)  # 1 KiB of token ids in every header
+    c = NodeClient(daemon.addr, ClientConfig(namespaces=(wide,)))
+    blocks = blocks_of(wide, 1500, 64, seed=21)
+    assert [r.status for r in await c.put(blocks)] == [Status.STORED] * 1500
+    keys = [h.key for h, _ in blocks]
+    assert all(t is not None for t in await c.exists(keys))
+    bufs = [bytearray(64) for _ in keys]
+    got = await c.get_into(keys, bufs)
+    assert [g.status for g in got] == [Status.HIT] * 1500
+    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
+    assert await c.delete(keys) == [True] * 1500
+    await c.close()
