@@ -8,7 +8,7 @@ import logging
 import sys
 
 from kvstore.daemon.logs import kv, setup_logging
-from kvstore.errors import ConfigError
+from kvstore.errors import ConfigError, TierKVError
 
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +49,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         cfg = load_store_config(args.config, _overrides(args.set))
         asyncio.run(serve(cfg))
-    except ConfigError as exc:
-        log.error(kv("config_error", error=exc))
+    except TierKVError as exc:  # bad config, token file, tier path or device: say which, exit 2
+        log.error(kv("start_failed", error=exc))
         print(f"kvstore serve: {exc}", file=sys.stderr)
         return 2
     return 0
