@@ -53,8 +53,11 @@ def main() -> None:
     ap.add_argument("--decode-prompt", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from transformers import AutoModelForCausalLM
 
@@ -108,7 +111,14 @@ def main() -> None:
 
             def hf_decode(prompts=prompts, k=k):
                 with torch.inference_mode():
-                    hf.generate(torch.tensor(prompts), max_new_tokens=k, min_new_tokens=k, do_sample=False)
+                    ids = torch.tensor(prompts)
+                    hf.generate(
+                        ids,
+                        attention_mask=torch.ones_like(ids),
+                        max_new_tokens=k,
+                        min_new_tokens=k,
+                        do_sample=False,
+                    )
 
             eng_decode(), hf_decode()
             te, th = best(eng_decode, args.reps), best(hf_decode, args.reps)
@@ -128,8 +138,11 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
+        "load_avg_1m_at_end": os.getloadavg()[0],
     }
-    print(f"model: {label}; torch {env['torch']}, {env['threads']} threads, fp32")
+    print(
+        f"model: {label}; torch {env['torch']}, {env['threads']} threads, fp32, load avg {os.getloadavg()[0]:.1f}"
+    )
     print(f"| {'metric':<34} | {'engine tok/s':>12} | {'transformers tok/s':>18} | {'ratio':>6} |")
     print(f"|{'-' * 36}|{'-' * 14}|{'-' * 20}|{'-' * 8}|")
     for r in rows:

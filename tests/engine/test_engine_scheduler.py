@@ -169,3 +169,17 @@ def test_engine_long_prefills_compete_for_a_small_pool(tiny_model_dir, engines):
     eng = make(d, engines, num_pages=9, max_num_batched_tokens=32, enable_prefix_cache=False)
     seqs = eng.generate(ps, params)
     assert [s.output_tokens for s in seqs] == ref
+
+
+def test_engine_long_prefill_never_stalls_decodes(tiny_model_dir, engines):
+    d = tiny_model_dir("llama-tiny")
+    eng = make(d, engines, max_num_batched_tokens=32)
+    a = eng.add_request(prompts(262, [10])[0], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+    eng.step()  # a's prefill
+    b = eng.add_request(prompts(262, [300], seed=1)[0], GREEDY)
+    while b.num_computed < b.num_prompt:
+        before = len(a.output_tokens)
+        eng.step()
+        assert len(a.output_tokens) == before + 1  # a decodes every step while b prefills in chunks
+    while eng.has_work():
+        eng.step()
