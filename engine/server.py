@@ -102,6 +102,10 @@ def _params(body: dict, chat: bool) -> SamplingParams:
         raise ApiError(400, "'stop' must be a non-empty string or a list of them", "stop")
     if _get(body, "n", (int,), 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
+    for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "best_of"):
+        v = body.get(unsupported)
+        if v not in (None, False, 0, [], 1 if unsupported == "best_of" else None):
+            raise ApiError(400, f"'{unsupported}' is not supported by this server", unsupported)
     try:
         return SamplingParams(
             max_tokens=max_tokens,

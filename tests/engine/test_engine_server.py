@@ -117,6 +117,9 @@ def test_engine_server_errors(client, server):
         client.completions.create(model="tiny", prompt="x", max_tokens=100000)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, logprobs=3)
+    assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
     req = urllib.request.Request(
