@@ -149,7 +149,7 @@ class Scheduler:
         """A connector load into ``seq``'s pages finished with ``loaded_tokens`` valid tokens
         from ``first_token`` (0 on failure). The rest of the span is recomputed in place."""
         ps = self.bm.page_size
-        loaded = max(0, min(loaded_tokens, seq.page_table.__len__() * ps - first_token))
+        loaded = max(0, min(loaded_tokens, len(seq.page_table) * ps - first_token))
         loaded -= loaded % ps
         seq.num_computed = first_token + loaded
         if seq.num_cached_tokens is None:
