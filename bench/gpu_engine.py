@@ -47,6 +47,37 @@ def prefill_flops(mc, n: int) -> float:
     return mc.num_layers * (per_tok * n + attn) + 2 * h * mc.vocab_size
 
 
+def transformers_twin(mc, engine_model, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+    """transformers' LlamaForCausalLM of the same shape holding the engine's weights (copied),
+    or None with the reason when transformers is unavailable or too old."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as exc:
+        return None, f"transformers not importable: {exc}"
+    rope = {
+        "rope_type": "llama3", "rope_theta": mc.rope.theta, "factor": mc.rope.factor,
+        "low_freq_factor": mc.rope.low_freq_factor, "high_freq_factor": mc.rope.high_freq_factor,
+        "original_max_position_embeddings": mc.rope.original_max_position,
+    }  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size,
+        num_hidden_layers=mc.num_layers, num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_kv_heads,
+        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps, max_position_embeddings=mc.max_position,
+        rope_theta=mc.rope.theta, rope_scaling=rope, rope_parameters=rope, attn_implementation="sdpa",
+    )  # fmt: skip
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            hf = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    missing = hf.load_state_dict(engine_model.state_dict(), strict=False).missing_keys
+    if [k for k in missing if "rotary" not in k]:
+        return None, f"weights did not map: {missing[:3]}"
+    return hf, ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefill", type=int, nargs="+", default=[2048, 8192, 32768])
@@ -55,6 +86,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--kv-cache", default="24GiB")
+    ap.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -105,14 +137,47 @@ def main() -> None:
         dt = time.perf_counter() - t0
         rows.append({"metric": f"decode batch {b}", "tokens_per_s": b * (args.decode_tokens - 1) / dt})
     eng.check_integrity()
+    if not args.no_transformers:
+        hf, why = transformers_twin(mc, eng.model)
+        if hf is None:
+            print(f"transformers comparison skipped: {why}")
+        for r in rows if hf is not None else []:
+            kind, n = r["metric"].split()[0], int(r["metric"].split()[-1])
+            if kind == "prefill":
+                ids = torch.randint(0, mc.vocab_size, (1, n), generator=g).cuda()
+                with torch.inference_mode():
+                    hf(ids, logits_to_keep=1)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    hf(ids, logits_to_keep=1)
+                    torch.cuda.synchronize()
+                r["transformers_tokens_per_s"] = n / (time.perf_counter() - t0)
+            else:
+                ids = torch.randint(0, mc.vocab_size, (n, args.decode_prompt), generator=g).cuda()
+                k = args.decode_tokens
+                with torch.inference_mode():
+                    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False)
+                    hf.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    hf.generate(ids, max_new_tokens=k, min_new_tokens=k, **kw)
+                    torch.cuda.synchronize()
+                # end-to-end generate (prefill included): a conservative baseline
+                r["transformers_tokens_per_s"] = n * k / (time.perf_counter() - t0)
+            r["ratio"] = r["tokens_per_s"] / r["transformers_tokens_per_s"]
+        del hf
     print(f"Llama-3.1-8B shape, random bf16, backend {eng.backend.name}, {torch.cuda.get_device_name()}")
     print(f"bf16 matmul peak (8192^3): {peak:.1f} TFLOP/s")
-    print(f"| {'metric':<18} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'% peak':>7} |")
-    print(f"|{'-' * 20}|{'-' * 12}|{'-' * 10}|{'-' * 9}|")
+    print(
+        f"| {'metric':<18} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'% peak':>7} | {'transformers tok/s':>18} | {'ratio':>6} |"
+    )
+    print(f"|{'-' * 20}|{'-' * 12}|{'-' * 10}|{'-' * 9}|{'-' * 20}|{'-' * 8}|")
     for r in rows:
         tf = f"{r['tflops']:.1f}" if "tflops" in r else "-"
         pct = f"{r['pct_peak']:.0f}%" if "pct_peak" in r else "-"
-        print(f"| {r['metric']:<18} | {r['tokens_per_s']:>10.1f} | {tf:>8} | {pct:>7} |")
+        ht = f"{r['transformers_tokens_per_s']:.1f}" if "transformers_tokens_per_s" in r else "-"
+        ra = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        print(f"| {r['metric']:<18} | {r['tokens_per_s']:>10.1f} | {tf:>8} | {pct:>7} | {ht:>18} | {ra:>6} |")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(
