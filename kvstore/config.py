@@ -110,6 +110,13 @@ class AuthSection:
 
 
 @dataclass(frozen=True)
+class ClusterSection:
+    join: str = ""  # etcd://host:port/CLUSTER: register this node there (lease + keepalive)
+    advertise: str = ""  # host:port clients dial; empty: server.host and the bound data port
+    lease_ttl_s: int = 5  # a node that stops renewing leaves the membership after this
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     """The ``kvstore serve`` role and the in-process node (``local://``)."""
 
@@ -119,6 +126,7 @@ class StoreConfig:
     hbm: HbmSection = field(default_factory=HbmSection)
     server: ServerSection = field(default_factory=ServerSection)
     auth: AuthSection = field(default_factory=AuthSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
 
     def __post_init__(self) -> None:
         if self.disk.enabled and not self.disk.path:

@@ -21,6 +21,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config key (repeatable), e.g. --set dram.capacity=1GiB",
     )
+    p.add_argument("--join", metavar="etcd://HOST:PORT/CLUSTER", help="register in etcd (cluster.join)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run_serve)
 
@@ -47,8 +48,16 @@ def run_serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     log = logging.getLogger("kvstore.daemon")
     try:
-        cfg = load_store_config(args.config, _overrides(args.set))
-        asyncio.run(serve(cfg))
+        sets = _overrides(args.set)
+        if getattr(args, "join", None):
+            sets["cluster.join"] = args.join
+        cfg = load_store_config(args.config, sets)
+        if cfg.cluster.join:
+            from kvstore.cluster.register import serve_joined
+
+            asyncio.run(serve_joined(cfg))
+        else:
+            asyncio.run(serve(cfg))
     except TierKVError as exc:  # bad config, token file, tier path or device: say which, exit 2
         log.error(kv("start_failed", error=exc))
         print(f"kvstore serve: {exc}", file=sys.stderr)
