@@ -7,12 +7,14 @@ import argparse
 import sys
 
 from kvstore.daemon.command import add_serve_command
+from kvstore.inspect.command import add_inspect_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description="tierkv storage node and tools")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_command(sub)
+    add_inspect_commands(sub)
     return parser
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvstore.daemon.admin_inspect import add_inspect_routes
 from kvstore.daemon.auth import OPERATOR, TokenTable
 from kvstore.daemon.dataport import _plain
 from kvstore.daemon.logs import kv
@@ -150,4 +151,5 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
             web.delete("/v1/blocks/{key}/pin", pin),
         ]
     )
+    add_inspect_routes(app, node)  # verify, lookup, evict by namespace (kvstore/daemon/admin_inspect.py)
     return app

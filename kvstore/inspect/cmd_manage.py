@@ -1,0 +1,104 @@
+"""``kvstore evict KEY | --namespace N``, ``kvstore pin KEY`` and ``kvstore unpin KEY``: act
+on every node that holds the block (exit 1 when none does)."""
+
+from __future__ import annotations
+
+from kvstore.inspect.admin_client import AdminClient, UsageError
+from kvstore.inspect.cmd_blocks import parse_key
+from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+
+EVICT_JSON = """{"key": hex|null, "namespace": hex|null, "deleted": int,
+  "nodes": [{"node", "deleted": int}]}"""
+PIN_JSON = """{"key", "pinned": bool, "nodes": [{"node", "done": bool}]}
+  (done: the node held the block and changed its pin; for unpin, the block was pinned there)"""
+
+
+def register(sub) -> None:
+    p = add_parser(
+        sub,
+        "evict",
+        "delete one block, or every block of a namespace, from every node and tier",
+        "Delete a block (KEY) or all blocks of a namespace (--namespace N) from every tier of\n"
+        "every node. A block being read is freed when its last lease ends.",
+        EVICT_JSON,
+    )
+    p.add_argument("key", nargs="?", metavar="KEY", help="the block key (32 hex digits)")
+    p.add_argument("--namespace", metavar="HEX", help="evict every block of this namespace id instead")
+    p.set_defaults(func=runner("kvstore evict", evict))
+    for name, doc in (
+        ("pin", "exempt a block from eviction on every node that holds it"),
+        ("unpin", "make a pinned block evictable again"),
+    ):
+        p = add_parser(sub, name, doc, doc[0].upper() + doc[1:] + ".", PIN_JSON)
+        p.add_argument("key", metavar="KEY", help="the block key (32 hex digits)")
+        p.set_defaults(func=runner(f"kvstore {name}", pin if name == "pin" else unpin))
+
+
+async def _evict_key(node: AdminClient, key: str) -> int:
+    r = await node.call("DELETE", f"/v1/blocks/{key}", absent_ok=True)
+    return 0 if r is None else 1
+
+
+async def _evict_ns(node: AdminClient, ns: str) -> int:
+    return int((await node.call("POST", "/v1/evict", body={"namespace": ns}))["deleted"])
+
+
+async def evict(ctx: Context) -> int:
+    a = ctx.args
+    if (a.key is None) == (a.namespace is None):
+        raise UsageError("give exactly one of KEY or --namespace N")
+    key = parse_key(a.key) if a.key else None
+    ns = parse_key(a.namespace, "--namespace") if a.namespace else None
+    counts = await gather_nodes(ctx, lambda n: _evict_key(n, key) if key else _evict_ns(n, ns))
+    total = sum(counts)
+    if ctx.out.as_json:
+        ctx.out.json(
+            {
+                "key": key,
+                "namespace": ns,
+                "deleted": total,
+                "nodes": [{"node": n.url, "deleted": c} for n, c in zip(ctx.nodes, counts)],
+            }
+        )
+    what = f"block {key}" if key else f"namespace {ns}"
+    if key and not total:
+        ctx.out.err.print(f"kvstore evict: {what} is not stored on any node (or is leased)", markup=False)
+        return 1
+    if not ctx.out.as_json:
+        n_nodes = sum(1 for c in counts if c)
+        ctx.out.print(f"evicted {what}: {total} block(s) deleted on {n_nodes} of {len(ctx.nodes)} node(s)")
+    return 0
+
+
+async def _pin_one(node: AdminClient, key: str, method: str) -> bool:
+    return await node.call(method, f"/v1/blocks/{key}/pin", absent_ok=True) is not None
+
+
+async def _pin(ctx: Context, method: str) -> int:
+    key = parse_key(ctx.args.key)
+    done = await gather_nodes(ctx, lambda n: _pin_one(n, key, method))
+    pinned = method == "POST"
+    verb = "pinned" if pinned else "unpinned"
+    if ctx.out.as_json:
+        ctx.out.json(
+            {
+                "key": key,
+                "pinned": pinned,
+                "nodes": [{"node": n.url, "done": d} for n, d in zip(ctx.nodes, done)],
+            }
+        )
+    if not any(done):
+        what = "is not stored on any node" if pinned else "is not pinned on any node"
+        ctx.out.err.print(f"kvstore {'pin' if pinned else 'unpin'}: block {key} {what}", markup=False)
+        return 1
+    if not ctx.out.as_json:
+        ctx.out.print(f"{verb} {key} on {sum(done)} node(s)")
+    return 0
+
+
+async def pin(ctx: Context) -> int:
+    return await _pin(ctx, "POST")
+
+
+async def unpin(ctx: Context) -> int:
+    return await _pin(ctx, "DELETE")

@@ -1,0 +1,129 @@
+"""``kvstore stats``: per node and tier: capacity, used, blocks, hit ratio, evictions,
+checksum failures, bytes in/out (from each node's ``GET /v1/stats``)."""
+
+from __future__ import annotations
+
+from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+from kvstore.inspect.output import human_size
+
+STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evictions",
+  "checksum_failures", "bytes_in", "bytes_out", "pinned", "leases_active",
+  "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
+  "checksum_failures"}}, "raw": <the node's /v1/stats document>}]}
+  (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
+  hit_ratio is null before the first read)"""
+
+
+def register(sub) -> None:
+    p = add_parser(
+        sub,
+        "stats",
+        "per node and tier: capacity, used, blocks, hit ratio, evictions, checksum failures, bytes in/out",
+        "Usage and counters of every node, one row per tier plus one per node.",
+        STATS_JSON,
+    )
+    p.set_defaults(func=runner("kvstore stats", stats))
+
+
+def _ratio(n: float, total: float) -> float | None:
+    return round(n / total, 4) if total else None
+
+
+def summarize(url: str, raw: dict) -> dict:
+    """The stable per-node summary of one ``/v1/stats`` document."""
+    node, daemon = raw.get("node", {}), raw.get("daemon", {})
+    hits = int(daemon.get("tierkv_hits_total", 0))
+    misses = int(daemon.get("tierkv_misses_total", 0))
+    tiers = {}
+    for name, t in raw.get("tiers", {}).items():
+        th = int(node.get(f"hits_{name}", 0))
+        tiers[name] = {
+            "capacity_bytes": t.get("capacity_bytes"),
+            "used_bytes": t.get("used_bytes"),
+            "blocks": t.get("blocks"),
+            "hits": th,
+            "hit_ratio": _ratio(th, hits + misses),
+            "evictions": t.get("evictions", 0),
+            "checksum_failures": t.get("checksum_failures", 0),
+        }
+    return {
+        "node": url,
+        "name": node.get("name"),
+        "hits": hits,
+        "misses": misses,
+        "hit_ratio": _ratio(hits, hits + misses),
+        "evictions": sum(t["evictions"] for t in tiers.values()),
+        "checksum_failures": int(node.get("checksum_failures", 0))
+        + int(daemon.get("tierkv_checksum_failures_total", 0)),
+        "bytes_in": int(daemon.get("tierkv_bytes_in_total", 0)),
+        "bytes_out": int(daemon.get("tierkv_bytes_out_total", 0)),
+        "pinned": node.get("pinned", 0),
+        "leases_active": node.get("leases_active", 0),
+        "tiers": tiers,
+        "raw": raw,
+    }
+
+
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.1f}%"
+
+
+async def stats(ctx: Context) -> int:
+    from kvstore.inspect.cmd_blocks import node_label
+
+    raws = await gather_nodes(ctx, lambda n: n.call("GET", "/v1/stats"))
+    nodes = [summarize(n.url, r) for n, r in zip(ctx.nodes, raws)]
+    if ctx.out.as_json:
+        ctx.out.json({"nodes": nodes})
+        return 0
+    rows = []
+    for s in nodes:
+        label = f"{node_label(s['node'])} ({s['name']})"
+        for name, t in s["tiers"].items():
+            cap, used = t["capacity_bytes"] or 0, t["used_bytes"] or 0
+            rows.append(
+                [
+                    label,
+                    name,
+                    human_size(cap),
+                    human_size(used),
+                    f"{100 * used / cap:.1f}%" if cap else "-",
+                    str(t["blocks"]),
+                    _pct(t["hit_ratio"]),
+                    str(t["evictions"]),
+                    str(t["checksum_failures"]),
+                    "",
+                    "",
+                ]
+            )
+        rows.append(
+            [
+                label,
+                "[bold]all[/bold]",
+                "",
+                "",
+                "",
+                "",
+                _pct(s["hit_ratio"])
+                + (f" of {s['hits'] + s['misses']}" if s["hit_ratio"] is not None else ""),
+                str(s["evictions"]),
+                str(s["checksum_failures"]),
+                human_size(s["bytes_in"]),
+                human_size(s["bytes_out"]),
+            ]
+        )
+    cols = [
+        "NODE",
+        "TIER",
+        "CAPACITY",
+        "USED",
+        "USE%",
+        "BLOCKS",
+        "HIT RATIO",
+        "EVICTIONS",
+        "CSUM FAIL",
+        "IN",
+        "OUT",
+    ]
+    ctx.out.table(None, cols, rows, right=set(cols[2:]))
+    return 0
