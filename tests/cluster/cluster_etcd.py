@@ -1,0 +1,75 @@
+"""A throwaway etcd server for tests: its own data dir, ports picked at run time, on a given
+host (loopback, or the test bridge's address so namespaced daemons reach it)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
+        self.workdir = workdir
+        self.host = host
+        self.client_port = free_port(host)
+        self.peer_port = free_port(host)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    def url(self, cluster: str) -> str:
+        return f"etcd://{self.endpoint}/{cluster}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        exe = shutil.which("etcd")
+        assert exe, "etcd is not installed"
+        c, p = f"http://{self.endpoint}", f"http://{self.host}:{self.peer_port}"
+        log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--name=t",
+                f"--data-dir={self.workdir / 'etcd-data'}",
+                f"--listen-client-urls={c}",
+                f"--advertise-client-urls={c}",
+                f"--listen-peer-urls={p}",
+                f"--initial-advertise-peer-urls={p}",
+                f"--initial-cluster=t={p}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                with urllib.request.urlopen(f"{c}/health", timeout=1) as r:
+                    if b"true" in r.read():
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"etcd did not start: {(self.workdir / 'etcd.log').read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

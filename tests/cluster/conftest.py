@@ -1,0 +1,19 @@
+"""Cluster fixtures: etcd on loopback, and hosts in network namespaces (root only)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from cluster.cluster_etcd import Etcd
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A fresh etcd on loopback; skipped with a reason when etcd is not installed."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (Debian: etcd-server)")
+    e = Etcd(tmp_path)
+    e.start()
+    yield e
+    e.stop()

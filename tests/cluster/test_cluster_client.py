@@ -1,0 +1,153 @@
+"""The replicated cluster client against real daemons on loopback: replica placement, every
+byte back, a killed node, and membership through etcd (registration by ``--join``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from storeutil import make_blocks
+
+from kvstore.client import ClientConfig, NodeClient
+from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.cluster.etcd_membership import EtcdMembership
+from kvstore.cluster.placement import owners
+from kvstore.keys import Namespace
+from kvstore.results import Status
+
+NS = Namespace("cluster-test", "uint8", 4)
+FAST = ClientConfig(namespaces=(NS,), op_timeout_s=1.0, connect_timeout_s=0.5, probe_interval_s=0.1)
+CFG = ClusterConfig(replicas=2, probe_interval_s=0.1)
+NBYTES = 32 * 1024
+
+
+async def read_all(client, blocks, deadline_s=2.0):
+    bufs = [bytearray(NBYTES) for _ in blocks]
+    res = await client.get_into([h.key for h, _ in blocks], bufs, None, deadline_s)
+    ok = sum(r.status is Status.HIT and bytes(b) == p for r, b, (_, p) in zip(res, bufs, blocks))
+    return ok, res
+
+
+async def holders(addrs, key):
+    out = []
+    for a in addrs:
+        n = NodeClient(a, FAST)
+        if (await n.exists([key]))[0] is not None:
+            out.append(a)
+        await n.close()
+    return out
+
+
+async def test_cluster_replicas_land_on_their_owners_and_read_back(start_daemon):
+    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    addrs = [d.addr for d in ds]
+    c = ClusterClient.static(addrs, FAST, CFG)
+    blocks = make_blocks(40, NBYTES, seed=11, ns=NS)
+    res = await c.put(blocks, 5.0)
+    assert all(r.status is Status.STORED for r in res)
+    view = [c._weights[a] for a in sorted(addrs)]
+    for h, _ in blocks[:10]:
+        assert sorted(await holders(addrs, h.key)) == sorted(n.id for n in owners(h.key.raw, view, 2))
+    ok, _ = await read_all(c, blocks)
+    assert ok == len(blocks)
+    keys = [h.key for h, _ in blocks]
+    assert await c.lookup_prefix(keys) == 40
+    other = make_blocks(3, NBYTES, seed=12, ns=NS)
+    assert await c.lookup_prefix(keys[:5] + [other[0][0].key] + keys[5:]) == 5
+    assert all(await c.delete(keys[:4]))
+    assert await c.exists(keys[:4]) == [None] * 4
+    await c.close()
+    assert (await c.exists(keys[4:6])) == [None, None]  # closed: misses, no exceptions
+
+
+async def test_cluster_kill9_one_node_reads_and_writes_go_on(start_daemon):
+    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    c = ClusterClient.static([d.addr for d in ds], FAST, CFG)
+    blocks = make_blocks(60, NBYTES, seed=21, ns=NS)
+    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    ds[0].kill9()
+    ok, _ = await read_all(c, blocks)
+    assert ok == len(blocks)  # every block had a second replica
+    assert ds[0].addr not in c.live_addrs()
+    new = make_blocks(30, NBYTES, seed=22, ns=NS)
+    assert all(r.status.ok for r in await c.put(new, 5.0))
+    for h, _ in new[:8]:  # two copies on the two survivors
+        assert len(await holders([d.addr for d in ds[1:]], h.key)) == 2
+    assert (await read_all(c, new))[0] == len(new)
+    assert c.counters["marked_down"] >= 1
+    await c.close()
+
+
+async def test_cluster_etcd_join_leave_and_ttl(etcd, start_daemon):
+    url = etcd.url("t1")
+    m = EtcdMembership(url)
+    await m.start()
+    assert m.members == ()
+    join = {"join": url, "lease_ttl_s": 2}
+    a = start_daemon(use_disk=False, cluster=join, node={"zone": "z1"})
+    b = start_daemon(use_disk=False, cluster=join, node={"zone": "z2"})
+
+    async def until(pred, timeout_s=5.0):
+        end = time.monotonic() + timeout_s
+        while not pred():
+            assert time.monotonic() < end, f"membership is {m.members}"
+            await m.wait_changed(m.version, 0.2)
+
+    await until(lambda: {x.addr for x in m.members} == {a.addr, b.addr})
+    assert {x.zone for x in m.members} == {"z1", "z2"} and all(x.capacity > 0 for x in m.members)
+    b.stop()  # SIGTERM revokes the lease: gone at once
+    t0 = time.monotonic()
+    await until(lambda: {x.addr for x in m.members} == {a.addr}, 2.0)
+    assert time.monotonic() - t0 < 1.5
+    a.kill9()  # no revoke: gone when the lease runs out
+    t0 = time.monotonic()
+    await until(lambda: not m.members, 6.0)
+    assert time.monotonic() - t0 < 4.5
+    await m.close()
+
+
+async def test_cluster_etcd_client_survives_etcd_restart(etcd, start_daemon):
+    url = etcd.url("t2")
+    ds = [start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 3}) for _ in range(3)]
+    c = ClusterClient.etcd(url, FAST, CFG)
+    end = time.monotonic() + 5
+    while len(c.live_addrs()) < 3:
+        await c.start()
+        assert time.monotonic() < end
+        await asyncio.sleep(0.1)
+    blocks = make_blocks(30, NBYTES, seed=31, ns=NS)
+    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    etcd.stop()
+    await asyncio.sleep(0.5)
+    assert (await read_all(c, blocks))[0] == len(blocks)  # last known membership
+    more = make_blocks(10, NBYTES, seed=32, ns=NS)
+    assert all(r.status.ok for r in await c.put(more, 5.0))
+    etcd.start()
+    await asyncio.sleep(4)  # past the lease TTL: the daemons kept (or renewed) their records
+    assert len(c.live_addrs()) == 3 and len(c.membership.members) == 3
+    assert (await read_all(c, blocks + more))[0] == len(blocks) + len(more)
+    await c.close()
+    for d in ds:
+        assert d.proc.poll() is None, d.logs()
+
+
+def test_cluster_join_flag_rejects_a_bad_url(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "n.toml"
+    cfg.write_text("[disk]\nenabled = false\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--join", "etcd://nohost"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "cluster.join" in r.stderr
+
+
+@pytest.mark.parametrize("bad", [{"replicas": 0}, {"hedge": 0}, {"lookahead": -1}])
+def test_cluster_config_names_bad_values(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ClusterConfig(**bad)

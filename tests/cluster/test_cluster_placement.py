@@ -1,0 +1,137 @@
+"""Weighted rendezvous placement: determinism, distinct nodes and zones, proportional shares,
+and minimal movement on joins and leaves (hypothesis for the invariants, fixed seeds for the
+statistics)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstore.cluster.membership import Member, MembershipError, StaticMembership
+from kvstore.cluster.placement import Node, owners, rank
+
+keys_st = st.binary(min_size=16, max_size=16)
+nodes_st = st.lists(
+    st.builds(
+        Node,
+        id=st.from_regex(r"10\.0\.0\.[0-9]{1,3}:[1-9][0-9]{3}", fullmatch=True),
+        weight=st.floats(0.5, 8.0),
+        zone=st.sampled_from(["", "a", "b", "c"]),
+    ),
+    min_size=1,
+    max_size=12,
+    unique_by=lambda n: n.id,
+)
+
+
+def keyset(n: int, seed: int = 1) -> list[bytes]:
+    rnd = random.Random(seed)
+    return [rnd.randbytes(16) for _ in range(n)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=keys_st, nodes=nodes_st, replicas=st.integers(1, 4))
+def test_cluster_rank_is_a_deterministic_permutation(key, nodes, replicas):
+    r = rank(key, nodes, replicas)
+    assert sorted(n.id for n in r) == sorted(n.id for n in nodes)
+    assert r == rank(key, list(reversed(nodes)), replicas)  # input order does not matter
+    top = owners(key, nodes, replicas)
+    assert len({n.id for n in top}) == len(top) == min(replicas, len(nodes))
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=keys_st, nodes=nodes_st, replicas=st.integers(1, 4))
+def test_cluster_owners_use_distinct_zones_while_there_are_enough(key, nodes, replicas):
+    zones = {n.zone for n in nodes}
+    if not any(zones - {""}):
+        return
+    top = owners(key, nodes, replicas)
+    assert len({n.zone for n in top}) == min(len(top), len(zones))
+
+
+@settings(max_examples=100, deadline=None)
+@given(key=keys_st, nodes=nodes_st, extra=st.integers(1000, 9999))
+def test_cluster_a_join_only_takes_keys_for_itself(key, nodes, extra):
+    """Without zones, a join changes a key's order only by inserting the new node."""
+    plain = [Node(n.id, n.weight) for n in nodes]
+    new = Node(f"10.9.9.9:{extra}", 1.0)
+    before = [n.id for n in rank(key, plain)]
+    after = [n.id for n in rank(key, [*plain, new])]
+    after.remove(new.id)
+    assert before == after
+
+
+@pytest.mark.parametrize("n_nodes", [3, 10])
+def test_cluster_join_and_leave_move_about_one_nth(n_nodes):
+    keys = keyset(20000)
+    nodes = [Node(f"10.0.0.{i}:7000") for i in range(n_nodes)]
+    joined = [*nodes, Node("10.0.1.1:7000")]
+    before = [owners(k, nodes, 1)[0].id for k in keys]
+    after = [owners(k, joined, 1)[0].id for k in keys]
+    moved = sum(a != b for a, b in zip(before, after)) / len(keys)
+    assert abs(moved - 1 / (n_nodes + 1)) < 0.02
+    assert all(b == a for a, b in zip(after, before) if a != "10.0.1.1:7000")  # moves only to the new node
+    left = [owners(k, nodes[1:], 1)[0].id for k in keys]
+    moved = sum(a != b for a, b in zip(before, left)) / len(keys)
+    assert abs(moved - 1 / n_nodes) < 0.02
+
+
+def test_cluster_replica_sets_move_about_one_nth_on_join():
+    """With replicas=2 a join takes over about 2/(N+1) of the replica slots, no more."""
+    keys = keyset(20000, seed=2)
+    nodes = [Node(f"10.0.0.{i}:7000") for i in range(3)]
+    joined = [*nodes, Node("10.0.1.1:7000")]
+    changed = 0
+    for k in keys:
+        b = {n.id for n in owners(k, nodes, 2)}
+        a = {n.id for n in owners(k, joined, 2)}
+        assert len(a - b) <= 1 and (not a - b or a - b == {"10.0.1.1:7000"})
+        changed += len(a - b)
+    assert abs(changed / len(keys) - 2 / 4) < 0.03
+
+
+def test_cluster_shares_follow_weights():
+    keys = keyset(40000, seed=3)
+    nodes = [Node("a:1", 1.0), Node("b:1", 2.0), Node("c:1", 4.0), Node("d:1", 1.0)]
+    counts = {n.id: 0 for n in nodes}
+    for k in keys:
+        counts[owners(k, nodes, 1)[0].id] += 1
+    total = sum(n.weight for n in nodes)
+    for n in nodes:
+        assert abs(counts[n.id] / len(keys) - n.weight / total) < 0.015
+
+
+def test_cluster_max_over_mean_load_is_small():
+    keys = keyset(50000, seed=4)
+    nodes = [Node(f"10.0.{i // 250}.{i % 250}:7000") for i in range(50)]
+    counts: dict[str, int] = {}
+    for k in keys:
+        a = owners(k, nodes, 1)[0].id
+        counts[a] = counts.get(a, 0) + 1
+    assert max(counts.values()) / (len(keys) / len(nodes)) < 1.2
+
+
+def test_cluster_zone_spread_with_two_zones():
+    nodes = [Node("a1:1", zone="a"), Node("a2:1", zone="a"), Node("a3:1", zone="a"), Node("b1:1", zone="b")]
+    for k in keyset(2000, seed=5):
+        assert {n.zone for n in owners(k, nodes, 2)} == {"a", "b"}
+
+
+def test_cluster_bad_input_is_named():
+    with pytest.raises(ValueError, match="weight"):
+        Node("a:1", 0)
+    with pytest.raises(ValueError, match="replicas"):
+        rank(b"k" * 16, [Node("a:1")], 0)
+    with pytest.raises(ValueError, match="unique"):
+        rank(b"k" * 16, [Node("a:1"), Node("a:1")])
+    with pytest.raises(MembershipError, match="'nohost'"):
+        Member("nohost")
+    with pytest.raises(MembershipError, match="duplicate"):
+        StaticMembership(["a:1", "a:1"])
+    with pytest.raises(MembershipError, match="bad member record"):
+        Member.from_json(b"{}")
+    m = Member("10.1.2.3:7000", 2 << 30, "z1", "n1")
+    assert Member.from_json(m.to_json()) == m and m.node.weight == 2.0
