@@ -174,10 +174,10 @@ def _summary(a, tokens: list[int], blocks: list[dict], est_bytes: int | None) ->
         "prefix_hit_blocks": prefix,
         "first_miss": first_miss,
         "tail_tokens": tail,
-        "est_load_s": round(load_s, 6),
-        "est_prefill_s": round(hit_tokens / a.prefill_tps, 6),
-        "est_prefill_full_s": round(len(tokens) / a.prefill_tps, 6),
-        "est_with_cache_s": round(load_s + (len(tokens) - hit_tokens) / a.prefill_tps, 6),
+        "est_load_s": load_s,
+        "est_prefill_s": hit_tokens / a.prefill_tps,
+        "est_prefill_full_s": len(tokens) / a.prefill_tps,
+        "est_with_cache_s": load_s + (len(tokens) - hit_tokens) / a.prefill_tps,
         "reason": reason,
     }
 

@@ -44,7 +44,7 @@ def common_options() -> argparse.ArgumentParser:
     g.add_argument(
         "--cluster",
         metavar="etcd://HOST:PORT/NAME",
-        help="discover nodes from etcd (not available in this build: use --node)",
+        help="discover nodes from etcd: not available yet (exits 2); use --node",
     )
     g.add_argument(
         "--token-file",
@@ -65,8 +65,9 @@ def _resolve(args: argparse.Namespace) -> tuple[list[str], str]:
 
     if args.cluster:
         raise UsageError(
-            f"--cluster {args.cluster}: etcd cluster membership is not built yet; "
-            "list the nodes' admin URLs with --node URL instead"
+            f"--cluster {args.cluster}: node discovery from etcd is not available in this CLI yet "
+            "(cluster records hold data addresses, not admin URLs); pass each node's admin URL "
+            "with --node URL instead"
         )
     if not args.node:
         raise UsageError(

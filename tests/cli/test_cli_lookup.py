@@ -1,0 +1,141 @@
+"""``kvstore lookup``: the CLI's tokens, namespace and keys equal the engine's; a prompt whose
+first blocks are cached partly hits (blocks put through the client, and blocks an engine saved
+through the kvstore:// connector); a namespace mismatch is explained."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvstore.block import make_header
+
+TEXT = "The quick brown fox jumps over the lazy dog; tierkv caches the KV of prompts like this one."
+
+
+def _engine(model_dir: str):
+    from engine.config import EngineConfig
+    from engine.llm import LLMEngine
+
+    return LLMEngine(model_dir, EngineConfig(num_pages=8))
+
+
+def test_cli_tokens_namespace_and_keys_equal_the_engines(cli, cli_model, start_daemon):
+    from kvstore.inspect.prompt import engine_namespace, prompt_tokens
+
+    eng = _engine(cli_model)
+    assert prompt_tokens(cli_model, TEXT, chat=False) == eng.tokenizer.encode(TEXT)
+    chat = eng.tokenizer.apply_chat_template([{"role": "user", "content": TEXT}])
+    assert prompt_tokens(cli_model, TEXT, chat=True) == chat
+    ns = eng.namespace(16)
+    assert engine_namespace(cli_model, "float32", 16, 1, 0, "") == ns
+    assert engine_namespace(cli_model, "float32", 16, 1, 0, "acme") == ns.with_tenant("acme")
+    d = start_daemon(use_disk=False)
+    for extra, tokens in (([], eng.tokenizer.encode(TEXT)), (["--chat"], chat)):
+        j = cli("lookup", "--model", cli_model, TEXT, *extra, "--node", d.admin, "--json").json()
+        assert j["namespace"] == ns.id.hex and j["num_tokens"] == len(tokens)
+        assert [b["key"] for b in j["blocks"]] == [k.hex for k in ns.block_keys(tokens)]
+
+
+def _put_prefix(put_blocks, addr: str, ns, tokens: list[int], n_blocks: int) -> None:
+    bt = ns.block_tokens
+    keys = ns.block_keys(tokens)
+    out, parent = [], ns.id
+    for i in range(n_blocks):
+        payload = bytes(range(256)) * 16
+        h = make_header(
+            key=keys[i],
+            parent=parent,
+            namespace=ns.id,
+            tokens=tokens[i * bt : (i + 1) * bt],
+            dtype="uint8",
+            shape=[len(payload)],
+            payload=payload,
+        )
+        out.append((h, payload))
+        parent = keys[i]
+    put_blocks(addr, out, ns)
+
+
+def test_lookup_partial_hit_table_and_json(cli, cli_model, start_daemon, put_blocks, tmp_path):
+    from kvstore.inspect.prompt import engine_namespace, prompt_tokens
+
+    tokens = prompt_tokens(cli_model, TEXT, chat=False)  # 92 tokens: 5 full blocks + 12
+    ns = engine_namespace(cli_model, "float32", 16, 1, 0, "")
+    d = start_daemon()
+    _put_prefix(put_blocks, d.addr, ns, tokens, 2)
+    n = ["--node", d.admin]
+    j = cli("lookup", "--model", cli_model, TEXT, *n, "--json").json()
+    assert [b["hit"] for b in j["blocks"]] == [True, True, False, False, False]
+    assert j["blocks"][0]["nodes"] == [{"node": d.admin, "tier": "dram", "tiers": ["dram", "disk"]}]
+    assert j["blocks"][0]["tier"] == "dram" and j["blocks"][2]["tier"] is None
+    assert (j["blocks"][1]["start"], j["blocks"][1]["end"]) == (16, 32)
+    s = j["summary"]
+    assert s["hit_tokens"] == 32 and s["total_tokens"] == len(tokens) and s["prefix_hit_blocks"] == 2
+    assert s["first_miss"] == 2 and s["tail_tokens"] == len(tokens) % 16
+    assert s["est_prefill_s"] == pytest.approx(32 / 2000) and s["est_load_s"] == pytest.approx(
+        2 * (0.0005 + 4096 / 1e9)
+    )
+    assert "block 2 (tokens 32-47) is on no node" in s["reason"]
+
+    r = cli("lookup", "--model", cli_model, TEXT, *n)
+    assert r.code == 0
+    rows = [line.split() for line in r.out.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[3] for row in rows] == ["hit", "hit", "miss", "miss", "miss"]
+    assert f"hit 32/{len(tokens)} tokens" in r.out and "estimated load" in r.out and "why: block 2" in r.out
+
+    # the same prompt from a file and as token ids
+    f = tmp_path / "p.txt"
+    f.write_text(TEXT)
+    assert (
+        cli("lookup", "--model", cli_model, "--file", f, *n, "--json").json()["summary"]["hit_tokens"] == 32
+    )
+    tj = tmp_path / "t.json"
+    tj.write_text(str(tokens[:40]))
+    j = cli("lookup", "--model", cli_model, "--tokens-json", tj, *n, "--json").json()
+    assert (
+        j["summary"]["hit_tokens"] == 32
+        and j["summary"]["first_miss"] is None
+        and j["summary"]["tail_tokens"] == 8
+    )
+
+
+def test_lookup_explains_a_namespace_mismatch(cli, cli_model, start_daemon, put_blocks):
+    from kvstore.inspect.prompt import engine_namespace, prompt_tokens
+
+    tokens = prompt_tokens(cli_model, TEXT, chat=False)
+    d = start_daemon(use_disk=False)
+    _put_prefix(put_blocks, d.addr, engine_namespace(cli_model, "float32", 16, 1, 0, ""), tokens, 3)
+    j = cli("lookup", "--model", cli_model, TEXT, "--dtype", "bfloat16", "--node", d.admin, "--json").json()
+    assert j["summary"]["hit_tokens"] == 0
+    assert "no node holds any block of namespace" in j["summary"]["reason"]
+    r = cli("lookup", "--model", cli_model, "hi", "--node", d.admin)
+    assert r.code == 0 and "fewer than one block" in r.out
+    assert cli("lookup", "--model", cli_model, TEXT, "--dtype", "int4", "--node", d.admin).code == 2
+    r = cli("lookup", "--model", str(d.workdir), TEXT, "--node", d.admin)
+    assert r.code == 2 and "tokenizer.json" in r.err
+
+
+def test_lookup_sees_what_an_engine_saved_through_the_connector(cli, cli_model, start_daemon):
+    from connutil import make_engine, run
+
+    from kvstore.inspect.prompt import prompt_tokens
+
+    d = start_daemon()
+    first = TEXT[:70]  # its tokens are a prefix of TEXT's (byte-level tokenizer)
+    tokens = prompt_tokens(cli_model, first, chat=False)
+    assert prompt_tokens(cli_model, TEXT, chat=False)[: len(tokens)] == tokens
+
+    async def store():
+        a = make_engine(cli_model, f"kvstore://{d.addr}?lookup_deadline_s=5&policy=always")
+        try:
+            await run(a, tokens)
+            assert await a.connector.flush()
+        finally:
+            await a.stop()
+
+    asyncio.run(store())
+    j = cli("lookup", "--model", cli_model, TEXT, "--node", d.admin, "--json").json()
+    saved = len(tokens) // 16
+    assert saved >= 2 and j["summary"]["prefix_hit_blocks"] == saved
+    assert j["summary"]["hit_tokens"] == saved * 16 and j["summary"]["first_miss"] == saved
