@@ -17,3 +17,18 @@ def etcd(tmp_path):
     e.start()
     yield e
     e.stop()
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """A :class:`Cluster` of namespaced hosts; skipped with the reason when namespaces cannot
+    be made (not root). Everything is torn down afterwards."""
+    from cluster.cluster_hosts import Cluster
+    from cluster.cluster_netns import cannot_make_namespaces
+
+    why = cannot_make_namespaces()
+    if why:
+        pytest.skip(why)
+    c = Cluster(tmp_path)
+    yield c
+    c.teardown()
