@@ -23,6 +23,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -84,13 +85,17 @@ class NodeClient:
         self._slots = asyncio.Semaphore(self.cfg.pool_size)
         self._probe: asyncio.Task | None = None
         self._closed = False
+        # large payload copies run off the event loop (and in parallel across connections), so
+        # a 64 MiB GET does not stall an engine's loop; a cancelled copy is stopped first
+        self._copies = ThreadPoolExecutor(max_workers=self.cfg.pool_size, thread_name_prefix="kv-copy")
 
     # ---------------------------------------------------------- connections
 
     async def _open(self) -> Conn:
         c = self.cfg
         conn = await asyncio.wait_for(
-            Conn.open(self.host, self.port, c.token, c.tenant, c.namespaces), c.connect_timeout_s
+            Conn.open(self.host, self.port, c.token, c.tenant, c.namespaces, self._copies),
+            c.connect_timeout_s,
         )
         self.hello = conn.hello
         return conn
@@ -121,6 +126,10 @@ class NodeClient:
             self.counters["timeouts"] += 1
             self._mark_down(op, "deadline passed")
             return Status.TIMEOUT
+        except RuntimeError:
+            if not self._closed:  # the copy executor refuses work only after close()
+                raise
+            return Status.ERROR
         except _FAILURES as exc:
             self.counters["errors"] += 1
             if isinstance(exc, NodeRefused) and exc.code == P.AUTH:
@@ -164,6 +173,7 @@ class NodeClient:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+        self._copies.shutdown(wait=False)
 
     # ---------------------------------------------------------- ops
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from kvstore import protocol as P
@@ -60,9 +61,15 @@ class Conn:
 
     @classmethod
     async def open(
-        cls, host: str, port: int, token: str, tenant: str | None, namespaces: Sequence[Namespace]
+        cls,
+        host: str,
+        port: int,
+        token: str,
+        tenant: str | None,
+        namespaces: Sequence[Namespace],
+        offload: Executor | None = None,
     ) -> Conn:
-        ch = await SocketChannel.connect(host, port)
+        ch = await SocketChannel.connect(host, port, offload)
         try:
             await ch.send_frame(
                 {

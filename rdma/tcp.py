@@ -72,7 +72,7 @@ class SocketChannel:
         self.bytes_out = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int) -> SocketChannel:
+    async def connect(cls, host: str, port: int, offload: Executor | None = None) -> SocketChannel:
         """Open a TCP connection (raises OSError when refused or unreachable)."""
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -82,7 +82,7 @@ class SocketChannel:
             sock.setblocking(False)
             try:
                 await loop.sock_connect(sock, addr)
-                return cls(sock)
+                return cls(sock, offload)
             except OSError as exc:
                 sock.close()
                 err = exc
