@@ -106,11 +106,13 @@ class LocalBackend(Backend):
 
 
 class RemoteBackend(Backend):
-    """Storage daemons through :class:`kvstore.client.StoreClient` (the client keeps its own
-    failure contract: misses and dropped writes, never exceptions)."""
+    """Storage daemons through the replicated :class:`kvstore.cluster.client.ClusterClient`
+    (a static list for ``kvstore://``, etcd membership for ``etcd://``; ``replicas`` copies).
+    The client keeps its own failure contract: misses and dropped writes, never exceptions."""
 
     def __init__(self, cfg: ConnectorConfig, namespace: Namespace) -> None:
-        from kvstore.client import ClientConfig, StoreClient
+        from kvstore.client import ClientConfig
+        from kvstore.cluster.client import ClusterClient, ClusterConfig
 
         token = cfg.token
         if cfg.token_file and not token:
@@ -122,7 +124,17 @@ class RemoteBackend(Backend):
             namespaces=(namespace,),
             op_timeout_s=max(cfg.load_deadline_s, cfg.save_deadline_s),
         )
-        self.client = StoreClient(cfg.addrs, ccfg)
+        cluster = ClusterConfig(replicas=cfg.replicas)
+        if cfg.kind == "etcd":
+            from kvstore.cluster.membership import MembershipError
+            from kvstore.errors import ConfigError
+
+            try:
+                self.client = ClusterClient.etcd(f"etcd://{cfg.target}", ccfg, cluster)
+            except MembershipError as exc:
+                raise ConfigError(f"--kv-connector etcd://{cfg.target}: {exc}") from exc
+        else:
+            self.client = ClusterClient.static(cfg.addrs, ccfg, cluster)
 
     async def exists(self, keys, deadline_s):
         tiers = await self.client.exists(keys, deadline_s)
@@ -141,8 +153,4 @@ class RemoteBackend(Backend):
 def make_backend(cfg: ConnectorConfig, namespace: Namespace) -> Backend:
     if cfg.kind == "local":
         return LocalBackend(cfg)
-    if cfg.kind == "kvstore":
-        return RemoteBackend(cfg, namespace)
-    from kvstore.errors import ConfigError
-
-    raise ConfigError(f"--kv-connector {cfg.kind}://{cfg.target}: etcd membership is not built yet")
+    return RemoteBackend(cfg, namespace)  # kvstore:// (static list) or etcd:// (membership)

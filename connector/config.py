@@ -38,6 +38,7 @@ class ConnectorConfig:
     token_file: str = ""
     # assumed until measured: a tier's bandwidth (bytes/s) and the engine's prefill (tokens/s)
     prefill_tokens_per_s: float = 2000.0
+    replicas: int = 2  # kvstore:// and etcd://: copies of each block, on distinct nodes
     # local:// only
     dram_capacity: Size = Size(1 << 30)
     disk_capacity: Size = Size(8 << 30)
@@ -91,6 +92,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         or cfg.save_queue_blocks < 1
         or cfg.load_batch_blocks < 1
         or cfg.load_parallel < 1
+        or cfg.replicas < 1
     ):
         raise ConfigError(f"--kv-connector {url!r}: block_tokens, queue and batch sizes must be positive")
     if kind == "kvstore":
