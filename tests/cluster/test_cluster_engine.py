@@ -1,0 +1,69 @@
+"""The engine against a 3-node cluster by ``--kv-connector``: ``kvstore://a,b,c`` (static,
+replicas=2) and ``etcd://host:port/CLUSTER`` (membership). A second engine hits what the
+first stored, even with one node killed, and its output equals the no-cache reference."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from connutil import make_engine, reference, run
+
+pytestmark = pytest.mark.heavy
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from engine.convert import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama-gqa4")
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 250, (n,), generator=g).tolist()
+
+
+async def _store_then_hit(model_dir: str, url: str, prompt: list[int], between=None) -> int:
+    ref = reference(model_dir, prompt)
+    a = make_engine(model_dir, url)
+    try:
+        toks, cached = await run(a, prompt)
+        assert toks == ref and cached == 0
+        assert await a.connector.flush()
+    finally:
+        await a.stop()
+    if between is not None:
+        between()
+    b = make_engine(model_dir, url)
+    try:
+        toks, cached = await run(b, prompt)
+        assert toks == ref
+        return cached
+    finally:
+        await b.stop()
+
+
+async def test_cluster_engine_kvstore_url_survives_a_killed_node(model_dir, start_daemon):
+    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    url = "kvstore://" + ",".join(d.addr for d in ds) + "?replicas=2&policy=always&lookup_deadline_s=5"
+    cached = await _store_then_hit(model_dir, url, _prompt(150, 3), between=ds[0].kill9)
+    assert cached == 144  # every block had a copy on a surviving node
+
+
+async def test_cluster_engine_etcd_url(model_dir, start_daemon, etcd):
+    join = etcd.url("engine")
+    ds = [start_daemon(use_disk=False, cluster={"join": join, "lease_ttl_s": 2}) for _ in range(3)]
+    from kvstore.cluster.etcd_membership import EtcdMembership
+
+    m = EtcdMembership(join)
+    await m.start()
+    end = time.monotonic() + 10
+    while len(m.members) < len(ds):
+        assert time.monotonic() < end, m.members
+        await asyncio.sleep(0.1)
+    await m.close()
+    url = f"{join}?replicas=2&policy=always&lookup_deadline_s=5"
+    assert await _store_then_hit(model_dir, url, _prompt(150, 4)) == 144
