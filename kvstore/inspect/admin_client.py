@@ -103,6 +103,12 @@ class AdminClient:
         except TimeoutError as exc:
             raise NodeError(self.url, f"{what}: no answer within {self.timeout_s:g} s (--timeout)") from exc
         except aiohttp.ClientConnectorError as exc:
-            raise NodeError(self.url, f"cannot connect: {exc.os_error.strerror or exc.os_error}") from exc
+            err = exc.os_error
+            why = (
+                "connection refused"
+                if isinstance(err, ConnectionRefusedError)
+                else (err.strerror or str(err))
+            )
+            raise NodeError(self.url, f"cannot connect: {why}") from exc
         except aiohttp.ClientError as exc:
             raise NodeError(self.url, f"{what}: {type(exc).__name__}: {exc}") from exc

@@ -103,7 +103,7 @@ async def ls(ctx: Context) -> int:
             ",".join(b["tiers"]),
             node_label(b["node"]),
             ago(b["created"], now),
-            ago(b["last_access"], now),
+            ago(max(b["last_access"], b["created"]), now),
             _state(b),
         ]
         for b in blocks
@@ -204,7 +204,7 @@ def _print_show(ctx: Context, doc: dict) -> None:
             if r["checksum_ok"]
             else "[red]CORRUPT " + ",".join(r["corrupt_tiers"]) + "[/red]",
             ago(r["created"], now),
-            ago(r["last_access"], now),
+            ago(max(r["last_access"], r["created"]), now),
             _state(r),
         ]
         for r in doc["replicas"]

@@ -28,7 +28,7 @@ class Output:
         self.console = Console(
             file=stream, highlight=False, width=None if tty else PIPE_WIDTH, soft_wrap=not tty
         )
-        self.err = Console(file=err or sys.stderr, highlight=False, width=None if tty else PIPE_WIDTH)
+        self.err = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
 
     def json(self, doc: Any) -> None:
         self.console.file.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
