@@ -10,6 +10,17 @@ from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
 from kvstore.inspect.output import ago, human_size, short
 
 _PAGE = 10000
+LS_FIELDS = (
+    "key",
+    "namespace",
+    "num_tokens",
+    "payload_len",
+    "tiers",
+    "created",
+    "last_access",
+    "leases",
+    "pinned",
+)
 
 LS_JSON = """{"blocks": [{"key", "namespace", "num_tokens", "payload_len", "tiers": [..],
   "node", "created", "last_access", "leases", "pinned"}], "count": N, "truncated": bool}
@@ -70,7 +81,7 @@ async def _list_node(node: AdminClient, params: dict[str, str], limit: int) -> t
             q["after"] = after
         page = await node.call("GET", "/v1/blocks", params=q)
         for b in page["blocks"]:
-            out.append(dict(b, node=node.url))
+            out.append({**{k: b.get(k) for k in LS_FIELDS}, "node": node.url})
         after = page.get("next")
         if not after:
             return out, False
@@ -145,7 +156,7 @@ async def show(ctx: Context) -> int:
         ctx.out.err.print(f"kvstore show: block {key} is not stored on any node ({where})", markup=False)
         return 1
     first = found[0]
-    hdr = {k: v for k, v in first["header"].items() if k != "tokens"}
+    hdr = {k: first["header"].get(k) for k in ("parent", "dtype", "shape", "checksum", "version")}
     tokens = first["header"]["tokens"]
     text = decode(tokens, skip_special_tokens=False) if decode else None
     replicas = [

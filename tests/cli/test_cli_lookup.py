@@ -139,3 +139,21 @@ def test_lookup_sees_what_an_engine_saved_through_the_connector(cli, cli_model, 
     saved = len(tokens) // 16
     assert saved >= 2 and j["summary"]["prefix_hit_blocks"] == saved
     assert j["summary"]["hit_tokens"] == saved * 16 and j["summary"]["first_miss"] == saved
+
+
+def test_lookup_over_three_nodes_names_the_node_of_each_block(cli, cli_model, start_daemon, put_blocks):
+    from kvstore.inspect.prompt import engine_namespace, prompt_tokens
+
+    tokens = prompt_tokens(cli_model, TEXT, chat=False)
+    ns = engine_namespace(cli_model, "float32", 16, 1, 0, "")
+    nodes = [start_daemon(use_disk=False) for _ in range(3)]
+    _put_prefix(put_blocks, nodes[0].addr, ns, tokens, 1)  # block 0 on node 0
+    _put_prefix(put_blocks, nodes[1].addr, ns, tokens, 2)  # blocks 0-1 on node 1
+    _put_prefix(put_blocks, nodes[2].addr, ns, tokens, 3)  # blocks 0-2 on node 2
+    argv = [x for d in nodes for x in ("--node", d.admin)]
+    j = cli("lookup", "--model", cli_model, TEXT, *argv, "--json").json()
+    held = [[h["node"] for h in b["nodes"]] for b in j["blocks"]]
+    assert held == [[d.admin for d in nodes], [nodes[1].admin, nodes[2].admin], [nodes[2].admin], [], []]
+    assert j["summary"]["hit_tokens"] == 48 and j["summary"]["first_miss"] == 3
+    r = cli("lookup", "--model", cli_model, TEXT, *argv)
+    assert nodes[2].admin.split("://")[1] in r.out and "hit 48/" in r.out

@@ -55,3 +55,14 @@ def test_verify_repair_drops_a_block_corrupted_on_disk(cli, start_daemon, put_bl
     assert after["corrupt"] == 0 and after["checked"] == 3
     st = cli("stats", *n, "--json").json()["nodes"][0]
     assert st["checksum_failures"] >= 1
+
+
+def test_verify_shows_a_progress_bar_on_a_terminal(cli, start_daemon, put_blocks, monkeypatch):
+    from rich.console import Console
+
+    d = start_daemon(use_disk=False)
+    put_blocks(d.addr, make_blocks(120, 256, ns=NS, seed=8), NS)
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    r = cli("verify", "--node", d.admin, "--batch", "16")
+    assert r.code == 0 and "checked 120 copies" in r.out
+    assert f"verify {d.admin}" in r.err and "120/120" in r.err  # the bar reached the total
