@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.errors import RequestError
@@ -183,3 +185,67 @@ def test_engine_long_prefill_never_stalls_decodes(tiny_model_dir, engines):
         assert len(a.output_tokens) == before + 1  # a decodes every step while b prefills in chunks
     while eng.has_work():
         eng.step()
+
+
+@pytest.fixture(scope="module")
+def gqa_reference(tiny_model_dir):
+    """Greedy outputs of prompts run alone (memoised), for the random-schedule test."""
+    d = tiny_model_dir("llama-gqa4")
+    eng = LLMEngine(d, EngineConfig(page_size=16, num_pages=64, enable_prefix_cache=False))
+    memo: dict[tuple, list[int]] = {}
+
+    def ref(prompt: list[int], n: int) -> list[int]:
+        key = (tuple(prompt), n)
+        if key not in memo:
+            sp = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            memo[key] = eng.generate([prompt], sp)[0].output_tokens
+        return memo[key]
+
+    return d, ref
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    reqs=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 70), st.integers(1, 12), st.integers(0, 4)),
+        min_size=1,
+        max_size=6,
+    ),
+    page_size=st.sampled_from([4, 8, 16]),
+    budget=st.integers(3, 64),
+    spare_pages=st.integers(0, 12),
+    prefix_cache=st.booleans(),
+)
+def test_engine_random_schedules_equal_running_alone(
+    gqa_reference, reqs, page_size, budget, spare_pages, prefix_cache
+):
+    """Random arrivals, shared prefixes, chunk budgets, page sizes and pool sizes (down to
+    barely one request): every request's greedy tokens equal its tokens when run alone."""
+    d, ref = gqa_reference
+    bases = prompts(262, [40, 40, 40, 40], seed=21)
+    need = max(-(-(n + k) // page_size) for _, n, k, _ in reqs)
+    eng = LLMEngine(
+        d,
+        EngineConfig(
+            page_size=page_size,
+            num_pages=max(2, need + spare_pages),
+            max_num_batched_tokens=budget,
+            max_num_seqs=4,
+            enable_prefix_cache=prefix_cache,
+        ),
+    )
+    pending = sorted(enumerate(reqs), key=lambda r: r[1][3])  # by arrival step
+    seqs: dict[int, object] = {}
+    step = 0
+    while pending or eng.has_work():
+        while pending and pending[0][1][3] <= step:
+            i, (b, n, k, _) = pending.pop(0)
+            p = (bases[b] + bases[(b + 1) % 4])[:n]
+            seqs[i] = (eng.add_request(p, SamplingParams(max_tokens=k, temperature=0, ignore_eos=True)), p, k)
+        eng.step()
+        eng.check_integrity()
+        step += 1
+        assert step < 5000, "no progress"
+    for s, p, k in seqs.values():
+        assert s.output_tokens == ref(p, k)
+    assert eng.bm.num_used == 0
