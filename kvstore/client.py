@@ -31,7 +31,7 @@ import xxhash
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader
-from kvstore.client_conn import Conn, NodeRefused, byte_view
+from kvstore.client_conn import Conn, NodeRefused, byte_view, check_payload
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.tcp import FrameError
@@ -266,8 +266,6 @@ class NodeClient:
                 elif st is Status.HIT:
                     out[i] = GetResult(Status.BUF_TOO_SMALL, hdr, _tier)
             done = await conn.transport().read(pairs) if pairs else []
-            from kvstore.client_conn import check_payload
-
             for i, ok, (dst, _) in zip(idx, done, pairs):
                 st, hdr, tier, _ = leased[i]
                 out[i] = GetResult(check_payload(hdr, keys[i], exp[i], dst) if ok else Status.MISS, hdr, tier)

@@ -143,7 +143,7 @@ class Conn:
                 dst = views[i][: hdr.payload_len]
                 await self.ch.recv_into(dst)
                 self.bytes_in += hdr.payload_len
-                st = _check(hdr, keys[i], expect[i], dst)
+                st = check_payload(hdr, keys[i], expect[i], dst)
             out.append(GetResult(st, hdr, tier))
         return out
 
@@ -238,17 +238,14 @@ class Conn:
         return TcpTransport(self.ch)
 
 
-def _check(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview) -> Status:
+def check_payload(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview) -> Status:
+    """What a reader must conclude about ``payload`` received for ``key``: HIT, or MISMATCH
+    (another block: collision or stale entry), or CORRUPT (checksum)."""
     if not hdr.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
         return Status.MISMATCH
     if checksum(payload) != hdr.checksum:
         return Status.CORRUPT
     return Status.HIT
-
-
-def check_payload(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview) -> Status:
-    """What a reader must conclude about ``payload`` received for ``key`` (HIT, MISMATCH, CORRUPT)."""
-    return _check(hdr, key, exp, payload)
 
 
 def _bools(res: Any, n: int) -> list[bool]:

@@ -16,9 +16,8 @@ from aiohttp import web
 
 from kvstore.daemon.admin_inspect import add_inspect_routes
 from kvstore.daemon.auth import OPERATOR, TokenTable
-from kvstore.daemon.dataport import _plain
 from kvstore.daemon.logs import kv
-from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.errors import KeyFormatError
 from kvstore.keys import BlockKey
 
@@ -78,7 +77,7 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def stats(request):
-        out = _plain(node.stats())
+        out = plain(node.stats())
         out["daemon"] = metrics.snapshot()
         return web.json_response(out)
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from kvstore import protocol as P
 from kvstore.daemon.auth import OPERATOR, TokenTable
+from kvstore.daemon.descriptor_ops import DescriptorOps
 from kvstore.daemon.logs import kv
-from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.results import Status
 from rdma.tcp import FrameError, SocketChannel
-from rdma.transport import RemoteDescriptor
 
 log = logging.getLogger("kvstore.daemon.data")
 
@@ -41,7 +41,7 @@ class _Fatal(Exception):
         self.code = code
 
 
-class DataServer:
+class DataServer(DescriptorOps):
     """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests."""
 
     def __init__(self, node, sock: socket.socket, tokens: TokenTable, metrics: DaemonMetrics, cfg) -> None:
@@ -306,115 +306,10 @@ class DataServer:
         done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
         await ch.send_frame({"rid": rid, "ok": True, "res": [bool(done.get(k.raw, False)) for k in keys]})
 
-    async def _op_lease(self, ch, sess, rid, h, plen) -> None:
-        keys = P.req_keys(h)
-        ttl = P.req_float(h, "ttl", self.lease_ttl)
-        leases = await self.node.lease(keys, ttl)
-        res, drop = [], []
-        for lease in leases:
-            if lease is None or not sess.allows(lease.header):
-                if lease is not None:
-                    drop.append(lease)
-                res.append([int(Status.MISS), None, None, None])
-                continue
-            handle = sess.hold(sess.leases, lease, ttl)
-            desc = RemoteDescriptor(handle, 0, lease.header.payload_len)
-            res.append([int(Status.HIT), lease.header.encode(), lease.tier, desc.to_wire()])
-        if drop:
-            self.node.release(drop)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
-
-    async def _op_release(self, ch, sess, rid, h, plen) -> None:
-        handles = P.req_ints(h, "handles")
-        found = [sess.leases.pop(x, None) for x in handles]
-        self.node.release([f.obj for f in found if f is not None])
-        await ch.send_frame({"rid": rid, "ok": True, "res": [f is not None for f in found]})
-
-    async def _op_read(self, ch, sess, rid, h, plen) -> None:
-        descs = _descs(h)
-        res, views = [], []
-        for d in descs:
-            lease = sess.live(sess.leases, d.handle)
-            ok = lease is not None and d.addr + d.length <= lease.view.nbytes
-            if ok:
-                views.append(lease.view[d.addr : d.addr + d.length])
-            res.append(ok)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
-        self.metrics.bytes_out.inc(sum(v.nbytes for v in views))
-
-    async def _op_reserve(self, ch, sess, rid, h, plen) -> None:
-        hdrs = P.req_headers(h)
-        allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
-        got = dict(zip(allowed, await self.node.reserve([hdrs[i] for i in allowed]))) if allowed else {}
-        res = []
-        for i, x in enumerate(hdrs):
-            r = got.get(i)
-            if r is None or isinstance(r, Status):
-                res.append([int(r if r is not None else Status.INVALID), None])
-            else:
-                handle = sess.hold(sess.reservations, r, self.lease_ttl)
-                res.append([None, RemoteDescriptor(handle, 0, x.payload_len).to_wire()])
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
-
-    async def _op_write(self, ch, sess, rid, h, plen) -> None:
-        descs = _descs(h)
-        if sum(d.length for d in descs) != plen:
-            raise P.bad(f"plen {plen} is not the sum of the descriptors' lengths")
-        res = []
-        for d in descs:
-            r = sess.live(sess.reservations, d.handle)
-            if r is not None and d.addr + d.length <= r.view.nbytes:
-                await ch.recv_into(r.view[d.addr : d.addr + d.length])
-                res.append(True)
-            else:
-                await ch.discard(d.length)
-                res.append(False)
-        self.metrics.bytes_in.inc(plen)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
-
-    async def _op_commit(self, ch, sess, rid, h, plen) -> None:
-        handles = P.req_ints(h, "handles")
-        found = [sess.reservations.pop(x, None) for x in handles]
-        live = [f.obj for f in found if f is not None]
-        done = dict(zip([id(r) for r in live], await self.node.commit(live))) if live else {}
-        res = []
-        for f in found:
-            if f is None:
-                res.append([int(Status.INVALID), None, False])
-                continue
-            pr = done[id(f.obj)]
-            if pr.status is Status.INVALID:
-                self.metrics.checksum_failures.inc()
-            res.append([int(pr.status), pr.tier, bool(pr.durable)])
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
-
     async def _op_stats(self, ch, sess, rid, h, plen) -> None:
-        stats = _plain(self.node.stats())
+        stats = plain(self.node.stats())
         stats["daemon"] = self.metrics.snapshot()
         await ch.send_frame({"rid": rid, "ok": True, "stats": stats})
-
-
-def _descs(h: dict[str, Any]) -> list[RemoteDescriptor]:
-    from rdma.transport import TransportError
-
-    out = []
-    for i, raw in enumerate(P._list(h, "descs")):
-        try:
-            out.append(RemoteDescriptor.from_wire(raw))
-        except TransportError as exc:
-            raise P.bad(f"descs[{i}]: {exc}") from exc
-    return out
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` with only msgpack/JSON-safe types (stats may hold tuples, enums, floats)."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
 
 
 async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:

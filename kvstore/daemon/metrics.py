@@ -81,3 +81,14 @@ class DaemonMetrics:
                     label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
                     out[s.name + (f"{{{label}}}" if label else "")] = s.value
         return out
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` with only msgpack/JSON-safe types (stats may hold tuples, enums, floats)."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
