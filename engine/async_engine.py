@@ -36,6 +36,13 @@ class RequestOutput:
     cached_tokens: int
 
 
+def connector_context(engine: LLMEngine) -> ConnectorContext:
+    """What a connector factory gets from ``engine``."""
+    return ConnectorContext(
+        engine.config.page_size, engine.kv, engine.namespace, engine.model_dir, engine.config.device
+    )
+
+
 class AsyncEngine:
     def __init__(
         self, engine: LLMEngine, connector: KVConnector | None = None, lookup_timeout_s: float = 0.5
@@ -65,13 +72,8 @@ class AsyncEngine:
         registry: ConnectorRegistry | None = None,
     ) -> AsyncEngine:
         eng = LLMEngine(model_dir, config)
-        ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, eng.config.device)
-        connector = (registry or ConnectorRegistry()).create(kv_connector, ctx)
+        connector = (registry or ConnectorRegistry()).create(kv_connector, connector_context(eng))
         return cls(eng, connector)
-
-    def connector_context(self) -> ConnectorContext:
-        e = self.engine
-        return ConnectorContext(e.config.page_size, e.kv, e.namespace, e.model_dir, e.config.device)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:

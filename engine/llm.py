@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -283,5 +282,4 @@ class LLMEngine:
             "preemptions_total": self.scheduler.num_preemptions,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
-            "time": time.time(),
         }
