@@ -35,13 +35,16 @@ def pick_model(args, tmp: str) -> tuple[str, str]:
     return make_tiny_model(os.path.join(tmp, preset), preset), f"random {preset}"
 
 
-def best(fn, reps: int) -> float:
-    times = []
+def best_pair(a, b, reps: int) -> tuple[float, float]:
+    """Best-of-``reps`` seconds of ``a`` and ``b``, interleaved (a, b, a, b, ...) so that a
+    shift in machine load hits both sides alike."""
+    ta, tb = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for fn, out in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return min(ta), min(tb)
 
 
 def main() -> None:
@@ -52,7 +55,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--decode-prompt", type=int, default=32)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -95,7 +98,7 @@ def main() -> None:
                     hf(torch.tensor([prompt]), logits_to_keep=1)
 
             eng_prefill(), hf_prefill()  # warm up
-            te, th = best(eng_prefill, args.reps), best(hf_prefill, args.reps)
+            te, th = best_pair(eng_prefill, hf_prefill, args.reps)
             rows.append({"metric": f"prefill {n} tok", "engine": n / te, "transformers": n / th})
 
         for b in args.batches:
@@ -121,7 +124,7 @@ def main() -> None:
                     )
 
             eng_decode(), hf_decode()
-            te, th = best(eng_decode, args.reps), best(hf_decode, args.reps)
+            te, th = best_pair(eng_decode, hf_decode, args.reps)
             rows.append(
                 {
                     "metric": f"decode batch {b} ({k} tok, end-to-end)",
