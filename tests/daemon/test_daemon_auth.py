@@ -24,7 +24,10 @@ def authed(start_daemon, tmp_path):
 
 
 def client(d, ns, token, **kw) -> NodeClient:
-    return NodeClient(d.addr, ClientConfig(token=token, namespaces=(ns,), op_timeout_s=3, **kw))
+    # no background re-probing during a test: every refused HELLO below is one we count
+    return NodeClient(
+        d.addr, ClientConfig(token=token, namespaces=(ns,), op_timeout_s=3, probe_interval_s=60, **kw)
+    )
 
 
 async def test_wrong_token_is_refused_on_both_ports(authed, ns, blocks_of):
