@@ -1,0 +1,188 @@
+"""Longest-prefix lookup latency over a 3-node cluster on loopback.
+
+A 128K-token prompt is cut into blocks (16 and 256 tokens per block: 8192 and 512 keys); its
+blocks are stored on 3 ``kvstore serve`` daemons (DRAM only, replicas=2, 1 KiB payloads:
+lookups only send keys). Then :meth:`ClusterClient.lookup_prefix` is timed: one batched
+EXISTS per node, in parallel, the longest prefix computed over replicas. Cases: the whole
+prompt cached, half of it cached, and the ranked path (replicas=1, lookahead=0: each node
+asked only for its own keys, placement computed per key). Prints a table; --json writes it.
+
+    python bench/lookup.py --json .bench/lookup.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvstore.block import make_header  # noqa: E402
+from kvstore.client import ClientConfig  # noqa: E402
+from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.keys import Namespace  # noqa: E402
+
+PROMPT_TOKENS = 128 * 1024
+
+
+def start_daemon(wd: Path) -> tuple[subprocess.Popen, str]:
+    wd.mkdir(parents=True)
+    cfg = wd / "node.toml"
+    cfg.write_text(
+        '[dram]\ncapacity = "256MiB"\nslab_size = "1MiB"\n[disk]\nenabled = false\n'
+        f'[server]\nport_file = "{wd / "ports.json"}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--log-level", "WARNING"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    end = time.monotonic() + 30
+    while not (wd / "ports.json").exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError("daemon did not start")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{json.loads((wd / 'ports.json').read_text())['data_port']}"
+
+
+def blocks_of(ns: Namespace, tokens: list[int]):
+    bt, out, parent = ns.block_tokens, [], ns.id
+    payload = bytes(1024)
+    for i, k in enumerate(ns.block_keys(tokens)):
+        toks = tokens[i * bt : (i + 1) * bt]
+        out.append(
+            (
+                make_header(
+                    key=k,
+                    parent=parent,
+                    namespace=ns.id,
+                    tokens=toks,
+                    dtype="uint8",
+                    shape=[1024],
+                    payload=payload,
+                ),
+                payload,
+            )
+        )
+        parent = k
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def measure(addrs, ns, keys, expect, cluster_cfg, iters: int) -> dict:
+    c = ClusterClient.static(addrs, ClientConfig(namespaces=(ns,)), cluster_cfg)
+    assert await c.lookup_prefix(keys, 5.0) == expect  # warm: connections, rank cache
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        n = await c.lookup_prefix(keys, 5.0)
+        times.append((time.perf_counter() - t0) * 1e3)
+        assert n == expect
+    await c.close()
+    return {"p50_ms": statistics.median(times), "p99_ms": pct(times, 0.99), "max_ms": max(times)}
+
+
+async def store(addrs, ns, blocks) -> None:
+    w = ClusterClient.static(addrs, ClientConfig(namespaces=(ns,)), ClusterConfig(replicas=2))
+    for i in range(0, len(blocks), 512):
+        assert all(r.status.ok for r in await w.put(blocks[i : i + 512], 30.0))
+    await w.close()
+
+
+async def run(addrs, iters: int) -> list[dict]:
+    rows = []
+    tokens = [(i * 7919) % 50000 for i in range(PROMPT_TOKENS)]
+    for bt in (256, 16):
+        ns = Namespace("bench-lookup", "uint8", bt)
+        blocks = blocks_of(ns, tokens)
+        keys = [h.key for h, _ in blocks]
+        half = len(keys) // 2
+        await store(addrs, ns, blocks[:half])
+        cases = [("half cached, replicas=2", half, ClusterConfig(replicas=2))]
+        for name, expect, cc in cases:
+            rows.append(
+                {
+                    "block_tokens": bt,
+                    "keys": len(keys),
+                    "case": name,
+                    **await measure(addrs, ns, keys, expect, cc, iters),
+                }
+            )
+        await store(addrs, ns, blocks[half:])
+        cases = [
+            ("all cached, replicas=2", len(keys), ClusterConfig(replicas=2)),
+            ("all cached, ranked path", len(keys), ClusterConfig(replicas=1, lookahead=0)),
+        ]
+        for name, expect, cc in cases:
+            rows.append(
+                {
+                    "block_tokens": bt,
+                    "keys": len(keys),
+                    "case": name,
+                    **await measure(addrs, ns, keys, expect, cc, iters),
+                }
+            )
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--iters", type=int, default=200)
+    args = ap.parse_args()
+    procs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            addrs = []
+            for i in range(3):
+                p, a = start_daemon(Path(tmp) / f"n{i}")
+                procs.append(p)
+                addrs.append(a)
+            rows = asyncio.run(run(addrs, args.iters))
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(30)
+    print(
+        f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt over 3 nodes (loopback), {args.iters} runs each"
+    )
+    print(f"{'block_tokens':>12} {'keys':>6}  {'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for r in rows:
+        print(
+            f"{r['block_tokens']:>12} {r['keys']:>6}  {r['case']:<26} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}"
+        )
+    doc = {
+        "bench": "lookup",
+        "nodes": 3,
+        "prompt_tokens": PROMPT_TOKENS,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "rows": rows,
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
