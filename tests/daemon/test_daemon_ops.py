@@ -273,3 +273,28 @@ async def test_large_batches_are_cut_to_fit_frames(daemon, blocks_of):
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     assert await c.delete(keys) == [True] * 1500
     await c.close()
+
+
+async def test_client_hanging_up_mid_reply_releases_its_leases(daemon, ns, blocks_of):
+    c = NodeClient(daemon.addr, ClientConfig(namespaces=(ns,)))
+    blocks = blocks_of(ns, 3, 3 << 20, seed=31)
+    await c.put(blocks)
+    keys = [h.key for h, _ in blocks]
+
+    def hang_up():
+        for _ in range(5):
+            r = Raw(daemon.data_port)
+            assert r.hello(P.namespace_to_wire(ns))["ok"]
+            r.frame({"op": "GET", "rid": 2, "keys": [k.raw for k in keys]})
+            r.sock.recv(1000)  # the reply has started; now vanish without reading the rest
+            r.close()
+
+    await asyncio.get_running_loop().run_in_executor(None, hang_up)
+    await asyncio.sleep(0.3)
+    async with aiohttp.ClientSession(daemon.admin) as s:
+        for k in keys:
+            info = await (await s.get(f"/v1/blocks/{k.hex}")).json()
+            assert info["leases"] == 0, info
+    assert await c.delete(keys) == [True] * 3  # nothing is stuck behind a lease
+    await _still_serves(daemon, ns, blocks_of)
+    await c.close()
