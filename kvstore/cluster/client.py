@@ -14,6 +14,8 @@ membership problem; a failure is a miss (``None`` / a non-HIT status), a dropped
   goes to the next in a following round, while the deadline lasts. A round that can still
   fall back waits at most ``hedge`` of the time left, so one dead or slow node costs at most
   part of one deadline.
+- Read repair: a block found past its owners (after a join) is copied to the owners that
+  missed it, in the background, so hits survive further joins.
 - Writes: to all owners in parallel (the connector sends them behind the request); an owner
   that fails is replaced by the next node in rendezvous order while time remains.
 - Health: a node whose call fails or misses its deadline is marked down (the node client
@@ -33,6 +35,7 @@ from typing import Any
 
 from kvstore.block import BlockHeader
 from kvstore.client import ClientConfig, NodeClient
+from kvstore.client_conn import byte_view
 from kvstore.cluster.membership import Membership, StaticMembership
 from kvstore.cluster.placement import Node, rank
 from kvstore.keys import BlockKey
@@ -50,6 +53,8 @@ class ClusterConfig:
     hedge: float = 0.5  # share of the time left one read round may take when a fallback exists
     probe_interval_s: float = 0.5
     probe_deadline_s: float = 0.25  # a down node must answer a probe this fast to be used again
+    read_repair: bool = True  # copy a block read from a non-owner to the owners that missed it
+    repair_max_blocks: int = 256  # repairs in flight at most; more are skipped (counted)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -86,6 +91,8 @@ class ClusterClient:
         self._own_counters: Counter[str] = Counter()
         self._started = False
         self._closed = False
+        self._repairs: set[asyncio.Task] = set()
+        self._repairing = 0
 
     @classmethod
     def static(cls, addrs: Sequence[str], client_cfg=None, cfg=None) -> ClusterClient:
@@ -101,11 +108,12 @@ class ClusterClient:
 
     # ---------------------------------------------------------------- membership and health
 
-    async def start(self) -> None:
-        """Load the first membership view (waits briefly for etcd; never raises)."""
+    async def start(self, wait_s: float = 2.0) -> None:
+        """Load the first membership view, waiting up to ``wait_s`` for etcd (never raises).
+        Called by the first operation with that operation's deadline."""
         if not self._started:
             self._started = True
-            await self.membership.start()
+            await self.membership.start(wait_s)
 
     def _sync(self) -> None:
         if self.membership.version == self._seen:
@@ -129,9 +137,9 @@ class ClusterClient:
         node = self.nodes.get(addr)
         return node is not None and node.up and addr not in self._suspect
 
-    async def _healthy_view(self) -> list[Node]:
+    async def _healthy_view(self, deadline_s: float | None = None) -> list[Node]:
         if not self._started:
-            await self.start()
+            await self.start(min(2.0, deadline_s or self.client_cfg.op_timeout_s))
         self._sync()
         view = [n for a, n in sorted(self._weights.items()) if self.healthy(a)]
         key = tuple(view)
@@ -193,7 +201,7 @@ class ClusterClient:
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key: the best tier any of its candidate nodes holds it in (``None``: nowhere)."""
         out: list[str | None] = [None] * len(keys)
-        view = await self._healthy_view()
+        view = await self._healthy_view(deadline_s)
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
@@ -229,12 +237,13 @@ class ClusterClient:
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         exp = list(expect) if expect is not None else [None] * len(keys)
         out = [GetResult(Status.MISS)] * len(keys)
-        view = await self._healthy_view()
+        view = await self._healthy_view(deadline_s)
         if not keys or not view:
             return out
         width = self.cfg.replicas + self.cfg.lookahead
         cands = [self._rank(k)[:width] for k in keys]
         pos = [0] * len(keys)
+        missed: dict[int, list[str]] = {}  # owners that answered MISS, per key
         pending = list(range(len(keys)))
         end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
         first = True
@@ -265,9 +274,38 @@ class ClusterClient:
                 for i, r in zip(groups[addr], res):
                     out[i] = r
                     pos[i] += 1
+                    if r.status is Status.MISS and addr in cands[i][: self.cfg.replicas]:
+                        missed.setdefault(i, []).append(addr)
+                    elif r.status is Status.HIT and i in missed and addr not in cands[i][: self.cfg.replicas]:
+                        self._repair(missed[i], out[i].header, bufs[i])
                     if r.status is not Status.HIT and r.status is not Status.BUF_TOO_SMALL:
                         pending.append(i)
         return out
+
+    def _repair(self, owners: list[str], header: BlockHeader | None, buf: Any) -> None:
+        """Hand a block found past its owners (they changed when a node joined) to the owners
+        that missed it, in the background; bounded, best effort, counted."""
+        if not self.cfg.read_repair or header is None or self._closed:
+            return
+        if self._repairing >= self.cfg.repair_max_blocks:
+            self._own_counters["repairs_skipped"] += 1
+            return
+        payload = bytes(byte_view(buf)[: header.payload_len])  # the caller may reuse its buffer
+        self._repairing += 1
+
+        async def send() -> None:
+            try:
+                for a in owners:
+                    node = self.nodes.get(a)
+                    if node is not None and self.healthy(a):
+                        res = await node.put([(header, payload)])
+                        self._own_counters["repaired" if res[0].status.ok else "repairs_failed"] += 1
+            finally:
+                self._repairing -= 1
+
+        t = asyncio.get_running_loop().create_task(send())
+        self._repairs.add(t)
+        t.add_done_callback(self._repairs.discard)
 
     # ---------------------------------------------------------------- writes
 
@@ -277,7 +315,7 @@ class ClusterClient:
         """Store each block on its ``replicas`` owners (the next healthy nodes stand in for any
         that fail). A block's result is its best replica's (STORED/EXISTS when any took it)."""
         out = [PutResult(Status.ERROR)] * len(blocks)
-        view = await self._healthy_view()
+        view = await self._healthy_view(deadline_s)
         if not blocks or not view:
             self._own_counters["dropped_writes"] += len(blocks)
             return out
@@ -320,7 +358,7 @@ class ClusterClient:
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
         out = [False] * len(keys)
-        view = await self._healthy_view()
+        view = await self._healthy_view(deadline_s)
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
@@ -346,7 +384,7 @@ class ClusterClient:
     async def close(self) -> None:
         """Stop probing and watching; close every node client. Later calls are misses."""
         self._closed = True
-        for t in self._probes.values():
+        for t in [*self._probes.values(), *self._repairs]:
             t.cancel()
         await self.membership.close()
         await asyncio.gather(*(n.close() for n in self.nodes.values()))

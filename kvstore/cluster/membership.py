@@ -76,9 +76,9 @@ class Membership:
     def members(self) -> tuple[Member, ...]:
         return self._members
 
-    async def start(self) -> None:
-        """Load the first view. Never raises for an unreachable service (the view stays empty
-        until it answers)."""
+    async def start(self, wait_s: float = 2.0) -> None:
+        """Load the first view, waiting up to ``wait_s`` for it. Never raises for an
+        unreachable service (the view stays empty until it answers)."""
 
     async def close(self) -> None:
         """Stop watching; ``members`` keeps its last value."""

@@ -12,6 +12,7 @@ from storeutil import make_blocks
 from kvstore.client import ClientConfig, NodeClient
 from kvstore.cluster.client import ClusterClient, ClusterConfig
 from kvstore.cluster.etcd_membership import EtcdMembership
+from kvstore.cluster.membership import Member, Membership
 from kvstore.cluster.placement import owners
 from kvstore.keys import Namespace
 from kvstore.results import Status
@@ -151,3 +152,29 @@ def test_cluster_join_flag_rejects_a_bad_url(tmp_path):
 def test_cluster_config_names_bad_values(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ClusterConfig(**bad)
+
+
+class Settable(Membership):
+    """A membership the test changes by hand (what etcd's watch does in production)."""
+
+    def set(self, addrs) -> None:
+        self._set([Member(a) for a in addrs])
+
+
+async def test_cluster_read_repair_keeps_hits_across_two_joins(start_daemon):
+    ds = [start_daemon(use_disk=False) for _ in range(4)]
+    m = Settable()
+    m.set([d.addr for d in ds[:2]])
+    c = ClusterClient(m, FAST, ClusterConfig(replicas=1, lookahead=1, probe_interval_s=0.1))
+    blocks = make_blocks(120, NBYTES, seed=41, ns=NS)
+    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    m.set([d.addr for d in ds[:3]])  # about 1/3 of the blocks now belong to node 3
+    assert (await read_all(c, blocks))[0] == len(blocks)  # found one rank further
+    end = time.monotonic() + 5
+    while c._repairing:
+        assert time.monotonic() < end
+        await asyncio.sleep(0.05)
+    assert 20 < c.counters["repaired"] < 70, c.counters
+    m.set([d.addr for d in ds])  # a second join: without the repair some blocks would be two ranks away
+    assert (await read_all(c, blocks))[0] == len(blocks)
+    await c.close()
