@@ -74,6 +74,7 @@ class DramSection:
     capacity: Size = Size(1024**3)  # reserved lazily: untouched pages cost nothing
     slab_size: Size = Size(32 * 1024**2)  # the largest block the tier takes
     pin: Literal["auto", "true", "false"] = "auto"  # page-lock via torch/CUDA when available
+    prefault: bool = False  # fault the whole buffer in at start: full-speed first writes, RSS = capacity
 
 
 @dataclass(frozen=True)

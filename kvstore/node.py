@@ -61,7 +61,8 @@ class NodeStore(NodeInspection):
         if cfg.hbm.capacity:
             memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
         if cfg.dram.capacity:
-            arena = HostArena(cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size, cfg.dram.pin)
+            size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
+            arena = HostArena(size, cfg.dram.pin, cfg.dram.prefault)
             memory.append(MemoryTier("dram", arena, cfg.dram.slab_size))
         disk = None
         if cfg.disk.enabled:

@@ -21,9 +21,10 @@ log = logging.getLogger("tierkv.arena")
 
 class HostArena:
     """``size`` bytes of host memory. ``pin``: "auto" pins when torch sees CUDA, "true" requires
-    it (TierError otherwise), "false" never pins."""
+    it (TierError otherwise), "false" never pins. ``prefault`` maps every page at start (pinned
+    memory always is)."""
 
-    def __init__(self, size: int, pin: str = "auto") -> None:
+    def __init__(self, size: int, pin: str = "auto", prefault: bool = False) -> None:
         self.size = size
         self.pinned = False
         self._tensor = None
@@ -36,7 +37,10 @@ class HostArena:
             self.pinned = True
             self.view = memoryview(self._tensor.numpy()).cast("B")
         else:
-            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            # A fresh page costs a fault on first write (~0.2 GB/s against ~5 GB/s once mapped);
+            # MAP_POPULATE takes that cost once, at start.
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if prefault else 0)
+            self._mmap = mmap.mmap(-1, size, flags=flags)
             self.view = memoryview(self._mmap)
 
     @property
