@@ -155,8 +155,10 @@ def import_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike) -> str
         raise ModelLoadError(f"import-gguf needs the 'gguf' extra (transformers, gguf): {exc}") from exc
     folder, name = os.path.split(os.path.abspath(path))
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, local_files_only=True
+        )
     except Exception as exc:  # transformers raises many types for a bad file
         raise ModelLoadError(f"{path}: transformers cannot read this GGUF file: {exc}") from exc
     out = os.fspath(out_dir)
