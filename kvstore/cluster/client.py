@@ -35,9 +35,10 @@ from typing import Any
 
 from kvstore.block import BlockHeader
 from kvstore.client import ClientConfig, NodeClient
-from kvstore.client_conn import byte_view
+from kvstore.cluster.health import Health
 from kvstore.cluster.membership import Membership, StaticMembership
 from kvstore.cluster.placement import Node, rank
+from kvstore.cluster.repair import Repairer
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, PutResult, Status
 
@@ -82,8 +83,7 @@ class ClusterClient:
         self.cfg = cfg or ClusterConfig()
         self.nodes: dict[str, NodeClient] = {}
         self._weights: dict[str, Node] = {}
-        self._suspect: set[str] = set()
-        self._probes: dict[str, asyncio.Task] = {}
+        self.health = Health(self.nodes, self.cfg.probe_interval_s, self.cfg.probe_deadline_s)
         self._seen = -1
         self._view: list[Node] = []
         self._view_key: tuple = ()
@@ -91,8 +91,7 @@ class ClusterClient:
         self._own_counters: Counter[str] = Counter()
         self._started = False
         self._closed = False
-        self._repairs: set[asyncio.Task] = set()
-        self._repairing = 0
+        self.repairer = Repairer(self.nodes, self.healthy, self.cfg.repair_max_blocks)
 
     @classmethod
     def static(cls, addrs: Sequence[str], client_cfg=None, cfg=None) -> ClusterClient:
@@ -123,7 +122,7 @@ class ClusterClient:
         for addr in list(self.nodes):
             if addr not in current:
                 node = self.nodes.pop(addr)
-                self._suspect.discard(addr)
+                self.health.forget(addr)
                 self._weights.pop(addr, None)
                 asyncio.get_running_loop().create_task(node.close())
                 log.info("event=member_left node=%s", addr)
@@ -134,8 +133,7 @@ class ClusterClient:
             self._weights[addr] = m.node
 
     def healthy(self, addr: str) -> bool:
-        node = self.nodes.get(addr)
-        return node is not None and node.up and addr not in self._suspect
+        return self.health.healthy(addr)
 
     async def _healthy_view(self, deadline_s: float | None = None) -> list[Node]:
         if not self._started:
@@ -156,33 +154,11 @@ class ClusterClient:
             self._ranks[key.raw] = ids
         return ids
 
-    def _after_call(self, addr: str) -> None:
-        """A node that went down during a call stays out until a timely probe answers."""
-        node = self.nodes.get(addr)
-        if node is None or node.up or addr in self._suspect:
-            return
-        self._suspect.add(addr)
-        self._own_counters["marked_down"] += 1
-        if addr not in self._probes or self._probes[addr].done():
-            self._probes[addr] = asyncio.get_running_loop().create_task(self._probe(addr))
-
-    async def _probe(self, addr: str) -> None:
-        while not self._closed and addr in self.nodes:
-            await asyncio.sleep(self.cfg.probe_interval_s)
-            node = self.nodes.get(addr)
-            if node is None or not node.up:
-                continue  # the node client reconnects by itself first
-            if await node.stats(self.cfg.probe_deadline_s) is not None:
-                self._suspect.discard(addr)
-                self._own_counters["marked_up"] += 1
-                log.info("event=cluster_node_up node=%s", addr)
-                return
-
     async def _fan(self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable]):
         addrs = list(groups)
         results = await asyncio.gather(*(call(self.nodes[a], groups[a]) for a in addrs))
         for a in addrs:
-            self._after_call(a)
+            self.health.after_call(a)
         return zip(addrs, results)
 
     # ---------------------------------------------------------------- lookups
@@ -274,38 +250,14 @@ class ClusterClient:
                 for i, r in zip(groups[addr], res):
                     out[i] = r
                     pos[i] += 1
-                    if r.status is Status.MISS and addr in cands[i][: self.cfg.replicas]:
+                    owner = addr in cands[i][: self.cfg.replicas]
+                    if r.status is Status.MISS and owner:
                         missed.setdefault(i, []).append(addr)
-                    elif r.status is Status.HIT and i in missed and addr not in cands[i][: self.cfg.replicas]:
-                        self._repair(missed[i], out[i].header, bufs[i])
+                    elif r.status is Status.HIT and i in missed and not owner and self.cfg.read_repair:
+                        self.repairer.offer(missed[i], r.header, bufs[i])
                     if r.status is not Status.HIT and r.status is not Status.BUF_TOO_SMALL:
                         pending.append(i)
         return out
-
-    def _repair(self, owners: list[str], header: BlockHeader | None, buf: Any) -> None:
-        """Hand a block found past its owners (they changed when a node joined) to the owners
-        that missed it, in the background; bounded, best effort, counted."""
-        if not self.cfg.read_repair or header is None or self._closed:
-            return
-        if self._repairing >= self.cfg.repair_max_blocks:
-            self._own_counters["repairs_skipped"] += 1
-            return
-        payload = bytes(byte_view(buf)[: header.payload_len])  # the caller may reuse its buffer
-        self._repairing += 1
-
-        async def send() -> None:
-            try:
-                for a in owners:
-                    node = self.nodes.get(a)
-                    if node is not None and self.healthy(a):
-                        res = await node.put([(header, payload)])
-                        self._own_counters["repaired" if res[0].status.ok else "repairs_failed"] += 1
-            finally:
-                self._repairing -= 1
-
-        t = asyncio.get_running_loop().create_task(send())
-        self._repairs.add(t)
-        t.add_done_callback(self._repairs.discard)
 
     # ---------------------------------------------------------------- writes
 
@@ -371,7 +323,7 @@ class ClusterClient:
 
     @property
     def counters(self) -> Counter[str]:
-        total: Counter[str] = Counter(self._own_counters)
+        total: Counter[str] = Counter(self._own_counters) + self.health.counters + self.repairer.counters
         for n in self.nodes.values():
             total.update(n.counters)
         return total
@@ -384,8 +336,8 @@ class ClusterClient:
     async def close(self) -> None:
         """Stop probing and watching; close every node client. Later calls are misses."""
         self._closed = True
-        for t in [*self._probes.values(), *self._repairs]:
-            t.cancel()
+        self.health.close()
+        self.repairer.close()
         await self.membership.close()
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
         self._weights.clear()

@@ -171,7 +171,7 @@ async def test_cluster_read_repair_keeps_hits_across_two_joins(start_daemon):
     m.set([d.addr for d in ds[:3]])  # about 1/3 of the blocks now belong to node 3
     assert (await read_all(c, blocks))[0] == len(blocks)  # found one rank further
     end = time.monotonic() + 5
-    while c._repairing:
+    while c.repairer.in_flight:
         assert time.monotonic() < end
         await asyncio.sleep(0.05)
     assert 20 < c.counters["repaired"] < 70, c.counters
