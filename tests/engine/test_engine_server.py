@@ -22,26 +22,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    d = tiny_model_dir("llama-tiny")
+def start_server(model_dir: str, *extra: str):
+    """Start `kvengine serve` on a free port; returns (base URL, process) once /health answers."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "engine.cli",
-        "serve",
-        "--model",
-        d,
-        "--port",
-        str(port),
-        "--num-pages",
-        "64",
-        "--served-model-name",
-        "tiny",
-        "--device",
-        "cpu",
-    ]
+    cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model_dir, "--port", str(port)]
+    cmd += ["--num-pages", "64", "--served-model-name", "tiny", "--device", "cpu", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -50,19 +35,28 @@ def server(tiny_model_dir):
         try:
             with urllib.request.urlopen(base + "/health", timeout=1) as r:
                 if r.status == 200:
-                    break
+                    return base, proc
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             pytest.fail(f"server did not start: {proc.stdout.read()}")
         time.sleep(0.1)
-    yield base
+
+
+def stop_server(proc) -> None:
     proc.terminate()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    base, proc = start_server(tiny_model_dir("llama-tiny"))
+    yield base
+    stop_server(proc)
 
 
 @pytest.fixture
@@ -167,3 +161,43 @@ def test_engine_server_curl(server):
         ["curl", "-sf", server + "/health"], capture_output=True, text=True, timeout=30, check=True
     )
     assert json.loads(health.stdout)["status"] == "ok"
+
+
+async def test_engine_server_concurrent_streams_match_sequential(server):
+    openai = pytest.importorskip("openai")
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+    prompts = [f"request number {i} says" + " hello" * i for i in range(8)]
+    kw = dict(model="tiny", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+
+    async def one(p: str, stream: bool) -> str:
+        if not stream:
+            return (await client.completions.create(prompt=p, **kw)).choices[0].text
+        text = ""
+        async for chunk in await client.completions.create(prompt=p, stream=True, **kw):
+            text += chunk.choices[0].text
+        return text
+
+    sequential = [await one(p, False) for p in prompts]
+    concurrent = await asyncio.gather(*(one(p, True) for p in prompts))
+    assert list(concurrent) == sequential
+    await client.close()
+
+
+def test_engine_server_with_memory_connector(tiny_model_dir):
+    openai = pytest.importorskip("openai")
+    d = tiny_model_dir("llama-tiny")
+    base, proc = start_server(d, "--no-prefix-cache", "--kv-connector", "memory://?block_tokens=32")
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=30)
+        prompt = "the connector serves this prefix from its in-process store " * 2
+        kw = dict(model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+        first = client.completions.create(**kw)
+        time.sleep(0.2)  # the save runs in the background
+        second = client.completions.create(**kw)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert second.usage.prompt_tokens_details.cached_tokens >= 96  # no HBM prefix cache: the connector
+        assert second.choices[0].text == first.choices[0].text
+    finally:
+        stop_server(proc)
