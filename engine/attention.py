@@ -195,13 +195,16 @@ class TorchAttention:
         return o[:, :, 0, :]
 
 
-def make_backend(name: str, device: str, num_heads: int, num_kv_heads: int, head_dim: int):
-    """Pick an attention backend. ``auto``: flash-attn when it imports on CUDA, else Triton
-    paged decode on CUDA, else plain torch. An explicit name that cannot run raises."""
+def make_backend(
+    name: str, device: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+):
+    """Pick an attention backend. ``auto``: flash-attn when it imports on CUDA (half precision
+    only), else Triton paged decode on CUDA, else plain torch. An explicit name that cannot
+    run raises ConfigError."""
     if device.startswith("cuda") and name in ("auto", "flash_attn", "triton"):
         from engine import attention_cuda
 
-        return attention_cuda.make_cuda_backend(name, num_heads, num_kv_heads, head_dim)
+        return attention_cuda.make_cuda_backend(name, num_heads, num_kv_heads, head_dim, dtype)
     if name in ("flash_attn", "triton"):
         from engine.errors import ConfigError
 

@@ -145,10 +145,13 @@ class FlashAttention(TritonAttention):
         return o[:, 0]
 
 
-def make_cuda_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int):
-    """``auto``: flash-attn if it imports, else Triton, else torch; an explicit name that
-    cannot be built raises ConfigError naming what is missing."""
-    if name in ("auto", "flash_attn"):
+def make_cuda_backend(name: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    """``auto``: flash-attn if it imports (and the dtype is fp16/bf16, all it computes in),
+    else Triton, else torch; an explicit name that cannot be built raises ConfigError."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    if name == "flash_attn" and not half:
+        raise ConfigError(f"attention_backend 'flash_attn' needs float16 or bfloat16, got {dtype}")
+    if name == "flash_attn" or (name == "auto" and half):
         try:
             return FlashAttention(num_heads, num_kv_heads, head_dim)
         except ImportError as exc:

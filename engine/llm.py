@@ -110,7 +110,7 @@ class LLMEngine:
         num_pages = cfg.num_pages or KVCache.pages_for_budget(cfg.kv_cache_bytes, dtype=self.dtype, **shape)
         self.kv = KVCache(num_pages=num_pages, dtype=self.dtype, device=cfg.device, **shape)
         self.backend = make_backend(
-            cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim
+            cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype
         )
         ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache and self.model_dir else None
         self.bm = BlockManager(num_pages, cfg.page_size, ns)

@@ -17,7 +17,8 @@ def sample(
     for i, p in enumerate(params):
         if p.greedy:
             continue
-        row = logits[i] / p.temperature
+        # Sample on the CPU with the request's CPU generator: the same draw on every device.
+        row = logits[i].float().cpu() / p.temperature
         if p.top_k > 0 and p.top_k < row.shape[-1]:
             kth = torch.topk(row, p.top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))
