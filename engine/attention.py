@@ -155,15 +155,7 @@ class TorchAttention:
                 qpos = torch.arange(cl - ql, cl, device=q.device)[:, None]
                 mask = torch.arange(cl, device=q.device)[None, :] <= qpos
                 causal = False
-            o = F.scaled_dot_product_attention(
-                qi,
-                ki.transpose(0, 1)[None],
-                vi.transpose(0, 1)[None],
-                attn_mask=mask,
-                is_causal=causal,
-                scale=self.scale,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
+            o = self._sdpa(qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], mask, causal)
             out[start : start + ql] = o[0].transpose(0, 1)
             start += ql
         return out
@@ -184,15 +176,25 @@ class TorchAttention:
         b, n = slots.shape
         ki = kf[slots.reshape(-1)].view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         vi = vf[slots.reshape(-1)].view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q[:, :, None, :],  # [B, H, 1, D]
-            ki,
-            vi,
-            attn_mask=meta._decode_mask,
-            scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
+        o = self._sdpa(q[:, :, None, :], ki, vi, meta._decode_mask, False)  # q: [B, H, 1, D]
         return o[:, :, 0, :]
+
+    def _sdpa(self, q, k, v, mask, causal: bool) -> torch.Tensor:
+        """SDPA over [B, heads, L, D] tensors with GQA. On CPU ``enable_gqa`` (measured faster
+        than expanding); on CUDA K/V heads are expanded so the flash kernel always applies
+        (a math fallback at long context would materialise the full score matrix)."""
+        group = self.num_heads // self.num_kv_heads
+        if group > 1 and q.is_cuda:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=group > 1 and not q.is_cuda,
+        )
 
 
 def make_backend(
