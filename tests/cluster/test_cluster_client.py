@@ -178,3 +178,28 @@ async def test_cluster_read_repair_keeps_hits_across_two_joins(start_daemon):
     m.set([d.addr for d in ds])  # a second join: without the repair some blocks would be two ranks away
     assert (await read_all(c, blocks))[0] == len(blocks)
     await c.close()
+
+
+async def test_cluster_nodes_reregister_when_etcd_loses_its_data(etcd, start_daemon):
+    url = etcd.url("t3")
+    d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
+    m = EtcdMembership(url)
+    await m.start()
+    end = time.monotonic() + 5
+    while [x.addr for x in m.members] != [d.addr]:
+        assert time.monotonic() < end, m.members
+        await m.wait_changed(m.version, 0.2)
+    etcd.stop()
+    import shutil
+
+    shutil.rmtree(etcd.workdir / "etcd-data")  # a new, empty etcd: the lease is gone
+    etcd.start()
+    assert [x.addr for x in m.members] == [d.addr]  # the last known view held meanwhile
+    end = time.monotonic() + 8
+    while True:  # the watcher re-lists the empty store, the node's keepalive finds no lease and re-registers
+        kvs, _ = await m.client.range_prefix(m.target.prefix)
+        if kvs and [x.addr for x in m.members] == [d.addr]:
+            break
+        assert time.monotonic() < end, "the node did not register again"
+        await asyncio.sleep(0.2)
+    await m.close()
