@@ -143,6 +143,11 @@ class LLMEngine:
             model_fingerprint(self.model_dir), str(self.dtype).removeprefix("torch."), block_tokens
         )
 
+    @property
+    def context_capacity(self) -> int:
+        """Most tokens (prompt + output) one request may hold: the context or the whole pool."""
+        return min(self.max_model_len, self.kv.num_pages * self.config.page_size)
+
     # ---- requests -----------------------------------------------------------------------
     def add_request(
         self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None
@@ -155,7 +160,7 @@ class LLMEngine:
         if any(not (0 <= t < vocab) for t in prompt_tokens):
             raise RequestError(f"prompt has token ids outside [0, {vocab})", "prompt")
         total = len(prompt_tokens) + params.max_tokens
-        cap = min(self.max_model_len, self.kv.num_pages * self.config.page_size)
+        cap = self.context_capacity
         if total > cap:
             raise RequestError(
                 f"prompt ({len(prompt_tokens)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of {cap} tokens",

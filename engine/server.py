@@ -93,9 +93,13 @@ def _get(body: dict, name: str, types: tuple, default: Any = None) -> Any:
     return v
 
 
-def _params(body: dict, chat: bool) -> SamplingParams:
+def _params(body: dict, chat: bool, room: int) -> SamplingParams:
+    """Sampling parameters of a request; ``room`` (context left after the prompt) caps the
+    default max_tokens, while an explicit one that does not fit is an error."""
     max_tokens = _get(body, "max_completion_tokens", (int,)) if chat else None
-    max_tokens = max_tokens or _get(body, "max_tokens", (int,), 16 if not chat else 256)
+    max_tokens = max_tokens or _get(body, "max_tokens", (int,))
+    if max_tokens is None:
+        max_tokens = max(1, min(16 if not chat else 256, room))
     stop = _get(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
@@ -207,7 +211,7 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
         return await _run(body, ids, chat=True)
 
     async def _run(body: dict, ids: list[int], chat: bool):
-        params = _params(body, chat)
+        params = _params(body, chat, aeng.engine.context_capacity - len(ids))
         stream = bool(_get(body, "stream", (bool,), False))
         opts = _get(body, "stream_options", (dict,), {})
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

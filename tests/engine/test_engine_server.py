@@ -201,3 +201,13 @@ def test_engine_server_with_memory_connector(tiny_model_dir):
         assert second.choices[0].text == first.choices[0].text
     finally:
         stop_server(proc)
+
+
+def test_engine_server_default_max_tokens_fits_the_context(client):
+    # 64 pages x 16 = 1024 tokens; a 1000-token chat leaves less room than the default 256
+    msgs = [{"role": "user", "content": "y" * 990}]
+    r = client.chat.completions.create(
+        model="tiny", messages=msgs, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.usage.prompt_tokens + r.usage.completion_tokens <= 1024
+    assert r.choices[0].finish_reason == "length"
