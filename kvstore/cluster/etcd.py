@@ -30,6 +30,11 @@ class EtcdError(RuntimeError):
     """etcd did not answer or refused; names the endpoint and the operation."""
 
 
+class EtcdWatchIdle(EtcdError):
+    """A watch saw nothing for ``watch_idle_s``: reopened (after a fresh list) in case its
+    connection died silently."""
+
+
 @dataclass(frozen=True)
 class EtcdTarget:
     """A parsed ``etcd://`` URL: endpoints (``host:port``) and the cluster name."""
@@ -76,9 +81,12 @@ def prefix_end(prefix: str) -> str:
 class EtcdClient:
     """Bound to the event loop of its first call. ``timeout_s`` bounds each unary call."""
 
-    def __init__(self, endpoints: tuple[str, ...], timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, endpoints: tuple[str, ...], timeout_s: float = 2.0, watch_idle_s: float = 60.0
+    ) -> None:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
+        self.watch_idle_s = watch_idle_s
         self._session: aiohttp.ClientSession | None = None
         self._next = 0
 
@@ -148,7 +156,10 @@ class EtcdClient:
                 f"http://{ep}/v3/watch",
                 json=body,
                 timeout=aiohttp.ClientTimeout(
-                    total=None, connect=self.timeout_s, sock_connect=self.timeout_s
+                    total=None,
+                    connect=self.timeout_s,
+                    sock_connect=self.timeout_s,
+                    sock_read=self.watch_idle_s,
                 ),
             ) as r:
                 if r.status != 200:
@@ -165,7 +176,9 @@ class EtcdClient:
                     for ev in result.get("events", []):
                         kv = ev.get("kv", {})
                         yield ev.get("type", "PUT"), unb64(kv.get("key", "")), unb64(kv.get("value", ""))
-        except (aiohttp.ClientError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
+        except TimeoutError as exc:
+            raise EtcdWatchIdle(f"etcd {ep} watch: idle for {self.watch_idle_s} s") from exc
+        except (aiohttp.ClientError, ValueError, asyncio.IncompleteReadError) as exc:
             self._next += 1
             raise EtcdError(f"etcd {ep} watch: {type(exc).__name__}: {exc}") from exc
         self._next += 1

@@ -13,17 +13,23 @@ import asyncio
 import logging
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, parse_etcd_url
+from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, EtcdWatchIdle, parse_etcd_url
 from kvstore.cluster.membership import Member, Membership, MembershipError
 
 log = logging.getLogger("kvstore.cluster")
 
 
 class EtcdMembership(Membership):
-    def __init__(self, target: EtcdTarget | str, timeout_s: float = 2.0, max_backoff_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        target: EtcdTarget | str,
+        timeout_s: float = 2.0,
+        max_backoff_s: float = 2.0,
+        watch_idle_s: float = 60.0,
+    ) -> None:
         super().__init__()
         self.target = parse_etcd_url(target) if isinstance(target, str) else target
-        self.client = EtcdClient(self.target.endpoints, timeout_s)
+        self.client = EtcdClient(self.target.endpoints, timeout_s, watch_idle_s)
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.synced = asyncio.Event()
@@ -63,6 +69,9 @@ class EtcdMembership(Membership):
                     elif (m := self._parse(key, value)) is not None:
                         current[key] = m
                     self._set(list(current.values()))
+            except EtcdWatchIdle:
+                self.counters["watch_renewals"] += 1
+                continue  # a quiet cluster: list again and reopen the watch at once
             except EtcdError as exc:
                 self.counters["etcd_errors"] += 1
                 log.warning("event=etcd_unavailable error=%r keeping=%d", str(exc), len(self.members))

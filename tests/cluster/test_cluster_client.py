@@ -203,3 +203,17 @@ async def test_cluster_nodes_reregister_when_etcd_loses_its_data(etcd, start_dae
         assert time.monotonic() < end, "the node did not register again"
         await asyncio.sleep(0.2)
     await m.close()
+
+
+async def test_cluster_idle_watch_is_renewed_and_still_sees_joins(etcd, start_daemon):
+    url = etcd.url("t4")
+    m = EtcdMembership(url, watch_idle_s=0.3)
+    await m.start()
+    await asyncio.sleep(1.0)  # nothing happens: the watch is reopened after a fresh list
+    assert m.counters["watch_renewals"] >= 2 and m.counters["etcd_errors"] == 0
+    d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
+    end = time.monotonic() + 5
+    while [x.addr for x in m.members] != [d.addr]:
+        assert time.monotonic() < end, m.members
+        await m.wait_changed(m.version, 0.2)
+    await m.close()
