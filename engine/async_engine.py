@@ -99,8 +99,18 @@ class AsyncEngine:
         self._pool.shutdown(wait=True)
 
     def check_integrity(self) -> None:
-        """Pool integrity with every live request and every page held for a save."""
+        """Pool integrity with every live request and every page held for a save. Call it
+        only while no step runs (tests between requests); else use :meth:`verify`."""
         self.engine.check_integrity(list(self._held.values()))
+
+    async def verify(self) -> None:
+        """Run :meth:`check_integrity` on the loop between two steps; raises
+        PoolIntegrityError if the pool is inconsistent."""
+        await self.start()
+        fut = asyncio.get_running_loop().create_future()
+        self._events.append(("check", fut))
+        self._kick()
+        await fut
 
     # ---- requests -----------------------------------------------------------------------
     async def generate(
@@ -199,6 +209,12 @@ class AsyncEngine:
                 self.engine.abort(ev[1])
             elif kind == "release":
                 self.engine.release(ev[1])
+            elif kind == "check":
+                try:
+                    self.check_integrity()
+                    ev[1].set_result(None)
+                except Exception as exc:  # handed to the caller of verify()
+                    ev[1].set_exception(exc)
 
     def _after_step(self, outs) -> None:
         eng = self.engine

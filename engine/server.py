@@ -154,8 +154,15 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
         return body
 
     @app.get("/health")
-    async def health():
-        return {"status": "ok"}
+    async def health(check_pool: bool = False):
+        """Liveness; with ``?check_pool=true`` also the page pool's integrity check."""
+        if not check_pool:
+            return {"status": "ok"}
+        try:
+            await aeng.verify()
+        except AssertionError as exc:
+            return JSONResponse({"status": "error", "pool": str(exc)}, status_code=500)
+        return {"status": "ok", "pool": "ok"}
 
     @app.get("/metrics")
     async def prom():

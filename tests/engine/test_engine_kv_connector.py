@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.async_engine import AsyncEngine
+from engine.block_manager import PoolIntegrityError
 from engine.config import EngineConfig
 from engine.errors import ConnectorError
 from engine.kv_cache import KVCache
@@ -141,7 +142,11 @@ async def test_engine_no_connector_is_unchanged(tiny_model_dir):
         assert toks == reference(d, prompt) and cached == 0
         toks2, cached2, _ = await run(aeng, prompt)
         assert toks2 == toks and cached2 == 32  # the engine's own prefix cache
-        aeng.check_integrity()
+        await aeng.verify()
+        aeng.engine.bm.refcount[0] += 1  # corrupt it: verify must notice
+        with pytest.raises(PoolIntegrityError):
+            await aeng.verify()
+        aeng.engine.bm.refcount[0] -= 1
     finally:
         await aeng.stop()
 

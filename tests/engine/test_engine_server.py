@@ -59,6 +59,16 @@ def server(tiny_model_dir):
     stop_server(proc)
 
 
+@pytest.fixture(autouse=True)
+def pool_stays_consistent(request):
+    """After every test that used the shared server: its page pool passes the integrity check."""
+    yield
+    if "server" in request.fixturenames:
+        base = request.getfixturevalue("server")
+        with urllib.request.urlopen(base + "/health?check_pool=true", timeout=10) as r:
+            assert json.loads(r.read()) == {"status": "ok", "pool": "ok"}
+
+
 @pytest.fixture
 def client(server):
     openai = pytest.importorskip("openai")
@@ -199,6 +209,8 @@ def test_engine_server_with_memory_connector(tiny_model_dir):
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         assert second.usage.prompt_tokens_details.cached_tokens >= 96  # no HBM prefix cache: the connector
         assert second.choices[0].text == first.choices[0].text
+        with urllib.request.urlopen(base + "/health?check_pool=true", timeout=10) as r:
+            assert json.loads(r.read())["pool"] == "ok"
     finally:
         stop_server(proc)
 
