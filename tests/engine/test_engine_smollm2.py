@@ -63,3 +63,18 @@ def test_engine_smollm2_chat_template_matches_transformers(smol, smol_dir):
     if isinstance(ref, dict) or hasattr(ref, "input_ids"):
         ref = ref["input_ids"]
     assert eng.tokenizer.apply_chat_template(msgs) == list(ref)
+
+
+def test_engine_smollm2_prefix_hit_and_chunking_keep_greedy_text(smol):
+    eng, _ = smol
+    base = eng.tokenizer.encode("Here is a short story about a lighthouse keeper who finds a bottle. " * 3)
+    sp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    [cold] = eng.generate([base], sp)
+    [warm] = eng.generate([base], sp)
+    assert warm.num_cached_tokens > 0 and warm.output_tokens == cold.output_tokens
+    chunked = LLMEngine(
+        eng.model_dir, EngineConfig(num_pages=64, max_num_batched_tokens=13, enable_prefix_cache=False)
+    )
+    [c] = chunked.generate([base], sp)
+    assert c.output_tokens == cold.output_tokens
+    chunked.check_integrity()
