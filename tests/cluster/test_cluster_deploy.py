@@ -43,8 +43,8 @@ def test_cluster_deploy_systemd_units(path):
     unit.optionxform = str
     unit.read(path)
     argv = shlex.split(unit["Service"]["ExecStart"])
-    assert Path(argv[0]).name == "kvstore"
-    check_kvstore_args(argv[1:])
+    assert Path(argv[0]).name in ("kvstore", "kvengine")
+    (check_kvstore_args if Path(argv[0]).name == "kvstore" else check_engine_args)(argv[1:])
     assert unit["Service"]["KillSignal"] == "SIGTERM" and unit["Service"]["Restart"] == "on-failure"
     assert unit["Service"]["User"] and unit["Service"]["StateDirectory"]
 
