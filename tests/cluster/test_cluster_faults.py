@@ -139,7 +139,7 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
     assert await load.read(stored[0]) == BLOCKS  # the other replicas answer
     first = time.monotonic() - t0
     print(f"first request after the partition took {first:.3f} s (deadline {deadline} s)")
-    assert first <= deadline + 0.25, first  # the lookup's deadline, then the read skips it
+    assert first <= deadline + 0.3, first  # the lookup's deadline, then the read skips it
     assert victim.addr not in c.live_addrs()
     load.reset()
     for p in stored:
@@ -176,7 +176,7 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
             assert slow.addr not in c.live_addrs()  # probes answer too late: it stays out
     assert not load.failed
     print(f"slowest request with a slow node: {load.slowest:.3f} s (deadline {deadline} s)")
-    assert load.slowest <= deadline + 0.2, load.slowest  # one deadline, once
+    assert load.slowest <= deadline + 0.3, load.slowest  # one deadline, once
     hosts.net.heal(slow.host)
     await until(lambda: slow.addr in c.live_addrs(), 10.0, "the node to be fast again")
     await c.close()
