@@ -30,7 +30,7 @@ class ConnectorConfig:
     save_deadline_s: float = 5.0
     policy: Literal["auto", "always", "never"] = "auto"
     save: bool = True
-    save_queue_blocks: int = 256  # a full queue drops writes instead of stalling inference
+    save_queue_bytes: Size = Size(512 << 20)  # host memory for blocks waiting to be written
     load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
     load_parallel: int = 4
     tenant: str = ""  # the tenant the token belongs to: keys are computed in its salted namespace
@@ -89,7 +89,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
             raise ConfigError(f"--kv-connector {url!r}: {key} must be > 0")
     if (
         cfg.block_tokens < 0
-        or cfg.save_queue_blocks < 1
+        or cfg.save_queue_bytes < 1
         or cfg.load_batch_blocks < 1
         or cfg.load_parallel < 1
         or cfg.replicas < 1

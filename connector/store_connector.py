@@ -66,6 +66,8 @@ class StoreConnector(KVConnector):
         self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()
         self._stored: OrderedDict[bytes, None] = OrderedDict()
         self._queue: asyncio.Queue | None = None
+        self._queued_bytes = 0
+        self._space: asyncio.Event | None = None
         self._saver: asyncio.Task | None = None
         self._inflight_saves = 0
         self._staging: list[torch.Tensor] = []
@@ -231,12 +233,25 @@ class StoreConnector(KVConnector):
         n = len(page_ids) // ppb
         keys = self._chain(request.token_ids, n)
         if self._queue is None:
-            self._queue = asyncio.Queue(self.cfg.save_queue_blocks)
+            self._queue = asyncio.Queue()
+            self._space = asyncio.Event()
             self._saver = asyncio.create_task(self._save_loop(), name="kv-connector-saver")
+        deadline = time.monotonic() + self.cfg.save_deadline_s
         parent = self.ns.id
         for j, key in enumerate(keys):
             if key.raw not in self._stored:
-                if self._queue.full():
+                # Bounded in bytes: wait for the saver to make room (the engine holds these
+                # pages meanwhile, inference goes on), and drop the rest past the deadline.
+                while (
+                    self._queued_bytes and self._queued_bytes + self.block_bytes > self.cfg.save_queue_bytes
+                ):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._space.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._space.wait(), left)
+                if self._queued_bytes and self._queued_bytes + self.block_bytes > self.cfg.save_queue_bytes:
                     self.metrics.dropped_saves.labels("queue_full").inc(
                         sum(1 for k in keys[j:] if k.raw not in self._stored)
                     )
@@ -253,7 +268,10 @@ class StoreConnector(KVConnector):
                     payload=payload,
                 )
                 self._queue.put_nowait((h, payload))
+                self._queued_bytes += self.block_bytes
                 self._remember(self._stored, key.raw, None, _KNOWN_STORED_MAX)  # in flight counts as stored
+                if j % 8 == 7:
+                    await asyncio.sleep(0)  # long prompts: let the saver and the engine loop run
             parent = key
         self.metrics.save_queue.set(self._queue.qsize())
 
@@ -280,6 +298,8 @@ class StoreConnector(KVConnector):
                         r.status.name.lower() if r is not None else "error"
                     ).inc()
             self._inflight_saves = 0
+            self._queued_bytes -= len(batch) * self.block_bytes
+            self._space.set()
             for _ in batch:
                 q.task_done()
             self.metrics.save_queue.set(q.qsize())

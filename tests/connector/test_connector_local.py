@@ -129,3 +129,17 @@ async def test_concurrent_requests_share_prefixes(tiny_model, tmp_path):
         a.check_integrity()
     finally:
         await a.stop()
+
+
+async def test_save_waits_for_room_in_a_small_queue(tiny_model, tmp_path):
+    """A queue bounded to (less than) one block still stores a long prompt, block by block."""
+    d = tiny_model()
+    prompt = _prompt(150, 8)
+    a = make_engine(d, f"local://{tmp_path}/s?save_queue_bytes=1&policy=always&lookup_deadline_s=5")
+    try:
+        await run(a, prompt)
+        assert await a.connector.flush()
+        assert a.connector.metrics.value("tierkv_connector_saved_blocks_total") == 9
+        assert a.connector.metrics.value("tierkv_connector_dropped_saves_total", cause="queue_full") == 0
+    finally:
+        await a.stop()
