@@ -18,6 +18,8 @@ import socket
 from collections import Counter
 from collections.abc import Sequence
 
+import msgpack
+
 from kvstore.block import BlockHeader, checksum
 from kvstore.config import StoreConfig
 from kvstore.errors import BlockFormatError
@@ -32,6 +34,17 @@ from kvstore.tiers.memory import MemoryTier
 log = logging.getLogger("tierkv.node")
 
 _MAX_EVICTIONS_PER_ALLOC = 64
+
+
+def _header_namespace(raw) -> bytes | None:
+    """The ``ns`` field of an encoded header, without building a BlockHeader."""
+    if raw is None:
+        return None
+    try:
+        ns = msgpack.unpackb(raw, raw=False).get("ns")
+    except Exception:  # a header that does not parse belongs to no namespace
+        return None
+    return ns if isinstance(ns, bytes) else None
 
 
 class NodeStore(NodeInspection):
@@ -208,6 +221,26 @@ class NodeStore(NodeInspection):
             tier.evictions += 1
             self.counters[f"evictions_{tier.name}"] += 1
         return tier.can_alloc(plen, hlen)
+
+    async def namespaces(self, keys: Sequence[BlockKey]) -> list[bytes | None]:
+        """The namespace id (raw 16 bytes) of each stored block, None where absent or
+        unreadable. Reads headers only (no payload, no full decode): the daemon's per-tenant
+        visibility check on every EXISTS/DELETE."""
+        out: list[bytes | None] = [None] * len(keys)
+        disk_idx = []
+        for i, key in enumerate(keys):
+            t = self._where(key.raw)
+            if t is None:
+                continue
+            if t is self.disk:
+                disk_idx.append(i)
+            else:
+                out[i] = _header_namespace(t.header_sync(key.raw))
+        if disk_idx:
+            raws = await self.disk.read_headers([keys[i].raw for i in disk_idx])
+            for i, raw in zip(disk_idx, raws):
+                out[i] = _header_namespace(raw)
+        return out
 
     # ------------------------------------------------------------------ writes
     async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:

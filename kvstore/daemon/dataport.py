@@ -223,13 +223,13 @@ class DataServer(DescriptorOps):
 
     async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
         """Per key: its tier when stored and in one of the session's namespaces, else None."""
-        out: list[str | None] = []
-        for key, tier in zip(keys, tiers):
-            if tier is not None:
-                d = await self.node.describe(key)
-                if d is None or not sess.allows(d[0]):
-                    tier = None
-            out.append(tier)
+        present = [i for i, t in enumerate(tiers) if t is not None]
+        out: list[str | None] = [None] * len(keys)
+        if present:
+            nss = await self.node.namespaces([keys[i] for i in present])
+            for i, ns in zip(present, nss):
+                if ns is not None and ns in sess.namespaces:
+                    out[i] = tiers[i]
         return out
 
     async def _op_exists(self, ch, sess, rid, h, plen) -> None:

@@ -194,6 +194,15 @@ class DiskTier:
         with self.env.begin() as txn:
             return txn.get(key, db=self._hdr)
 
+    async def read_headers(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Encoded headers of ``keys`` (None where absent), in one read transaction."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._read_headers, list(keys))
+
+    def _read_headers(self, keys: list[bytes]) -> list[bytes | None]:
+        with self.env.begin() as txn:
+            return [txn.get(k, db=self._hdr) for k in keys]
+
     # ------------------------------------------------------------------ writes
     async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
         """Store (key, header, payload) triples in one transaction, evicting least recently
