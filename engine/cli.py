@@ -76,7 +76,12 @@ def cmd_serve(a) -> int:
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
 
-    aeng = AsyncEngine.from_model(a.model, _config(a), a.kv_connector)
+    url = a.kv_connector
+    if a.kv_connector_config:
+        from urllib.parse import quote
+
+        url += ("&" if "?" in url else "?") + "config=" + quote(a.kv_connector_config)
+    aeng = AsyncEngine.from_model(a.model, _config(a), url)
     name = a.served_model_name or os.path.basename(os.path.normpath(a.model))
     app = create_app(aeng, name)
     print(
@@ -184,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-connector",
         default="none",
         help="none | memory:// | kvstore://host:port,... | local://PATH | etcd://...",
+    )
+    s.add_argument(
+        "--kv-connector-config",
+        default=None,
+        metavar="TOML",
+        help="connector options from a TOML file (the URL's query overrides them); see docs/connector.md",
     )
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--log-level", default="warning")

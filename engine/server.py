@@ -78,6 +78,11 @@ class Metrics:
         pages_used.set_function(lambda: aeng.engine.bm.num_used)
         pages_total = Gauge("tierkv_engine_pages_total", "KV pages in the pool", registry=r)
         pages_total.set_function(lambda: aeng.engine.kv.num_pages)
+        # The connector's own metrics (hit tokens by tier, load latency, fallbacks...) are
+        # exported here too when it keeps them in a registry of its own.
+        conn_registry = getattr(getattr(aeng.connector, "metrics", None), "registry", None)
+        if conn_registry is not None:
+            r.register(conn_registry)
         cached = Gauge("tierkv_engine_pages_cached", "Unreferenced pages kept for prefix reuse", registry=r)
         cached.set_function(lambda: len(aeng.engine.bm.lru))
 

@@ -41,8 +41,9 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return out
 
 
-async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[int]]) -> list[tuple[str, int]]:
-    """Start a server with ``connector``, send ``prompts`` 8 at a time: [(text, cached_tokens)]."""
+async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[int]]):
+    """Start a server with ``connector``, send ``prompts`` 8 at a time. Returns
+    ([(text, cached_tokens)], the server's /metrics text at the end)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model_dir, "--port", str(port),
            "--device", "cpu", "--num-pages", "512", "--no-prefix-cache", "--kv-connector", connector,
@@ -83,7 +84,9 @@ async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[in
                         j = await r.json()
                         return j["choices"][0]["text"], j["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-            return await asyncio.gather(*(one(p) for p in prompts))
+            results = await asyncio.gather(*(one(p) for p in prompts))
+            async with http.get(base + "/metrics") as r:
+                return results, await r.text()
     finally:
         proc.terminate()
         try:
@@ -97,12 +100,21 @@ async def test_200_random_prompts_through_the_server(tiny_model, start_daemon):
     d = tiny_model()
     node = start_daemon()
     prompts = _prompts(200, 11)
-    want = await _serve_and_query(d, "none", prompts)
+    want, _ = await _serve_and_query(d, "none", prompts)
     assert all(c == 0 for _, c in want)
     # policy=always: for a tiny model the cost model rightly prefers recompute; here the loads
     # themselves are under test
-    got = await _serve_and_query(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompts)
+    got, metrics = await _serve_and_query(
+        d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompts
+    )
     mismatches = [i for i, (g, w) in enumerate(zip(got, want)) if g[0] != w[0]]
     assert mismatches == [], f"{len(mismatches)} of 200 differ: {mismatches[:10]}"
     hits = sum(c for _, c in got)
     assert hits > 16 * 200, f"too few store hits to mean anything ({hits} tokens)"
+    # the connector's metrics are on the server's /metrics, and agree with the usage counts
+    line = next(
+        x
+        for x in metrics.splitlines()
+        if x.startswith('tierkv_connector_hit_tokens_total{tier="remote:dram"}')
+    )
+    assert float(line.split()[-1]) == hits
