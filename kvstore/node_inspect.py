@@ -108,6 +108,7 @@ class NodeInspection:
                     else:
                         t.remove(k)
                     dropped += 1
+                    self.counters["checksum_failures"] += 1  # like the read path: once per dropped copy
         return {"checked": checked, "corrupt": corrupt, "dropped": dropped}
 
     async def _copy_ok(self, tier, key: bytes) -> bool:
