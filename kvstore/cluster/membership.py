@@ -24,12 +24,13 @@ class MembershipError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Member:
     """One storage node: its data address (``host:port``), capacity in bytes (0: unknown, weight
-    1), zone and name."""
+    1), zone, name and admin address (``host:port`` of its admin HTTP port; "" when unknown)."""
 
     addr: str
     capacity: int = 0
     zone: str = ""
     name: str = ""
+    admin: str = ""
 
     def __post_init__(self) -> None:
         host, sep, port = self.addr.rpartition(":")
@@ -45,7 +46,13 @@ class Member:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"addr": self.addr, "capacity": self.capacity, "zone": self.zone, "name": self.name},
+            {
+                "addr": self.addr,
+                "capacity": self.capacity,
+                "zone": self.zone,
+                "name": self.name,
+                "admin": self.admin,
+            },
             sort_keys=True,
         )
 
@@ -59,6 +66,7 @@ class Member:
                 capacity=int(doc.get("capacity", 0)),
                 zone=str(doc.get("zone", "")),
                 name=str(doc.get("name", "")),
+                admin=str(doc.get("admin", "")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MembershipError(f"bad member record {text!r}: {exc}") from exc

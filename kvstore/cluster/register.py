@@ -86,14 +86,16 @@ class Registration:
         await self.client.close()
 
 
-def member_of(cfg: StoreConfig, host: str, data_port: int) -> Member:
-    """This node's record: ``cluster.advertise`` or the bound address; capacity = DRAM + disk."""
+def member_of(cfg: StoreConfig, host: str, data_port: int, admin_port: int = 0) -> Member:
+    """This node's record: ``cluster.advertise`` or the bound address; capacity = DRAM + disk;
+    the admin address on the same host (for the inspection CLI's ``--cluster``)."""
     addr = cfg.cluster.advertise or f"{host}:{data_port}"
     if not cfg.cluster.advertise and host in ("0.0.0.0", "::", ""):
         raise ConfigError("cluster.advertise: required when server.host is a wildcard address")
     capacity = cfg.dram.capacity + (cfg.disk.capacity if cfg.disk.enabled else 0)
     try:
-        return Member(addr, capacity, cfg.node.zone, cfg.node.name or socket.gethostname())
+        admin = f"{addr.rpartition(':')[0]}:{admin_port}" if admin_port else ""
+        return Member(addr, capacity, cfg.node.zone, cfg.node.name or socket.gethostname(), admin)
     except MembershipError as exc:
         raise ConfigError(f"cluster.advertise: {exc}") from exc
 
@@ -112,7 +114,9 @@ async def serve_joined(cfg: StoreConfig) -> None:
     target = target_of(cfg)  # a bad URL fails before anything is opened
     daemon = await Daemon.start(cfg)
     daemon.install_signals()
-    reg = Registration(target, member_of(cfg, daemon.host, daemon.data_port), cfg.cluster.lease_ttl_s)
+    reg = Registration(
+        target, member_of(cfg, daemon.host, daemon.data_port, daemon.admin_port), cfg.cluster.lease_ttl_s
+    )
     await reg.start()
     try:
         await daemon.run_until_stopped()

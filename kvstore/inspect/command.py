@@ -44,7 +44,7 @@ def common_options() -> argparse.ArgumentParser:
     g.add_argument(
         "--cluster",
         metavar="etcd://HOST:PORT/NAME",
-        help="discover nodes from etcd: not available yet (exits 2); use --node",
+        help="ask every node registered in this etcd cluster (kvstore serve --join); combines with --node",
     )
     g.add_argument(
         "--token-file",
@@ -60,15 +60,48 @@ def common_options() -> argparse.ArgumentParser:
     return p
 
 
+def _cluster_admin_urls(url: str, timeout_s: float) -> list[str]:
+    """Admin URLs of the nodes registered under an ``etcd://`` cluster URL. UsageError naming
+    the URL when it is bad, etcd does not answer, or no node registered an admin address."""
+    from kvstore.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url
+    from kvstore.cluster.membership import Member, MembershipError
+    from kvstore.inspect.admin_client import UsageError
+
+    try:
+        target = parse_etcd_url(url)
+    except MembershipError as exc:
+        raise UsageError(f"--cluster: {exc}") from exc
+
+    async def read() -> list[bytes]:
+        client = EtcdClient(target.endpoints, timeout_s=timeout_s)
+        try:
+            kvs, _ = await client.range_prefix(target.prefix)
+            return [v for _, v in kvs]
+        finally:
+            await client.close()
+
+    try:
+        records = asyncio.run(read())
+    except EtcdError as exc:
+        raise UsageError(f"--cluster {url}: {exc}") from exc
+    urls = []
+    for raw in records:
+        try:
+            m = Member.from_json(raw)
+        except MembershipError:
+            continue
+        if m.admin:
+            urls.append(f"http://{m.admin}")
+    if not urls:
+        raise UsageError(f"--cluster {url}: no node of this cluster registered an admin address")
+    return urls
+
+
 def _resolve(args: argparse.Namespace) -> tuple[list[str], str]:
     from kvstore.inspect.admin_client import UsageError, normalize_url, read_token
 
     if args.cluster:
-        raise UsageError(
-            f"--cluster {args.cluster}: node discovery from etcd is not available in this CLI yet "
-            "(cluster records hold data addresses, not admin URLs); pass each node's admin URL "
-            "with --node URL instead"
-        )
+        args.node = [*(args.node or []), *_cluster_admin_urls(args.cluster, args.timeout)]
     if not args.node:
         raise UsageError(
             "no node given: pass --node URL (the admin URL of a node, e.g. http://127.0.0.1:7401)"

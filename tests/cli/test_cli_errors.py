@@ -82,10 +82,11 @@ def test_tokens(cli, authed, tmp_path):
 def test_usage_errors(cli):
     r = cli("ls")
     assert r.code == 2 and "no node given: pass --node URL" in r.err
-    r = cli("ls", "--cluster", "etcd://127.0.0.1:2379/prod")
-    assert r.code == 2 and "--cluster etcd://127.0.0.1:2379/prod" in r.err and "--node" in r.err
-    r = cli("stats", "--cluster", "etcd://127.0.0.1:2379/prod", "--json")
+    r = cli("ls", "--cluster", "etcd://127.0.0.1:1/prod", "--timeout", "1")  # nothing listens on port 1
+    assert r.code == 2 and "--cluster etcd://127.0.0.1:1/prod" in r.err
+    r = cli("stats", "--cluster", "etcd://127.0.0.1:1/prod", "--json", "--timeout", "1")
     assert r.code == 2 and "etcd" in r.json()["error"]["message"]
+    assert "--cluster" in cli("ls", "--cluster", "etcd://nohost").err
     assert "--node 'ftp://x'" in cli("ls", "--node", "ftp://x").err
     assert cli("ls", "--node", "127.0.0.1:1", "--timeout", "0").code == 2
     assert cli("ls", "--node", "127.0.0.1:1", "--limit", "0").code == 2
