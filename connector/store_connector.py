@@ -156,12 +156,12 @@ class StoreConnector(KVConnector):
             range(i, min(i + self.cfg.load_batch_blocks, n)) for i in range(0, n, self.cfg.load_batch_blocks)
         ]
         sem = asyncio.Semaphore(self.cfg.load_parallel)
-        bufs: list[torch.Tensor] = []
+        held: dict[int, list[torch.Tensor]] = {}  # batch start -> its staging buffers
 
         async def fetch(batch: range):
             async with sem:
                 b = [self._buffer() for _ in batch]
-                bufs.extend(b)
+                held[batch[0]] = b
                 exp = []
                 for j in batch:
                     g = first + j
@@ -190,6 +190,9 @@ class StoreConnector(KVConnector):
                     nbytes += self.block_bytes
                     done += 1
                     self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
+                # this batch's staging buffers are free again: later batches reuse them (warm
+                # pages; a load of any length touches at most batch x parallel buffers)
+                self._staging.extend(held.pop(batch[0]))
                 self.metrics.bytes_loaded.inc(nbytes)
                 if nbytes and tiers[batch[0]]:
                     self.cost.observe_load(tiers[batch[0]], nbytes, secs)
@@ -203,7 +206,8 @@ class StoreConnector(KVConnector):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._staging.extend(bufs)
+            for b in held.values():
+                self._staging.extend(b)
         if cause:
             self.metrics.fallbacks.labels(cause).inc(n - done)
             log.info(
