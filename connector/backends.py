@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from connector.config import ConnectorConfig
@@ -34,6 +34,14 @@ class Backend:
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float) -> list[PutResult]:
         raise NotImplementedError
+
+    async def get_views(
+        self, keys: Sequence[BlockKey], expect: Sequence[Expect], deadline_s: float
+    ) -> tuple[list[GetResult], list[Any], Callable[[], None]] | None:
+        """Zero-copy reads where the store shares this process: per key a result and a
+        read-only view of the payload in place (valid until ``release()`` is called). None when
+        the backend cannot (the caller falls back to :meth:`get_into`)."""
+        return None
 
     async def close(self) -> None:
         pass
@@ -90,6 +98,28 @@ class LocalBackend(Backend):
         except Exception as exc:
             log.warning("event=local_get_failed error=%r", exc)
             return [GetResult(Status.ERROR)] * len(keys)
+
+    async def get_views(self, keys, expect, deadline_s):
+        """Leases: the payload stays in its DRAM slot (a disk block is read, verified and
+        brought up first) and is read from there; ``release`` ends the leases."""
+        try:
+            node = await self._get()
+            leases = await asyncio.wait_for(node.lease(keys, max(deadline_s, 1.0) * 4), deadline_s)
+        except Exception as exc:
+            log.warning("event=local_lease_failed error=%r", exc)
+            return [GetResult(Status.ERROR)] * len(keys), [None] * len(keys), lambda: None
+        results, views = [], []
+        for key, exp, lease in zip(keys, expect, leases):
+            if lease is None:
+                results.append(GetResult(Status.MISS))
+                views.append(None)
+            elif not lease.header.matches(key, exp.parent, exp.token_bytes):
+                results.append(GetResult(Status.MISMATCH, lease.header, lease.tier))
+                views.append(None)
+            else:
+                results.append(GetResult(Status.HIT, lease.header, lease.tier))
+                views.append(lease.view)
+        return results, views, lambda: node.release([x for x in leases if x is not None])
 
     async def put(self, blocks, deadline_s):
         try:

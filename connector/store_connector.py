@@ -21,8 +21,9 @@ import contextlib
 import logging
 import math
 import time
+import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -156,21 +157,28 @@ class StoreConnector(KVConnector):
             range(i, min(i + self.cfg.load_batch_blocks, n)) for i in range(0, n, self.cfg.load_batch_blocks)
         ]
         sem = asyncio.Semaphore(self.cfg.load_parallel)
-        held: dict[int, list[torch.Tensor]] = {}  # batch start -> its staging buffers
+        held: dict[int, Callable[[], None]] = {}  # batch start -> gives its buffers back
 
         async def fetch(batch: range):
+            """GET one batch: (payload buffers, results, seconds, release). Zero-copy views of
+            the store's slots when it shares this process, else staging buffers."""
             async with sem:
-                b = [self._buffer() for _ in batch]
-                held[batch[0]] = b
                 exp = []
                 for j in batch:
                     g = first + j
                     parent = chain[g - 1] if g > 0 else self.ns.id
                     exp.append(Expect(parent, tokens_le_bytes(request.token_ids[g * bt : (g + 1) * bt])))
+                bkeys = [keys[j] for j in batch]
                 ts = time.perf_counter()
-                views = [t.numpy() for t in b]  # host staging: a buffer both backends take
+                got = await self.backend.get_views(bkeys, exp, self.cfg.load_deadline_s)
+                if got is not None:
+                    res, views, release = got
+                    held[batch[0]] = release
+                    return [_as_tensor(v) for v in views], res, time.perf_counter() - ts
+                b = [self._buffer() for _ in batch]
+                held[batch[0]] = lambda: self._staging.extend(b)
                 res = await self.backend.get_into(
-                    [keys[j] for j in batch], views, exp, self.cfg.load_deadline_s
+                    bkeys, [t.numpy() for t in b], exp, self.cfg.load_deadline_s
                 )
                 return b, res, time.perf_counter() - ts
 
@@ -185,14 +193,17 @@ class StoreConnector(KVConnector):
                     if r.status is not Status.HIT:
                         cause = r.status.name.lower()
                         break
+                    if r.header is not None and r.header.payload_len != self.block_bytes:
+                        cause = "mismatch"  # a block of another shape under this key: never used
+                        break
                     block = buf[: self.block_bytes].view(self.dtype).view(self.block_shape)
                     self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], block)
                     nbytes += self.block_bytes
                     done += 1
                     self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
-                # this batch's staging buffers are free again: later batches reuse them (warm
-                # pages; a load of any length touches at most batch x parallel buffers)
-                self._staging.extend(held.pop(batch[0]))
+                # this batch's buffers are free again (leases end; staging buffers are reused
+                # by later batches: warm pages, at most batch x parallel of them per load)
+                held.pop(batch[0])()
                 self.metrics.bytes_loaded.inc(nbytes)
                 if nbytes and tiers[batch[0]]:
                     self.cost.observe_load(tiers[batch[0]], nbytes, secs)
@@ -206,8 +217,8 @@ class StoreConnector(KVConnector):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for b in held.values():
-                self._staging.extend(b)
+            for release in held.values():
+                release()
         if cause:
             self.metrics.fallbacks.labels(cause).inc(n - done)
             log.info(
@@ -325,3 +336,12 @@ class StoreConnector(KVConnector):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
         await self.backend.close()
+
+
+def _as_tensor(view) -> torch.Tensor | None:
+    """A uint8 tensor over a (read-only) payload view, without a copy. The scatter only reads it."""
+    if view is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns that the buffer is read-only
+        return torch.frombuffer(view, dtype=torch.uint8)
