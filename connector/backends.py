@@ -100,10 +100,12 @@ class LocalBackend(Backend):
             return [GetResult(Status.ERROR)] * len(keys)
 
     async def get_views(self, keys, expect, deadline_s):
-        """Leases: the payload stays in its DRAM slot (a disk block is read, verified and
-        brought up first) and is read from there; ``release`` ends the leases."""
+        """Leases of blocks in DRAM: each payload is read in its slot; ``release`` ends the
+        leases. None when a block is on disk only (then :meth:`get_into` reads it, verified)."""
         try:
             node = await self._get()
+            if any(t == "disk" for t in await node.contains(keys)):
+                return None  # disk reads go into the caller's (reused, warm) staging buffers
             leases = await asyncio.wait_for(node.lease(keys, max(deadline_s, 1.0) * 4), deadline_s)
         except Exception as exc:
             log.warning("event=local_lease_failed error=%r", exc)
