@@ -71,7 +71,12 @@ class StoreConnector(KVConnector):
         self._space: asyncio.Event | None = None
         self._saver: asyncio.Task | None = None
         self._inflight_saves = 0
-        self._staging: list[torch.Tensor] = []
+        # Staging for loads that cannot read in place, allocated and touched once here: a fresh
+        # buffer costs a page fault per 4 KiB on its first fill, which a load should not pay.
+        self._staging: list[torch.Tensor] = [
+            torch.zeros(self.block_bytes, dtype=torch.uint8, pin_memory=self.pin)
+            for _ in range(cfg.load_batch_blocks * cfg.load_parallel)
+        ]
 
     # ------------------------------------------------------------------ helpers
     def _chain(self, token_ids: Sequence[int], n_blocks: int | None = None) -> list[BlockKey]:
