@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     same = cold["tokens"] == hit["tokens"]
     t = Table(title="SmolLM2-135M-Instruct, CPU, greedy")
-    for col in ("run", "prompt tokens", "hit tokens", "from tier", "TTFT", "output"):
+    for col in ("run", "prompt tokens", "hit tokens", "from tier", "TTFT"):
         t.add_column(col)
     t.add_row(
         "cold",
@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         str(cold["cached"]),
         "-",
         f"{cold['ttft'] * 1000:.0f} ms",
-        repr(cold["text"][:40]),
     )
     tiers = ", ".join(hit["tiers"]) or "-"
     t.add_row(
@@ -217,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         str(hit["cached"]),
         tiers,
         f"{hit['ttft'] * 1000:.0f} ms",
-        repr(hit["text"][:40]),
     )
     console.print(t)
+    console.print(f"cold output: {cold['text']!r}")
+    console.print(f"hit output:  {hit['text']!r}")
     console.print(f"blocks saved by the cold run: {int(cold['saved_blocks'])}")
     console.print(f"TTFT speedup: [bold]{cold['ttft'] / hit['ttft']:.1f}x[/]")
     console.print(
