@@ -12,7 +12,9 @@ time), so 1M blocks cost a few hundred bytes each, not kilobytes of Python objec
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Protocol
 
 from kvstore.results import Status
@@ -66,6 +68,43 @@ def entry_touch(e: int, atime: int) -> int:
 def now_s() -> int:
     """Wall-clock seconds, the resolution of access times in the index."""
     return int(time.time())
+
+
+class LruIndex:
+    """The per-tier index both tiers share: ``_index`` maps a key to its packed entry, least
+    recently used first. Subclasses set ``self._index = OrderedDict()``."""
+
+    _index: OrderedDict[bytes, int]
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        idx = self._index
+        return [k in idx for k in keys]
+
+    def payload_len(self, key: bytes) -> int:
+        return entry_payload_len(self._index[key])
+
+    def atime(self, key: bytes) -> int:
+        return entry_atime(self._index[key])
+
+    def touch(self, key: bytes) -> None:
+        """Mark ``key`` most recently used (no-op when absent)."""
+        e = self._index.get(key)
+        if e is not None:
+            self._index[key] = entry_touch(e, now_s())
+            self._index.move_to_end(key)
+
+    def victims(self, limit: int = 256) -> Iterator[bytes]:
+        """Up to ``limit`` keys, least recently used first (a snapshot: safe to mutate after)."""
+        return iter(list(islice(self._index, limit)))
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self._index)
 
 
 class Tier(Protocol):

@@ -16,9 +16,8 @@ import asyncio
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
 
 import lmdb
 
@@ -26,10 +25,9 @@ from kvstore.block import BlockHeader, checksum
 from kvstore.errors import BlockFormatError, TierError
 from kvstore.results import Status
 from kvstore.tiers.base import (
-    entry_atime,
+    LruIndex,
     entry_header_len,
     entry_payload_len,
-    entry_touch,
     now_s,
     pack_entry,
 )
@@ -37,7 +35,7 @@ from kvstore.tiers.base import (
 log = logging.getLogger("tierkv.disk")
 
 
-class DiskTier:
+class DiskTier(LruIndex):
     name = "disk"
 
     def __init__(
@@ -120,22 +118,6 @@ class DiskTier:
     @property
     def used_bytes(self) -> int:
         return self._used
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        idx = self._index
-        return [k in idx for k in keys]
-
-    def payload_len(self, key: bytes) -> int:
-        return entry_payload_len(self._index[key])
-
-    def atime(self, key: bytes) -> int:
-        return entry_atime(self._index[key])
 
     # ------------------------------------------------------------------ reads
     async def get_into(
@@ -274,19 +256,6 @@ class DiskTier:
         return True
 
     # ------------------------------------------------------------------ order, stats, close
-    def touch(self, key: bytes) -> None:
-        e = self._index.get(key)
-        if e is not None:
-            self._index[key] = entry_touch(e, now_s())
-            self._index.move_to_end(key)
-
-    def victims(self, limit: int = 256) -> Iterator[bytes]:
-        """Up to ``limit`` keys, least recently used first (a snapshot)."""
-        return iter(list(islice(self._index, limit)))
-
-    def keys(self) -> Iterator[bytes]:
-        return iter(self._index)
-
     def stats(self) -> dict:
         return {
             "capacity_bytes": self._capacity,

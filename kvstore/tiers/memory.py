@@ -13,25 +13,23 @@ invisible to readers until commit. Not thread-safe; no I/O (copies only).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from itertools import islice
+from collections.abc import Sequence
 
 from kvstore.results import Status
 from kvstore.tiers.base import (
     MAX_HEADER_LEN,
-    entry_atime,
+    LruIndex,
     entry_header_len,
     entry_header_offset,
     entry_offset,
     entry_payload_len,
-    entry_touch,
     now_s,
     pack_entry,
 )
 from kvstore.tiers.slab import SlabAllocator
 
 
-class MemoryTier:
+class MemoryTier(LruIndex):
     def __init__(self, name: str, arena, slab_size: int) -> None:
         self.name = name
         self.arena = arena
@@ -53,16 +51,6 @@ class MemoryTier:
     @property
     def max_block_bytes(self) -> int:
         return self.alloc.slab_size
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        idx = self._index
-        return [k in idx for k in keys]
 
     def fits(self, payload_len: int, header_len: int) -> bool:
         return 0 < payload_len <= self.alloc.slab_size and 0 < header_len <= min(
@@ -172,12 +160,6 @@ class MemoryTier:
             return self.arena.slice(entry_offset(e), entry_payload_len(e))
         return self.arena.read(entry_offset(e), entry_payload_len(e))
 
-    def payload_len(self, key: bytes) -> int:
-        return entry_payload_len(self._index[key])
-
-    def atime(self, key: bytes) -> int:
-        return entry_atime(self._index[key])
-
     def slot_size(self, key: bytes) -> int:
         return self.alloc.slot_size(entry_offset(self._index[key]))
 
@@ -189,19 +171,6 @@ class MemoryTier:
         self.alloc.free(entry_offset(e))
         self.alloc.free(entry_header_offset(e))
         return True
-
-    def touch(self, key: bytes) -> None:
-        e = self._index.get(key)
-        if e is not None:
-            self._index[key] = entry_touch(e, now_s())
-            self._index.move_to_end(key)
-
-    def victims(self, limit: int = 256) -> Iterator[bytes]:
-        """Up to ``limit`` keys, least recently used first (a snapshot: safe to mutate after)."""
-        return iter(list(islice(self._index, limit)))
-
-    def keys(self) -> Iterator[bytes]:
-        return iter(self._index)
 
     def stats(self) -> dict:
         return {
