@@ -25,6 +25,7 @@ from kvstore.config import StoreConfig
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
 from kvstore.leases import Lease, LeaseTable, Reservation
+from kvstore.node_evict import NodeEviction
 from kvstore.node_inspect import NodeInspection
 from kvstore.results import Expect, GetResult, PutResult, Status
 from kvstore.tiers.arena import CudaArena, HostArena
@@ -32,8 +33,6 @@ from kvstore.tiers.disk import DiskTier
 from kvstore.tiers.memory import MemoryTier
 
 log = logging.getLogger("tierkv.node")
-
-_MAX_EVICTIONS_PER_ALLOC = 64
 
 
 def _header_namespace(raw) -> bytes | None:
@@ -47,7 +46,7 @@ def _header_namespace(raw) -> bytes | None:
     return ns if isinstance(ns, bytes) else None
 
 
-class NodeStore(NodeInspection):
+class NodeStore(NodeEviction, NodeInspection):
     """Use :meth:`open`; the constructor takes already-built tiers (top first)."""
 
     def __init__(self, cfg: StoreConfig, memory: list[MemoryTier], disk: DiskTier | None) -> None:
@@ -208,19 +207,6 @@ class NodeStore(NodeInspection):
         top.arena.write(slots[0], memoryview(payload).cast("B")[: header.payload_len])
         top.commit(header.key.raw, slots, len(hb), header.payload_len)
         self.counters["promotions"] += 1
-
-    def _room_without_io(self, tier: MemoryTier, plen: int, hlen: int) -> bool:
-        """Make room in ``tier`` by dropping only blocks that are also on disk (no writes)."""
-        for _ in range(_MAX_EVICTIONS_PER_ALLOC):
-            if tier.can_alloc(plen, hlen):
-                return True
-            victim = self._pick_victim(tier, plen, clean_only=True)
-            if victim is None:
-                return False
-            tier.remove(victim)
-            tier.evictions += 1
-            self.counters[f"evictions_{tier.name}"] += 1
-        return tier.can_alloc(plen, hlen)
 
     async def namespaces(self, keys: Sequence[BlockKey]) -> list[bytes | None]:
         """The namespace id (raw 16 bytes) of each stored block, None where absent or
@@ -389,72 +375,6 @@ class NodeStore(NodeInspection):
 
     def _tier(self, name: str):
         return next(t for t in self.tiers if t.name == name)
-
-    # ------------------------------------------------------------------ eviction
-    def _pick_victim(self, tier: MemoryTier, nbytes: int, clean_only: bool) -> bytes | None:
-        """LRU-first evictable key of ``tier``, preferring one whose slot class fits ``nbytes``."""
-        want = tier.alloc.class_of(nbytes)
-        first = None
-        for k in tier.victims():
-            if self._protected(k) or (clean_only and not self._clean_below(tier, k)):
-                continue
-            if tier.alloc.class_of(tier.slot_size(k)) == want:
-                return k
-            if first is None:
-                first = k
-        return first
-
-    def _clean_below(self, tier: MemoryTier, key: bytes) -> bool:
-        below = self.tiers[self.tiers.index(tier) + 1 :]
-        return any(key in t for t in below) and key not in self.dirty
-
-    async def _make_room(self, tier: MemoryTier, plen: int, hlen: int) -> bool:
-        """Evict LRU blocks of ``tier`` (moving them down) until a block of these sizes fits."""
-        for _ in range(_MAX_EVICTIONS_PER_ALLOC):
-            if tier.can_alloc(plen, hlen):
-                return True
-            victim = self._pick_victim(tier, plen, clean_only=False)
-            if victim is None:
-                return False
-            await self._demote(tier, victim)
-        return tier.can_alloc(plen, hlen)
-
-    async def _demote(self, tier: MemoryTier, key: bytes) -> None:
-        """Move ``key`` out of ``tier`` to the next tier down (or drop it at the bottom)."""
-        below = self.tiers[self.tiers.index(tier) + 1 :]
-        self.leases.hold(key)
-        try:
-            if not any(key in t for t in below) or key in self.dirty:
-                await self._copy_down(tier, key, below)
-        finally:
-            self._unhold(key)
-        if key in tier and not self._protected(key):
-            tier.remove(key)
-            tier.evictions += 1
-            self.counters[f"evictions_{tier.name}"] += 1
-            if not any(key in t for t in below):
-                self.counters["dropped"] += 1
-                self.dirty.discard(key)
-
-    async def _copy_down(self, tier: MemoryTier, key: bytes, below: list) -> None:
-        if not below:
-            return
-        hdr = tier.header_sync(key)
-        payload = tier.payload_host(key)
-        nxt = below[0]
-        if isinstance(nxt, MemoryTier):
-            if nxt.fits(len(payload), len(hdr)) and await self._make_room(nxt, len(payload), len(hdr)):
-                await nxt.put([(key, hdr, payload)])
-                self.counters["demotions"] += 1
-                return
-            below = below[1:]
-            if not below:
-                return
-            nxt = below[0]
-        ok = await nxt.put([(key, hdr, payload)])
-        if ok[0]:
-            self.dirty.discard(key)
-            self.counters["demotions"] += 1
 
     # ------------------------------------------------------------------ leases
     async def lease(self, keys: Sequence[BlockKey], ttl_s: float | None = None) -> list[Lease | None]:
