@@ -44,7 +44,7 @@ def _cfg(prefix_cache: bool) -> EngineConfig:
 
 def _engine(model_dir: str, url: str, prefix_cache: bool, backend=None) -> AsyncEngine:
     eng = LLMEngine(model_dir, _cfg(prefix_cache))
-    ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu")
+    ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     conn = StoreConnector(ctx, parse_connector_url(url), backend=backend) if url else None
     return AsyncEngine(eng, conn)
 

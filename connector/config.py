@@ -33,6 +33,9 @@ class ConnectorConfig:
     save_queue_bytes: Size = Size(512 << 20)  # host memory for blocks waiting to be written
     load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
     load_parallel: int = 4
+    # CUDA: copy loaded blocks layer by layer so layer l+1 arrives while layer l computes;
+    # "auto" does so when one layer of one block is big enough to pay for its own copy
+    layerwise: Literal["auto", "on", "off"] = "auto"
     tenant: str = ""  # the tenant the token belongs to: keys are computed in its salted namespace
     token: str = ""
     token_file: str = ""
@@ -103,6 +106,9 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
     return cfg
 
 
+_CHOICES = {"policy": ("auto", "always", "never"), "layerwise": ("auto", "on", "off")}
+
+
 def _coerce(url: str, key: str, tp, value):
     tp = (
         {"int": int, "float": float, "bool": bool, "str": str, "Size": Size}.get(tp, tp)
@@ -110,9 +116,9 @@ def _coerce(url: str, key: str, tp, value):
         else tp
     )
     try:
-        if tp == "Literal['auto', 'always', 'never']" or key == "policy":
-            if value not in ("auto", "always", "never"):
-                raise ValueError("expected auto, always or never")
+        if key in _CHOICES:
+            if value not in _CHOICES[key]:
+                raise ValueError(f"expected one of {', '.join(_CHOICES[key])}")
             return value
         if tp is Size:
             return Size(parse_size(int(value) if isinstance(value, str) and value.isdigit() else value, key))

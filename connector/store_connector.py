@@ -61,6 +61,11 @@ class StoreConnector(KVConnector):
         self.dtype_name = str(kv.dtype).removeprefix("torch.")
         self.block_bytes = math.prod(self.block_shape) * torch.empty((), dtype=kv.dtype).element_size()
         self.pin = torch.cuda.is_available() and str(ctx.device).startswith("cuda")
+        self.transfer = ctx.transfer
+        self.layerwise = cfg.layerwise == "on" or (
+            cfg.layerwise == "auto" and self.transfer.layerwise_pays(self.pages_per_block)
+        )
+        self._releasing: set[asyncio.Task] = set()
         self.backend = backend or make_backend(cfg, base_ns)
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
@@ -165,8 +170,9 @@ class StoreConnector(KVConnector):
         held: dict[int, Callable[[], None]] = {}  # batch start -> gives its buffers back
 
         async def fetch(batch: range):
-            """GET one batch: (payload buffers, results, seconds, release). Zero-copy views of
-            the store's slots when it shares this process, else staging buffers."""
+            """GET one batch: (payload buffers, results, seconds, in place). Zero-copy views
+            of the store's slots when it shares this process, else staging buffers; either
+            way ``held[batch start]`` gives them back."""
             async with sem:
                 exp = []
                 for j in batch:
@@ -179,20 +185,40 @@ class StoreConnector(KVConnector):
                 if got is not None:
                     res, views, release = got
                     held[batch[0]] = release
-                    return [_as_tensor(v) for v in views], res, time.perf_counter() - ts
+                    return [_as_tensor(v) for v in views], res, time.perf_counter() - ts, True
                 b = [self._buffer() for _ in batch]
                 held[batch[0]] = lambda: self._staging.extend(b)
                 res = await self.backend.get_into(
                     bkeys, [t.numpy() for t in b], exp, self.cfg.load_deadline_s
                 )
-                return b, res, time.perf_counter() - ts
+                return b, res, time.perf_counter() - ts, False
+
+        # Verified blocks wait here for their copy into the pages. Blocks read in place (the
+        # store's own slots) are copied all at once at the end, layer by layer when that pays;
+        # blocks in staging buffers are copied batch by batch, so the next batch's GET overlaps
+        # this one's copy and the staging buffers come back for later batches.
+        ready: list[tuple[Sequence[int], torch.Tensor]] = []
+        releases: list[Callable[[], None]] = []
+        copied = 0  # blocks whose copy was enqueued (complete on CPU)
+
+        def copy_ready(layerwise: bool) -> None:
+            nonlocal copied
+            if ready:
+                pending = self.transfer.scatter(ready, layerwise)
+                copied += len(ready)
+                ready.clear()
+            else:
+                pending = None
+            if releases:
+                self._release_after(pending, list(releases))
+                releases.clear()
 
         tasks = [asyncio.ensure_future(fetch(batch)) for batch in batches]
         try:
             # No deadline on the whole load: each GET batch has its own (load_deadline_s), so a
             # dead or hung node costs at most one deadline while a slow-but-moving load goes on.
             for batch, task in zip(batches, tasks):
-                b, res, secs = await task
+                b, res, secs, in_place = await task
                 nbytes = 0
                 for j, buf, r in zip(batch, b, res):
                     if r.status is not Status.HIT:
@@ -202,19 +228,19 @@ class StoreConnector(KVConnector):
                         cause = "mismatch"  # a block of another shape under this key: never used
                         break
                     block = buf[: self.block_bytes].view(self.dtype).view(self.block_shape)
-                    self.ctx.kv.scatter_block(page_ids[j * ppb : (j + 1) * ppb], block)
+                    ready.append((page_ids[j * ppb : (j + 1) * ppb], block))
                     nbytes += self.block_bytes
-                    done += 1
                     self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
-                # this batch's buffers are free again (leases end; staging buffers are reused
-                # by later batches: warm pages, at most batch x parallel of them per load)
-                held.pop(batch[0])()
+                releases.append(held.pop(batch[0]))
+                if not in_place:
+                    copy_ready(False)
                 self.metrics.bytes_loaded.inc(nbytes)
                 if nbytes and tiers[batch[0]]:
                     self.cost.observe_load(tiers[batch[0]], nbytes, secs)
                     self.metrics.tier_bandwidth.labels(tiers[batch[0]]).set(self.cost.bw(tiers[batch[0]]))
                 if cause:
                     break
+            copy_ready(self.layerwise)
         except Exception as exc:  # never an exception to the engine: recompute the rest
             log.warning("event=load_failed request=%s error=%r", request.request_id, exc)
             cause = "error"
@@ -222,8 +248,9 @@ class StoreConnector(KVConnector):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for release in held.values():
-                release()
+            releases.extend(held.values())
+            self._release_after(None, releases)  # after the copies already enqueued, see below
+        done = copied
         if cause:
             self.metrics.fallbacks.labels(cause).inc(n - done)
             log.info(
@@ -235,6 +262,29 @@ class StoreConnector(KVConnector):
             )
         self.metrics.load_seconds.observe(time.perf_counter() - t0)
         return done * bt
+
+    def _release_after(self, pending, releases: list[Callable[[], None]]) -> None:
+        """Give buffers back once the copies reading them finished: now on CPU (or with
+        nothing copied), else from a task that polls the copy events. Copies are enqueued in
+        order on one stream, so any copy enqueued before this call is covered by waiting for
+        the last pending load."""
+        if pending is None:
+            pending = self.transfer.last_pending()
+        if pending is None or pending.done():
+            for release in releases:
+                release()
+            return
+
+        async def later() -> None:
+            try:
+                await pending.wait()
+            finally:
+                for release in releases:
+                    release()
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     def _tiers_for(self, first: int, keys: list[BlockKey]) -> list[str | None]:
         """Tiers seen at lookup for prompt blocks ``first..first+len(keys)`` (from the latest
@@ -276,8 +326,12 @@ class StoreConnector(KVConnector):
                         sum(1 for k in keys[j:] if k.raw not in self._stored)
                     )
                     break
-                block = self.ctx.kv.gather_block(page_ids[j * ppb : (j + 1) * ppb])
-                payload = block.to("cpu").contiguous().view(torch.uint8).reshape(-1).numpy()
+                pages = page_ids[j * ppb : (j + 1) * ppb]
+                if self.transfer.cuda:  # on the copy stream, off the event loop
+                    block = await asyncio.to_thread(self.transfer.gather, pages)
+                else:
+                    block = self.transfer.gather(pages)
+                payload = block.view(torch.uint8).reshape(-1).numpy()
                 h = make_header(
                     key=key,
                     parent=parent,
@@ -336,6 +390,8 @@ class StoreConnector(KVConnector):
 
     async def close(self) -> None:
         await self.flush(self.cfg.save_deadline_s)
+        if self._releasing:  # buffers still being copied from: let those copies finish
+            await asyncio.gather(*self._releasing, return_exceptions=True)
         if self._saver is not None:
             self._saver.cancel()
             with contextlib.suppress(asyncio.CancelledError):

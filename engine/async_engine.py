@@ -39,7 +39,12 @@ class RequestOutput:
 def connector_context(engine: LLMEngine) -> ConnectorContext:
     """What a connector factory gets from ``engine``."""
     return ConnectorContext(
-        engine.config.page_size, engine.kv, engine.namespace, engine.model_dir, engine.config.device
+        engine.config.page_size,
+        engine.kv,
+        engine.namespace,
+        engine.model_dir,
+        engine.config.device,
+        engine.transfer,
     )
 
 

@@ -58,13 +58,31 @@ class KVCache:
     def block_shape(self, num_pages: int) -> tuple[int, ...]:
         return (self.num_layers, 2, num_pages * self.page_size, self.num_kv_heads, self.head_dim)
 
-    def _index(self, page_ids: Sequence[int]) -> torch.Tensor:
+    def check_block(self, page_ids: Sequence[int], buf: torch.Tensor) -> None:
+        """Raise ValueError / IndexError unless ``buf`` is a block buffer for ``page_ids``."""
+        if not page_ids:
+            raise ValueError("page_ids must not be empty")
+        if tuple(buf.shape) != self.block_shape(len(page_ids)):
+            raise ValueError(f"buffer shape {tuple(buf.shape)} != {self.block_shape(len(page_ids))}")
+        if min(page_ids) < 0 or max(page_ids) >= self.num_pages:
+            raise IndexError(f"page ids {list(page_ids)} out of range [0, {self.num_pages})")
+
+    def device_index(self, page_ids: Sequence[int]) -> torch.Tensor:
+        """``page_ids`` validated, as an int64 tensor on the cache's device (a copy method
+        given it instead of a list skips the per-call check and transfer)."""
+        return self._index(page_ids)
+
+    def _index(self, page_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(page_ids, torch.Tensor):  # from device_index: checked already
+            return page_ids
         if not page_ids:
             raise ValueError("page_ids must not be empty")
         idx = torch.as_tensor(list(page_ids), dtype=torch.int64)
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_pages:
             raise IndexError(f"page ids {list(page_ids)} out of range [0, {self.num_pages})")
-        return idx.to(self.data.device)
+        if self.data.is_cuda:  # page-locked + async: a plain H2D would wait for the whole stream
+            return idx.pin_memory().to(self.data.device, non_blocking=True)
+        return idx
 
     def gather_block(self, page_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy pages ``page_ids`` (in order) into one contiguous ``[layers, 2, n*page_size,
@@ -82,14 +100,40 @@ class KVCache:
         out.view(src.shape).copy_(src)
         return out
 
-    def scatter_block(self, page_ids: Sequence[int], buf: torch.Tensor) -> None:
+    def scatter_block(
+        self, page_ids: Sequence[int] | torch.Tensor, buf: torch.Tensor, non_blocking: bool = False
+    ) -> None:
         """Copy a ``[layers, 2, n*page_size, kv_heads, head_dim]`` buffer into pages
-        ``page_ids`` (inverse of :meth:`gather_block`). The buffer may live on another device."""
+        ``page_ids`` (inverse of :meth:`gather_block`). The buffer may live on another device;
+        ``non_blocking`` (CUDA, page-locked ``buf``) returns before the copy ran, on the current
+        stream: ``buf`` must then stay untouched until that stream passed this point.
+        ``page_ids`` may be a tensor from :meth:`device_index`."""
         idx = self._index(page_ids)
         n = len(page_ids)
         if tuple(buf.shape) != self.block_shape(n):
             raise ValueError(f"buffer shape {tuple(buf.shape)} != {self.block_shape(n)}")
-        src = buf.to(device=self.data.device, dtype=self.dtype).reshape(
+        src = buf.to(device=self.data.device, dtype=self.dtype, non_blocking=non_blocking).reshape(
             self.num_layers, 2, n, self.page_size, self.num_kv_heads, self.head_dim
         )
         self.data.index_copy_(2, idx, src)
+
+    def scatter_layer(
+        self,
+        layer: int,
+        page_ids: Sequence[int] | torch.Tensor,
+        buf: torch.Tensor,
+        non_blocking: bool = False,
+    ) -> None:
+        """Layer ``layer`` only of :meth:`scatter_block` (the block layout is layer-major, so
+        that part of ``buf`` is one contiguous slice): one copy of ``2 * n * page_size``
+        tokens' K and V."""
+        idx = self._index(page_ids)
+        n = len(page_ids)
+        if tuple(buf.shape) != self.block_shape(n):
+            raise ValueError(f"buffer shape {tuple(buf.shape)} != {self.block_shape(n)}")
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} out of range [0, {self.num_layers})")
+        src = buf[layer].to(device=self.data.device, dtype=self.dtype, non_blocking=non_blocking)
+        self.data[layer].index_copy_(
+            1, idx, src.reshape(2, n, self.page_size, self.num_kv_heads, self.head_dim)
+        )

@@ -12,11 +12,12 @@ The engine calls a connector at three points, all ``async`` on the engine's even
    rest is recomputed, so a failed or partial load is never an error.
 3. ``save(request, page_ids)`` once a request's prompt is computed: ``page_ids`` hold tokens
    ``[0, len(page_ids) * page_size)`` (whole blocks). The engine keeps a reference on those
-   pages until ``save`` returns; copy them out first (``ctx.kv.gather_block``), then send.
+   pages until ``save`` returns; copy them out first (``ctx.transfer.gather``), then send.
 
-Pages move as one contiguous buffer per block with :meth:`engine.kv_cache.KVCache.gather_block`
-/ :meth:`~engine.kv_cache.KVCache.scatter_block` (layout ``[layers, 2, block_tokens, kv_heads,
-head_dim]``). Connectors are created from a URL by a :class:`ConnectorRegistry`; the factory
+Pages move as one contiguous buffer per block (layout ``[layers, 2, block_tokens, kv_heads,
+head_dim]``) through ``ctx.transfer`` (:class:`engine.kv_transfer.KVTransfer`): on CUDA its
+copies run on a copy stream and later steps wait for them per layer, so ``load`` may return
+while they are in flight; on CPU they are done when the call returns. Connectors are created from a URL by a :class:`ConnectorRegistry`; the factory
 for a scheme is imported only when that scheme is used.
 """
 
@@ -41,6 +42,7 @@ class ConnectorContext:
     namespace: Callable[[int], Any]  # block_tokens -> kvstore.keys.Namespace of this model
     model_dir: str
     device: str
+    transfer: Any  # engine.kv_transfer.KVTransfer: the copy path (copy stream on CUDA) loads/saves use
 
 
 @dataclass(frozen=True)

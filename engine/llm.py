@@ -14,6 +14,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError
 from engine.kv_cache import KVCache
+from engine.kv_transfer import KVTransfer
 from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
 from engine.model import CausalLM, rope_table
 from engine.runner import ModelRunner
@@ -115,7 +116,8 @@ class LLMEngine:
         ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache and self.model_dir else None
         self.bm = BlockManager(num_pages, cfg.page_size, ns)
         self.scheduler = Scheduler(self.bm, cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.kv, self.backend, cfg.device)
+        self.transfer = KVTransfer(self.kv)
+        self.runner = ModelRunner(self.model, self.kv, self.backend, cfg.device, self.transfer)
         self.eos_ids = set(mc.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             self.eos_ids.add(tokenizer.eos_token_id)

@@ -8,6 +8,7 @@ in fp32, rotate-half RoPE with an fp32 table) so fp32 logits match it to ~1e-6.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -138,11 +139,16 @@ class CausalLM(nn.Module):
         meta: AttnMetadata,
         backend,
         logits_indices: torch.Tensor,
+        before_layer: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
+        """``before_layer(l)``, when given, runs before layer ``l`` (the KV transfer's wait
+        for that layer's loaded pages)."""
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
-        for layer, (kc, vc) in zip(self.model.layers, kv_caches):
+        for i, (layer, (kc, vc)) in enumerate(zip(self.model.layers, kv_caches)):
+            if before_layer is not None:
+                before_layer(i)
             x = layer(x, cos, sin, kc, vc, meta, backend)
         x = self.model.norm(x[logits_indices])
         return self.lm_head(x).float()

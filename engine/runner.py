@@ -7,13 +7,15 @@ import torch
 
 from engine.attention import build_metadata
 from engine.kv_cache import KVCache
+from engine.kv_transfer import KVTransfer
 from engine.model import CausalLM
 from engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCache, backend, device: str) -> None:
+    def __init__(self, model: CausalLM, kv: KVCache, backend, device: str, transfer: KVTransfer) -> None:
         self.model, self.kv, self.backend, self.device = model, kv, backend, device
+        self.transfer = transfer  # connector loads still copying: each layer waits for its part
         self._layers = kv.layers()
 
     def run(self, items: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
@@ -43,5 +45,6 @@ class ModelRunner:
             meta,
             self.backend,
             torch.tensor(logits_idx, dtype=torch.int64, device=dev),
+            self.transfer.step_barrier(),
         )
         return to_sample, logits

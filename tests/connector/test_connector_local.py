@@ -19,7 +19,7 @@ from engine.llm import LLMEngine
 
 def _engine_sharing(model_dir: str, url: str, backend) -> AsyncEngine:
     eng = LLMEngine(model_dir, engine_config())
-    ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu")
+    ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     return AsyncEngine(eng, StoreConnector(ctx, parse_connector_url(url), backend=backend))
 
 

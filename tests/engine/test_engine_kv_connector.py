@@ -43,7 +43,7 @@ def test_engine_gather_scatter_block_layout():
 
 def test_engine_registry(tiny_model_dir):
     eng = LLMEngine(tiny_model_dir("llama-tiny"), EngineConfig(num_pages=16))
-    ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu")
+    ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     reg = ConnectorRegistry()
     assert reg.create("none", ctx) is None
     with pytest.raises(ConnectorError, match="unknown scheme 'bogus'"):
@@ -120,7 +120,7 @@ async def test_engine_connector_errors_become_recompute(tiny_model_dir):
             raise OSError("store went away")
 
     eng = LLMEngine(d, EngineConfig(num_pages=32, enable_prefix_cache=False))
-    ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu")
+    ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     aeng = AsyncEngine(eng, Broken(ctx))
     try:
         toks, cached, _ = await run(aeng, prompt)
