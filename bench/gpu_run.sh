@@ -4,7 +4,7 @@
 # its own step. Logs and JSON go to OUTDIR. Wheels of packages the GPU image lacks (lmdb,
 # pytest-asyncio, ...) are installed from .whl/ when that folder exists.
 #
-#   bash bench/gpu_run.sh OUTDIR [ttft seconds] [engine seconds]
+#   bash bench/gpu_run.sh OUTDIR [test seconds] [ttft seconds] [engine seconds]
 set -u
 out=${1:?usage: bench/gpu_run.sh OUTDIR}
 mkdir -p "$out"
@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$out/env.txt"
-timeout 180 python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py \
+timeout "${2:-180}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py \
     tests/store/test_hbm.py tests/connector/test_connector_transfer.py 2>&1 | tee "$out/cuda_tests.log"
-timeout "${2:-240}" python3 bench/gpu_ttft.py --json "$out/gpu_ttft.json" 2>&1 | tee "$out/gpu_ttft.log"
-timeout "${3:-200}" python3 bench/gpu_engine.py --json "$out/gpu_engine.json" 2>&1 | tee "$out/gpu_engine.log"
+timeout "${3:-240}" python3 bench/gpu_ttft.py --json "$out/gpu_ttft.json" 2>&1 | tee "$out/gpu_ttft.log"
+timeout "${4:-200}" python3 bench/gpu_engine.py --json "$out/gpu_engine.json" 2>&1 | tee "$out/gpu_engine.log"
