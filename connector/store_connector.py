@@ -76,6 +76,9 @@ class StoreConnector(KVConnector):
         self._space: asyncio.Event | None = None
         self._saver: asyncio.Task | None = None
         self._inflight_saves = 0
+        self._saving = 0  # save() calls still copying blocks out
+        self._saves_idle = asyncio.Event()
+        self._saves_idle.set()
         # Staging for loads that cannot read in place, allocated and touched once here: a fresh
         # buffer costs a page fault per 4 KiB on its first fill, which a load should not pay.
         self._staging: list[torch.Tensor] = [
@@ -299,6 +302,16 @@ class StoreConnector(KVConnector):
     async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
         if not self.cfg.save:
             return
+        self._saving += 1  # flush() waits for saves still copying out, not only the queue
+        self._saves_idle.clear()
+        try:
+            await self._save(request, page_ids)
+        finally:
+            self._saving -= 1
+            if not self._saving:
+                self._saves_idle.set()
+
+    async def _save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
         bt, ppb = self.block_tokens, self.pages_per_block
         n = len(page_ids) // ppb
         keys = self._chain(request.token_ids, n)
@@ -379,11 +392,16 @@ class StoreConnector(KVConnector):
             self.metrics.save_queue.set(q.qsize())
 
     async def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until every queued block was written or dropped. False on timeout."""
-        if self._queue is None:
-            return True
+        """Wait until every save begun so far has copied its blocks out and every queued block
+        was written or dropped. False on timeout."""
+
+        async def drained() -> None:
+            await self._saves_idle.wait()
+            if self._queue is not None:
+                await self._queue.join()
+
         try:
-            await asyncio.wait_for(self._queue.join(), timeout_s)
+            await asyncio.wait_for(drained(), timeout_s)
             return True
         except TimeoutError:
             return False

@@ -41,8 +41,11 @@ class NodeEviction:
         return first
 
     def _clean_below(self, tier: MemoryTier, key: bytes) -> bool:
+        """The next tier down already holds ``key`` (and it is not dirty): dropping it here
+        loses nothing. Only the next tier counts: an HBM block on disk but not in DRAM moves
+        to DRAM, the faster of the two places it could be read from later."""
         below = self.tiers[self.tiers.index(tier) + 1 :]
-        return any(key in t for t in below) and key not in self.dirty
+        return bool(below) and key in below[0] and key not in self.dirty
 
     async def _make_room(self, tier: MemoryTier, plen: int, hlen: int) -> bool:
         """Evict LRU blocks of ``tier`` (moving them down) until a block of these sizes fits."""
@@ -60,7 +63,7 @@ class NodeEviction:
         below = self.tiers[self.tiers.index(tier) + 1 :]
         self.leases.hold(key)
         try:
-            if not any(key in t for t in below) or key in self.dirty:
+            if (below and key not in below[0]) or key in self.dirty:
                 await self._copy_down(tier, key, below)
         finally:
             self._unhold(key)
@@ -87,6 +90,8 @@ class NodeEviction:
             if not below:
                 return
             nxt = below[0]
+            if key in nxt and key not in self.dirty:
+                return  # write-through already put it there
         ok = await nxt.put([(key, hdr, payload)])
         if ok[0]:
             self.dirty.discard(key)

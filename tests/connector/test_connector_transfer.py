@@ -5,6 +5,8 @@ per-layer events the compute stream waits on) where a device exists."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from connutil import engine_config, make_engine, prompt_kv, run
@@ -14,6 +16,7 @@ from connector.config import parse_connector_url
 from connector.store_connector import StoreConnector
 from engine.async_engine import AsyncEngine, connector_context
 from engine.kv_cache import KVCache
+from engine.kv_connector import ConnectorRequest
 from engine.kv_transfer import KVTransfer
 from engine.llm import LLMEngine
 
@@ -104,3 +107,31 @@ async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layer
             await b.stop()
     finally:
         await a.stop()
+
+
+async def test_flush_waits_for_saves_still_copying(tiny_model, tmp_path):
+    """flush() right after a save began (its blocks not all queued yet: a one-block queue makes
+    it wait for room after each) returns only once every block of it is stored."""
+    d = tiny_model()
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&save_queue_bytes=1"
+    a = make_engine(d, url, num_pages=128)
+    try:
+        eng = a.engine
+        prompt = torch.randint(6, 250, (40 * 16,), generator=torch.Generator().manual_seed(9)).tolist()
+        eng.generate([prompt], eng_params())  # computes the pages; the prefix cache keeps them
+        pages = eng.bm.match_prefix(prompt, 40)
+        assert len(pages) == 40
+        req = ConnectorRequest("r", tuple(prompt), tuple(pages), 0)
+        saving = asyncio.ensure_future(a.connector.save(req, pages))
+        await asyncio.sleep(0)  # the save has begun and queued its first blocks only
+        assert await a.connector.flush(30)
+        assert saving.done()
+        assert await a.connector.lookup(prompt) == 40 * 16
+    finally:
+        await a.stop()
+
+
+def eng_params():
+    from engine.sequence import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
