@@ -326,5 +326,5 @@ class TcpTransport(Transport):
                 done[i] = good is True
         return done
 
-    async def close(self) -> None:
+    def destroy(self) -> None:
         self.channel.close()

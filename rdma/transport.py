@@ -7,15 +7,18 @@ completion (True/False) per pair; a failed pair is a miss or a dropped write to 
 never an exception. Two implementations: :mod:`rdma.tcp` (bytes inline on the data
 connection; every machine) and :mod:`rdma.verbs` (one-sided RDMA READ/WRITE with pyverbs).
 
-Everything in this module is device-free and shared by both: descriptor and QP-info
-encoding, batching of work requests, and the ``auto | tcp | rdma`` selection. It imports
-nothing of tierkv (``rdma`` sits below ``kvstore``). Values here are immutable and
-thread-safe; transports themselves are bound to one event loop.
+Everything in this module is device-free and shared by both: descriptor, QP-info and
+registered-region encoding, batching of work requests, buffer addresses, the table of local
+registrations and the ``auto | tcp | rdma`` selection. It imports nothing of tierkv (``rdma``
+sits below ``kvstore``) and nothing outside the standard library, so the system Python that
+carries a host's pyverbs can import it too. Values here are immutable and thread-safe;
+transports themselves are bound to one event loop.
 """
 
 from __future__ import annotations
 
 import abc
+import ctypes
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -107,6 +110,92 @@ class QPInfo:
         return info
 
 
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A registered memory region as a peer sees it: one-sided reads and writes may target
+    ``[addr, addr + length)`` with ``rkey``. A node advertises its DRAM slab this way."""
+
+    addr: int
+    length: int
+    rkey: int
+
+    def to_wire(self) -> list[int]:
+        return [self.addr, self.length, self.rkey]
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Region:
+        """Parse ``[addr, length, rkey]``; raises TransportError naming the bad value."""
+        if not isinstance(obj, (list, tuple)) or len(obj) != 3:
+            raise TransportError(f"region must be [addr, length, rkey], got {obj!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in obj):
+            raise TransportError(f"region fields must be non-negative integers, got {obj!r}")
+        addr, length, rkey = obj
+        if addr + length > 2**64 or rkey >= 2**32:
+            raise TransportError(f"region [{addr}, {length}, {rkey}] is outside u64 addresses / u32 keys")
+        return cls(addr, length, rkey)
+
+    def descriptor(self, handle: int, offset: int, length: int) -> RemoteDescriptor:
+        """The descriptor of ``length`` bytes at ``offset`` in this region; TransportError when
+        they do not lie inside it."""
+        if offset < 0 or length < 0 or offset + length > self.length:
+            raise TransportError(f"bytes [{offset}, {offset + length}) are outside a region of {self.length}")
+        return RemoteDescriptor(handle, self.addr + offset, length, self.rkey)
+
+    def holds(self, desc: RemoteDescriptor) -> bool:
+        """True when ``desc`` names bytes inside this region, under its key."""
+        return (
+            desc.rkey == self.rkey
+            and self.addr <= desc.addr
+            and desc.addr + desc.length <= self.addr + self.length
+        )
+
+
+def buffer_address(buf: Any) -> tuple[int, int]:
+    """``(address, nbytes)`` of a writable contiguous buffer (numpy array, bytearray,
+    memoryview, mmap, torch tensor). Raises TransportError for a read-only or strided buffer."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch, without importing it
+        if not buf.is_contiguous():
+            raise TransportError("cannot register a non-contiguous tensor")
+        return int(buf.data_ptr()), int(buf.numel() * buf.element_size())
+    mv = memoryview(buf)
+    if mv.readonly or not mv.contiguous:
+        raise TransportError("can only register writable contiguous buffers")
+    mv = mv.cast("B")
+    if mv.nbytes == 0:
+        return 0, 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(mv)), mv.nbytes
+
+
+class Registrations:
+    """The local buffers registered with one device, and their local keys: ``find`` says which
+    registration holds a buffer (a work request needs its key). Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[int, int, int]] = []  # (addr, nbytes, lkey)
+
+    def add(self, addr: int, nbytes: int, lkey: int) -> None:
+        self._items.append((addr, nbytes, lkey))
+
+    def find(self, buf: Any) -> int | None:
+        """The local key of the registration holding all of ``buf``; None when no single one
+        does, or when ``buf`` is read-only or strided (its address cannot be taken)."""
+        try:
+            addr, n = buffer_address(buf)
+        except (TransportError, TypeError, ValueError):
+            return None
+        for base, size, lkey in self._items:
+            if base <= addr and addr + n <= base + size:
+                return lkey
+        return None
+
+    def covers(self, bufs: Sequence[Any]) -> bool:
+        """True when every buffer lies inside a registration (and so can take part in RDMA)."""
+        return all(self.find(b) is not None for b in bufs)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 def batches(
     pairs: Sequence[tuple[Any, RemoteDescriptor]], max_wr: int, max_bytes: int
 ) -> Iterator[list[int]]:
@@ -127,21 +216,30 @@ def batches(
         yield cur
 
 
-def select_transport(mode: str, local_device: bool, peer_device: bool) -> TransportName:
+def select_transport(
+    mode: str, local_device: bool, peer_device: bool, key: str = "server.transport"
+) -> TransportName:
     """Pick the transport for one connection. ``auto``: RDMA when both sides have a verbs
     device, else TCP; ``tcp``: TCP; ``rdma``: RDMA, and a TransportError when this side has no
-    device (raised at start, so a misconfigured node fails loudly) or the peer has none."""
+    device (raised at start, so a misconfigured node fails loudly) or the peer has none. ``key``
+    is the setting the messages name (``server.transport`` for a node, ``transport`` for a
+    client). The one selection function: daemon and client both decide through it."""
     if mode not in MODES:
-        raise TransportError(f"server.transport: expected one of {list(MODES)}, got {mode!r}")
+        raise TransportError(f"{key}: expected one of {list(MODES)}, got {mode!r}")
     if mode == "tcp":
         return "tcp"
     if mode == "rdma":
         if not local_device:
-            raise TransportError("server.transport is 'rdma' but this host has no RDMA device")
+            raise TransportError(f"{key} is 'rdma' but this host has no RDMA device")
         if not peer_device:
-            raise TransportError("server.transport is 'rdma' but the peer offered no RDMA device")
+            raise TransportError(f"{key} is 'rdma' but the peer offered no RDMA device")
         return "rdma"
     return "rdma" if (local_device and peer_device) else "tcp"
+
+
+def fallback_reason(local_device: bool, peer_device: bool) -> str:
+    """Why ``auto`` chose TCP: the text of its one log line."""
+    return "no RDMA device on this host" if not local_device else "the peer offered no RDMA"
 
 
 def check_pairs(pairs: Sequence[tuple[Any, RemoteDescriptor]]) -> list[memoryview]:
@@ -178,5 +276,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def write(self, pairs: Sequence[tuple[Any, RemoteDescriptor]]) -> list[bool]: ...
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    def destroy(self) -> None:  # noqa: B027 - optional hook
+        """Release what the transport holds, synchronously (for owners that cannot await, such
+        as a connection being closed); idempotent."""
+
+    async def close(self) -> None:
         """Release what the transport holds; idempotent."""
+        self.destroy()
