@@ -102,7 +102,13 @@ class ServerSection:
     admin_port: int = 0
     max_frame: Size = Size(64 * 1024**2)
     transport: Literal["auto", "tcp", "rdma"] = "auto"
+    rdma_device: str = ""  # verbs device name (e.g. mlx5_0); empty: the first one
+    rdma_gid_index: int = 0  # GID table index of port 1 (RoCE v2 is often 1 or 3; see show_gids)
     port_file: str = ""  # when set, the bound ports are written here as JSON at start
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rdma_gid_index < 256:
+            raise ConfigError(f"server.rdma_gid_index: expected 0..255, got {self.rdma_gid_index}")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
 from kvstore.keys import KEY_BYTES, BlockKey, Namespace
 from kvstore.results import Expect, Status
+from rdma.transport import QPInfo, Region, TransportError
 
 PROTOCOL_VERSION = 1
 MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
@@ -49,7 +50,8 @@ UNKNOWN_OP = "unknown_op"  # the connection stays usable
 BAD_REQUEST = "bad_request"  # a field is missing or mistyped; the connection stays usable
 INTERNAL = "internal"  # the node failed; the connection stays usable
 CLOSING = "closing"  # the daemon is shutting down
-FATAL_CODES = frozenset({BAD_FRAME, TOO_LARGE, BAD_VERSION, AUTH})
+TRANSPORT = "transport"  # HELLO: the node requires RDMA and the client offered none; closed
+FATAL_CODES = frozenset({BAD_FRAME, TOO_LARGE, BAD_VERSION, AUTH, TRANSPORT})
 
 
 class ProtocolError(TierKVError):
@@ -144,6 +146,16 @@ def req_headers(h: dict[str, Any], field: str = "hdrs") -> list[BlockHeader]:
     return out
 
 
+def req_flag(h: dict[str, Any], field: str) -> bool:
+    """An optional boolean field (absent or nil: False)."""
+    v = h.get(field)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad(f"{field} must be true, false or nil, got {v!r}")
+    return v
+
+
 def req_float(h: dict[str, Any], field: str, default: float | None) -> float | None:
     v = h.get(field, default)
     if v is None:
@@ -165,7 +177,31 @@ class Hello:
     token: str
     tenant: str | None
     namespaces: tuple[Namespace, ...]
-    rdma: Any = None  # the client's QP info map, when it offers RDMA
+    rdma: QPInfo | None = None  # the client's queue pair, when it offers RDMA
+
+
+@dataclass(frozen=True)
+class RdmaReply:
+    """HELLO reply's ``rdma``: the node's queue pair (connected to the client's) and its
+    registered DRAM slab, which LEASE/RESERVE descriptors with ``rdma: true`` point into."""
+
+    qp: QPInfo
+    slab: Region
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"qp": self.qp.to_wire(), "slab": self.slab.to_wire()}
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> RdmaReply | None:
+        """None for nil (the node moves bytes inline only); ProtocolError naming the bad field."""
+        if obj is None:
+            return None
+        if not isinstance(obj, dict):
+            raise bad(f"HELLO reply rdma must be a map or nil, got {type(obj).__name__}")
+        try:
+            return cls(QPInfo.from_wire(obj.get("qp")), Region.from_wire(obj.get("slab")))
+        except TransportError as exc:
+            raise bad(f"HELLO reply rdma: {exc}") from exc
 
 
 def namespace_to_wire(ns: Namespace) -> dict[str, Any]:
@@ -212,7 +248,8 @@ def _str(v: Any, name: str) -> str:
 
 def parse_hello(h: dict[str, Any]) -> Hello:
     """Parse a HELLO map. ProtocolError ``bad_version`` for another protocol version,
-    ``bad_request`` for a malformed field. Namespaces are checked later, with the salt."""
+    ``bad_request`` for a malformed field (``rdma``: QP info that :meth:`QPInfo.from_wire`
+    refuses). Namespaces are checked later, with the salt."""
     v = h.get("v")
     if v != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -227,7 +264,12 @@ def parse_hello(h: dict[str, Any]) -> Hello:
     ns = h.get("ns", [])
     if not isinstance(ns, list) or len(ns) > 64:
         raise bad("ns must be a list of at most 64 namespaces")
-    return Hello(v, token, tenant, tuple(ns), h.get("rdma"))
+    offer = h.get("rdma")
+    try:
+        qp = QPInfo.from_wire(offer) if offer is not None else None
+    except TransportError as exc:
+        raise bad(f"rdma: {exc}") from exc
+    return Hello(v, token, tenant, tuple(ns), qp)
 
 
 # ---------------------------------------------------------------- per-key results

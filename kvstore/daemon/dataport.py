@@ -27,8 +27,10 @@ from kvstore.daemon.descriptor_ops import DescriptorOps
 from kvstore.daemon.logs import kv
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
+from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.results import Status
 from rdma.tcp import FrameError, SocketChannel
+from rdma.transport import TransportError
 
 log = logging.getLogger("kvstore.daemon.data")
 
@@ -42,10 +44,16 @@ class _Fatal(Exception):
 
 
 class DataServer(DescriptorOps):
-    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests."""
+    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests.
+    ``rdma`` (a :class:`~kvstore.daemon.slab_rdma.SlabRdma`, or None for TCP only) answers
+    HELLO's RDMA offers; ``server.transport`` decides what happens to clients without one."""
 
-    def __init__(self, node, sock: socket.socket, tokens: TokenTable, metrics: DaemonMetrics, cfg) -> None:
+    def __init__(
+        self, node, sock: socket.socket, tokens: TokenTable, metrics: DaemonMetrics, cfg, rdma=None
+    ) -> None:
         self.node = node
+        self.rdma = rdma
+        self.transport_mode = cfg.server.transport
         self.sock = sock
         self.tokens = tokens
         self.metrics = metrics
@@ -130,6 +138,9 @@ class DataServer(DescriptorOps):
             self.metrics.connections.dec()
 
     def _drop_session(self, sess: Session) -> None:
+        if sess.verbs is not None:  # first: no one-sided access to slots about to be freed
+            sess.verbs.destroy()
+            sess.verbs = None
         try:
             if sess.leases:
                 self.node.release([h.obj for h in sess.leases.values()])
@@ -204,9 +215,19 @@ class DataServer(DescriptorOps):
         if hello.tenant not in (None, tenant):
             raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
         ids = [P.namespace_from_wire(d, tenant, f"ns[{i}]").id.raw for i, d in enumerate(hello.namespaces)]
+        if sess.verbs is not None:  # a second HELLO replaces the queue pair
+            sess.verbs.destroy()
+            sess.verbs = None
+        try:
+            accepted = accept_offer(self.rdma, self.transport_mode, hello.rdma, sess.peer, self.metrics)
+        except TransportError as exc:
+            raise _Fatal(P.TRANSPORT, str(exc)) from exc
+        sess.verbs, rdma = accepted or (None, None)
+        transport = "rdma" if rdma is not None else "tcp"
+        self.metrics.hellos.labels(transport).inc()
         sess.tenant = tenant
         sess.namespaces = frozenset(ids)
-        log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids)))
+        log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport))
         await ch.send_frame(
             {
                 "rid": rid,
@@ -217,7 +238,7 @@ class DataServer(DescriptorOps):
                 "ns": ids,
                 "node": self.node_name,
                 "max_frame": self.max_frame,
-                "rdma": None,
+                "rdma": rdma.to_wire() if rdma is not None else None,
             }
         )
 

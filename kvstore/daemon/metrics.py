@@ -64,6 +64,12 @@ class DaemonMetrics:
         self.protocol_errors = Counter(
             "tierkv_protocol_errors", "Bad frames and requests", ["code"], registry=r
         )
+        self.hellos = Counter(
+            "tierkv_hellos", "Accepted HELLOs by the transport chosen (tcp, rdma)", ["transport"], registry=r
+        )
+        self.rdma_accept_failures = Counter(
+            "tierkv_rdma_accept_failures", "RDMA offers the device could not connect (TCP used)", registry=r
+        )
         self.connections = Gauge("tierkv_connections", "Open data-port connections", registry=r)
         r.register(_TierCollector(stats))
 

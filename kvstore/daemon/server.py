@@ -26,8 +26,8 @@ from kvstore.daemon.auth import TokenTable
 from kvstore.daemon.dataport import DataServer
 from kvstore.daemon.logs import kv
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.slab_rdma import SlabRdma, decide, start_rdma
 from kvstore.errors import ConfigError
-from rdma.transport import TransportError, select_transport
 
 log = logging.getLogger("kvstore.daemon")
 GRACE_S = 30.0
@@ -63,6 +63,7 @@ class Daemon:
         self.host = cfg.server.host
         self.data: DataServer | None = None
         self.metrics: DaemonMetrics | None = None
+        self.rdma: SlabRdma | None = None
         self._runner: web.AppRunner | None = None
         self._stopped = asyncio.Event()
         self.data_port = 0
@@ -70,8 +71,9 @@ class Daemon:
 
     @classmethod
     async def start(cls, cfg: StoreConfig) -> Daemon:
-        """Open everything and start serving. Raises ConfigError (bad token file, port in use)
-        or TransportError (``transport = "rdma"`` without a device) before serving anything."""
+        """Open everything and start serving. Raises ConfigError (bad token file, port in use,
+        ``server.transport = "rdma"`` without a usable device) before serving anything. With
+        RDMA the DRAM slab is registered once here (docs/rdma.md)."""
         from kvstore.node import NodeStore  # heavy (tiers); only the daemon needs it
         from rdma.verbs import device_available
 
@@ -81,24 +83,21 @@ class Daemon:
             self.host = "127.0.0.1"
         elif not self.tokens.enabled:
             log.warning(kv("no_auth", host=self.host, note="no auth.token_file: loopback only"))
-        has_dev = device_available()
-        try:
-            chosen = select_transport(cfg.server.transport, has_dev, has_dev)
-        except TransportError as exc:
-            raise ConfigError(str(exc)) from exc
-        if chosen == "rdma":
-            # the verbs data path is not wired into the daemon yet (docs/rdma.md)
-            raise ConfigError("server.transport: the RDMA data path is not available in this build; use tcp")
-        if cfg.server.transport == "auto":
-            log.info(kv("transport", selected="tcp", reason="no RDMA device" if not has_dev else "tcp only"))
+        chosen = decide(cfg.server, cfg.server.transport != "tcp" and device_available())
         data_sock = _bind(self.host, cfg.server.data_port)
         try:
             self.node = await NodeStore.open(cfg)
         except BaseException:
             data_sock.close()
             raise
+        try:
+            self.rdma = start_rdma(cfg.server, chosen, self.node.dram_buffer)
+        except BaseException:
+            data_sock.close()
+            await self.node.close()
+            raise
         self.metrics = DaemonMetrics(self.node.stats)
-        self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg)
+        self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg, self.rdma)
         self.data.start()
         self.data_port = data_sock.getsockname()[1]
         app = make_app(self.node, self.metrics, lambda: self.tokens, self.ready)
@@ -173,6 +172,8 @@ class Daemon:
             await self.data.stop(GRACE_S)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.rdma is not None:
+            self.rdma.close()  # after every connection (and its queue pair) has ended
         if self.node is not None:
             await self.node.close()
         log.info(kv("stopped"))

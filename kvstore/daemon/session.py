@@ -1,9 +1,11 @@
 """One data-port connection's state: who it is, what it may see, what it holds.
 
 A session starts unauthenticated; HELLO fills ``tenant`` and ``namespaces`` (namespace ids the
-daemon derived with the tenant's salt). Leases and reservations taken on this connection are
-kept here under small integer handles (the descriptors' ``handle``) and are released/aborted
-when the connection ends, so a client that dies never pins blocks. Loop thread only.
+daemon derived with the tenant's salt) and, when the client's RDMA offer was accepted,
+``verbs`` (this connection's queue pair, destroyed with the session). Leases and reservations
+taken on this connection are kept here under small integer handles (the descriptors'
+``handle``) and are released/aborted when the connection ends, so a client that dies never
+pins blocks. Loop thread only.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Session:
     namespaces: frozenset[bytes] = frozenset()
     leases: dict[int, Held] = field(default_factory=dict)
     reservations: dict[int, Held] = field(default_factory=dict)
+    verbs: Any = None  # rdma.verbs.VerbsTransport connected to the client's queue pair, or None
     busy: bool = False
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
