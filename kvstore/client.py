@@ -15,6 +15,12 @@ tensors): the socket ``recv_into``s the bytes, then the payload is checked again
 A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one node; it is bound
 to one event loop and safe for concurrent tasks on it. :class:`StoreClient` spreads keys over
 several nodes by rendezvous hashing (one replica; placement with replicas is the cluster's).
+
+``transport`` (``auto | tcp | rdma``, :mod:`kvstore.client_rdma`) decides how
+``get_into_leased``/``put_reserved`` move bytes: one-sided RDMA READ/WRITE between the node's
+slab and buffers the caller registered (``register``) when both sides have a verbs device,
+else the same LEASE/RESERVE sequence over TCP. ``transport = "rdma"`` on a host without a
+device raises TransportError at construction.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import xxhash
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader
-from kvstore.client_conn import Conn, NodeRefused, byte_view, check_payload
+from kvstore.client_conn import Conn, NodeRefused, byte_view
+from kvstore.client_leased import DescriptorPath
+from kvstore.client_rdma import ClientRdma
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.tcp import FrameError
@@ -45,7 +53,10 @@ _FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolErr
 @dataclass(frozen=True)
 class ClientConfig:
     """How a client reaches nodes. ``namespaces`` are the namespaces this client reads and
-    writes (without tenant salt: the node applies the salt of the token's tenant)."""
+    writes (without tenant salt: the node applies the salt of the token's tenant).
+    ``transport``: ``auto`` (RDMA when this host and the node have a verbs device, else TCP),
+    ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
+    ``server.rdma_*`` keys."""
 
     token: str = ""
     tenant: str | None = None
@@ -54,8 +65,13 @@ class ClientConfig:
     connect_timeout_s: float = 1.0
     op_timeout_s: float = 5.0
     probe_interval_s: float = 0.5
+    transport: str = "auto"
+    rdma_device: str = ""
+    rdma_gid_index: int = 0
 
     def __post_init__(self) -> None:
+        if self.transport not in ("auto", "tcp", "rdma"):
+            raise ValueError(f"transport: expected auto, tcp or rdma, got {self.transport!r}")
         if self.pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
@@ -71,13 +87,17 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class NodeClient:
-    """Batched ops against one node. See the module docstring for the failure contract."""
+class NodeClient(DescriptorPath):
+    """Batched ops against one node. See the module docstring for the failure contract.
+    ``rdma``: a ClientRdma shared with other NodeClients (StoreClient); by default its own."""
 
-    def __init__(self, addr: str, cfg: ClientConfig | None = None) -> None:
+    def __init__(self, addr: str, cfg: ClientConfig | None = None, rdma: ClientRdma | None = None) -> None:
         self.addr = addr
         self.host, self.port = parse_addr(addr)
         self.cfg = cfg or ClientConfig()
+        c = self.cfg
+        self._own_rdma = rdma is None
+        self.rdma = rdma or ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)
         self.counters: Counter[str] = Counter()
         self.up = True
         self.hello: dict[str, Any] | None = None
@@ -93,10 +113,29 @@ class NodeClient:
 
     async def _open(self) -> Conn:
         c = self.cfg
-        conn = await asyncio.wait_for(
-            Conn.open(self.host, self.port, c.token, c.tenant, c.namespaces, self._copies),
-            c.connect_timeout_s,
-        )
+        qp = self.rdma.offer()  # None over TCP
+        try:
+            conn = await asyncio.wait_for(
+                Conn.open(
+                    self.host,
+                    self.port,
+                    c.token,
+                    c.tenant,
+                    c.namespaces,
+                    self._copies,
+                    qp.info if qp is not None else None,
+                ),
+                c.connect_timeout_s,
+            )
+        except BaseException:
+            if qp is not None:
+                qp.destroy()
+            raise
+        try:
+            self.rdma.attach(conn, qp, self.addr)
+        except BaseException:
+            conn.close()
+            raise
         self.hello = conn.hello
         return conn
 
@@ -174,6 +213,8 @@ class NodeClient:
             conn.close()
         self._idle.clear()
         self._copies.shutdown(wait=False)
+        if self._own_rdma:
+            self.rdma.close()
 
     # ---------------------------------------------------------- ops
 
@@ -198,16 +239,13 @@ class NodeClient:
         views = [byte_view(b) for b in bufs]
         exp = list(expect) if expect is not None else [None] * len(keys)
 
-        async def go(conn: Conn) -> list[GetResult]:
-            out: list[GetResult] = []
-            for i, j in _batches_by_bytes([v.nbytes for v in views], conn.max_frame - (1 << 20)):
-                out += await conn.get_into(keys[i:j], views[i:j], exp[i:j])
-            return out
+        r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
+        return self._count_gets(r, len(keys))
 
-        r = await self._run("GET", go, deadline_s)
+    def _count_gets(self, r: list[GetResult] | Status, n: int) -> list[GetResult]:
         if isinstance(r, Status):
-            self.counters["misses"] += len(keys)
-            return [GetResult(r)] * len(keys)
+            self.counters["misses"] += n
+            return [GetResult(r)] * n
         for g in r:
             self.counters["hits" if g.status is Status.HIT else "misses"] += 1
             if g.status is Status.CORRUPT:
@@ -240,65 +278,6 @@ class NodeClient:
         r = await self._run("STATS", lambda c: c.stats(), deadline_s)
         return None if isinstance(r, Status) else r
 
-    async def get_into_leased(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> list[GetResult]:
-        """GET the RDMA way: LEASE (descriptors), one-sided transport reads, RELEASE. Over TCP
-        the node copies the leased bytes; with verbs the client would pull them itself."""
-        views = [byte_view(b) for b in bufs]
-        exp = list(expect) if expect is not None else [None] * len(keys)
-
-        async def go(conn: Conn) -> list[GetResult]:
-            leased = await conn.lease(keys, None)
-            out = [
-                GetResult(st if st is not Status.HIT else Status.MISS, hdr, tier)
-                for st, hdr, tier, _ in leased
-            ]
-            pairs, idx = [], []
-            for i, (st, hdr, _tier, desc) in enumerate(leased):
-                if st is Status.HIT and desc is not None and hdr.payload_len <= views[i].nbytes:
-                    pairs.append((views[i][: hdr.payload_len], desc))
-                    idx.append(i)
-                elif st is Status.HIT:
-                    out[i] = GetResult(Status.BUF_TOO_SMALL, hdr, _tier)
-            done = await conn.transport().read(pairs) if pairs else []
-            for i, ok, (dst, _) in zip(idx, done, pairs):
-                st, hdr, tier, _ = leased[i]
-                out[i] = GetResult(check_payload(hdr, keys[i], exp[i], dst) if ok else Status.MISS, hdr, tier)
-            handles = [d.handle for *_, d in leased if d is not None]
-            if handles and not conn.closed:
-                await conn.release(handles)
-            return out
-
-        r = await self._run("LEASE", go, deadline_s)
-        return [GetResult(r)] * len(keys) if isinstance(r, Status) else r
-
-    async def put_reserved(
-        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
-        """PUT the RDMA way: RESERVE slots (descriptors), one-sided transport writes, COMMIT."""
-
-        async def go(conn: Conn) -> list[PutResult]:
-            reserved = await conn.reserve([h for h, _ in blocks])
-            out = [PutResult(st or Status.ERROR) for st, _ in reserved]
-            pairs = [
-                (memoryview(p).cast("B"), d) for (_, p), (_, d) in zip(blocks, reserved) if d is not None
-            ]
-            idx = [i for i, (_, d) in enumerate(reserved) if d is not None]
-            done = await conn.transport().write(pairs) if pairs else []
-            handles = [pairs[k][1].handle for k in range(len(done))]
-            if handles and not conn.closed:
-                for i, pr in zip(idx, await conn.commit(handles)):
-                    out[i] = pr
-            return out
-
-        r = await self._run("RESERVE", go, deadline_s)
-        return [PutResult(r)] * len(blocks) if isinstance(r, Status) else r
-
 
 async def _chunked(
     keys: Sequence[BlockKey], n: int, fn: Callable[[Sequence[BlockKey]], Awaitable[list]]
@@ -306,20 +285,6 @@ async def _chunked(
     out: list = []
     for i in range(0, len(keys), n):
         out += await fn(keys[i : i + n])
-    return out
-
-
-def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
-    """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
-    larger item is its own run) and at most MAX_BLOCKS items."""
-    out, start, total = [], 0, 0
-    for i, s in enumerate(sizes):
-        if i > start and (total + s > limit or i - start >= P.MAX_BLOCKS):
-            out.append((start, i))
-            start, total = i, 0
-        total += s
-    if start < len(sizes):
-        out.append((start, len(sizes)))
     return out
 
 
@@ -331,7 +296,13 @@ class StoreClient:
     def __init__(self, addrs: Sequence[str], cfg: ClientConfig | None = None) -> None:
         if not addrs:
             raise ValueError("StoreClient needs at least one node address")
-        self.nodes = [NodeClient(a, cfg) for a in addrs]
+        c = cfg or ClientConfig()
+        self.rdma = ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)  # one device for all nodes
+        self.nodes = [NodeClient(a, c, self.rdma) for a in addrs]
+
+    def register(self, buf: Any) -> None:
+        """Register a staging buffer once for every node (see NodeClient.register)."""
+        self.rdma.register(buf)
 
     def node_for(self, key: BlockKey) -> NodeClient:
         return max(self.nodes, key=lambda n: xxhash.xxh3_64_intdigest(key.raw + n.addr.encode()))
@@ -380,3 +351,4 @@ class StoreClient:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes))
+        self.rdma.close()

@@ -1,9 +1,12 @@
 """One client connection to a node's data port, and the wire side of each op.
 
 :class:`Conn` owns a :class:`rdma.tcp.SocketChannel` after a successful HELLO and runs one
-request at a time. Methods raise ConnectionError/FrameError/ProtocolError (connection now
-unusable: the caller closes it) or :class:`NodeRefused` (the node answered with an error that
-closed the connection, e.g. a refused token); per-key failures are results, not exceptions.
+request at a time. HELLO may offer the client's queue pair (``rdma``); ``peer_rdma`` is the
+node's answer (its queue pair and registered slab) or None, and ``verbs`` is the connected
+one-sided transport once :mod:`kvstore.client_rdma` attached it (None: bytes over TCP).
+Methods raise ConnectionError/FrameError/ProtocolError (connection now unusable: the caller
+closes it) or :class:`NodeRefused` (the node answered with an error that closed the
+connection, e.g. a refused token); per-key failures are results, not exceptions.
 GET payloads are received with ``recv_into`` straight into the caller's buffers and each one
 is checked against its header (key, expectation, checksum) before it counts as a hit.
 """
@@ -20,7 +23,7 @@ from kvstore.block import BlockHeader, checksum
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.tcp import FrameError, SocketChannel, TcpTransport
-from rdma.transport import RemoteDescriptor, TransportError
+from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches
 
@@ -55,6 +58,9 @@ class Conn:
         self.ch = ch
         self.hello = hello
         self.max_frame = int(hello.get("max_frame", 64 << 20))
+        self.peer_rdma = P.RdmaReply.from_wire(hello.get("rdma"))
+        self.verbs: Any = None  # rdma.verbs.VerbsTransport once attached
+        self.slab: Region | None = None
         self._rid = itertools.count(1)
         self.bytes_in = 0
         self.bytes_out = 0
@@ -68,7 +74,10 @@ class Conn:
         tenant: str | None,
         namespaces: Sequence[Namespace],
         offload: Executor | None = None,
+        rdma: QPInfo | None = None,
     ) -> Conn:
+        """Connect and HELLO (offering ``rdma`` when given). Raises OSError, ConnectionError,
+        FrameError, NodeRefused, or ProtocolError for a reply whose ``rdma`` is malformed."""
         ch = await SocketChannel.connect(host, port, offload)
         try:
             await ch.send_frame(
@@ -79,17 +88,30 @@ class Conn:
                     "token": token,
                     "tenant": tenant,
                     "ns": [P.namespace_to_wire(ns) for ns in namespaces],
+                    "rdma": rdma.to_wire() if rdma is not None else None,
                 }
             )
             reply = await ch.recv_header(P.MAX_HEADER, P.MAX_HEADER)
             if not reply.get("ok"):
                 raise NodeRefused(str(reply.get("code")), str(reply.get("err")))
+            return cls(ch, reply)
         except BaseException:
             ch.close()
             raise
-        return cls(ch, reply)
+
+    def use_verbs(self, transport: Transport, slab: Region) -> None:
+        """Move this connection's LEASE/RESERVE bytes one-sidedly with ``transport`` (connected
+        to the node's queue pair) into and out of the node's ``slab``."""
+        self.verbs, self.slab = transport, slab
+
+    def drop_verbs(self) -> None:
+        """Fall back to TCP for the rest of this connection (after a verbs failure)."""
+        if self.verbs is not None:
+            self.verbs.destroy()
+        self.verbs = self.slab = None
 
     def close(self) -> None:
+        self.drop_verbs()
         self.ch.close()
 
     @property
@@ -117,6 +139,15 @@ class Conn:
         return [t if isinstance(t, str) else None for t in tiers]
 
     async def get_into(
+        self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
+    ) -> list[GetResult]:
+        """GET into ``views``, in frames whose payloads fit the node's ``max_frame``."""
+        out: list[GetResult] = []
+        for i, j in _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM):
+            out += await self._get_batch(keys[i:j], views[i:j], expect[i:j])
+        return out
+
+    async def _get_batch(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
         exp = [None if e is None else [e.parent.raw if e.parent else None, e.token_bytes] for e in expect]
@@ -185,10 +216,28 @@ class Conn:
 
     # ---------------------------------------------------------- descriptor (RDMA-shaped) path
 
-    async def lease(self, keys: Sequence[BlockKey], ttl_s: float | None) -> list[tuple]:
+    def _one_sided(self, req: dict[str, Any], rdma: bool) -> dict[str, Any]:
+        if rdma:
+            if self.slab is None:
+                raise TransportError("one-sided descriptors asked for on a connection without RDMA")
+            req["rdma"] = True
+        return req
+
+    def _check_desc(self, raw: Any, rdma: bool) -> RemoteDescriptor | None:
+        """Parse a descriptor; with ``rdma`` it must lie in the node's registered slab."""
+        try:
+            desc = RemoteDescriptor.from_wire(raw) if raw is not None else None
+        except TransportError as exc:
+            raise P.bad(str(exc)) from exc
+        if rdma and desc is not None and not self.slab.holds(desc):
+            raise P.bad(f"descriptor {raw!r} is outside the node's registered slab")
+        return desc
+
+    async def lease(self, keys: Sequence[BlockKey], ttl_s: float | None, rdma: bool = False) -> list[tuple]:
         """``[(status, header, tier, RemoteDescriptor | None)]`` per key; leases live on this
-        connection until RELEASE or the connection ends."""
-        req: dict[str, Any] = {"op": "LEASE", "keys": [k.raw for k in keys]}
+        connection until RELEASE or the connection ends. With ``rdma`` the descriptors point
+        into the node's slab, and a HIT without one is a block to GET inline (nothing held)."""
+        req = self._one_sided({"op": "LEASE", "keys": [k.raw for k in keys]}, rdma)
         if ttl_s is not None:
             req["ttl"] = ttl_s
         reply = await self._call(req)
@@ -200,11 +249,7 @@ class Conn:
             if not isinstance(item, list) or len(item) != 4:
                 raise P.bad("LEASE result must be [status, header, tier, descriptor]")
             st, hdr, tier = P.get_result_from_wire(item[:3])
-            try:
-                desc = RemoteDescriptor.from_wire(item[3]) if item[3] is not None else None
-            except TransportError as exc:
-                raise P.bad(str(exc)) from exc
-            out.append((st, hdr, tier, desc))
+            out.append((st, hdr, tier, self._check_desc(item[3], rdma)))
         return out
 
     async def release(self, handles: Sequence[int]) -> list[bool]:
@@ -212,9 +257,12 @@ class Conn:
         return _bools(reply.get("res"), len(handles))
 
     async def reserve(
-        self, headers: Sequence[BlockHeader]
+        self, headers: Sequence[BlockHeader], rdma: bool = False
     ) -> list[tuple[Status | None, RemoteDescriptor | None]]:
-        reply = await self._call({"op": "RESERVE", "hdrs": [h.encode() for h in headers]})
+        """Per header ``(None, descriptor)`` for a reserved slot or ``(status, None)``; with
+        ``rdma``, ``(None, None)`` is a block to PUT inline (its slot is not in the slab)."""
+        req = self._one_sided({"op": "RESERVE", "hdrs": [h.encode() for h in headers]}, rdma)
+        reply = await self._call(req)
         res = reply.get("res")
         if not isinstance(res, list) or len(res) != len(headers):
             raise P.bad("RESERVE reply has the wrong number of results")
@@ -222,10 +270,7 @@ class Conn:
         for item in res:
             if not isinstance(item, list) or len(item) != 2:
                 raise P.bad("RESERVE result must be [status, descriptor]")
-            try:
-                desc = RemoteDescriptor.from_wire(item[1]) if item[1] is not None else None
-            except TransportError as exc:
-                raise P.bad(str(exc)) from exc
+            desc = self._check_desc(item[1], rdma)
             out.append((P.status_from_wire(item[0]) if item[0] is not None else None, desc))
         return out
 
@@ -246,6 +291,20 @@ def check_payload(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: 
     if checksum(payload) != hdr.checksum:
         return Status.CORRUPT
     return Status.HIT
+
+
+def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
+    larger item is its own run) and at most MAX_BLOCKS items."""
+    out, start, total = [], 0, 0
+    for i, s in enumerate(sizes):
+        if i > start and (total + s > limit or i - start >= P.MAX_BLOCKS):
+            out.append((start, i))
+            start, total = i, 0
+        total += s
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
 
 
 def _bools(res: Any, n: int) -> list[bool]:

@@ -1,0 +1,139 @@
+"""The descriptor path of :class:`kvstore.client.NodeClient`: GET and PUT the RDMA way.
+
+``get_into_leased`` runs LEASE -> read -> RELEASE and ``put_reserved`` RESERVE -> write ->
+COMMIT. The transport moving the bytes is chosen per call: one-sided RDMA READ/WRITE
+(:func:`kvstore.client_rdma.move`) when the connection has a queue pair and every local buffer
+is registered (``register``), else :class:`rdma.tcp.TcpTransport` (the node copies the leased or
+reserved bytes over the connection). Both run the same sequence, so the TCP runs on every
+machine test the logic the RDMA runs use. Same failure contract as the rest of the client: a
+failed pair is a miss or a dropped write, counted, never an exception. Mixed into NodeClient
+(which provides ``_run``, ``_count_gets``, ``rdma``, ``counters`` and ``addr``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore import client_rdma
+from kvstore.block import BlockHeader
+from kvstore.client_conn import Conn, byte_view, check_payload
+from kvstore.client_rdma import ClientRdma
+from kvstore.keys import BlockKey
+from kvstore.results import Expect, GetResult, PutResult, Status
+
+
+class DescriptorPath:
+    addr: str
+    rdma: ClientRdma
+    counters: Counter[str]
+
+    def register(self, buf: Any) -> None:
+        """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
+        once, so ``get_into_leased``/``put_reserved`` can move its bytes one-sidedly; a no-op
+        over TCP. Calls whose buffers are not all registered move their bytes over TCP."""
+        self.rdma.register(buf)
+
+    async def get_into_leased(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """GET the RDMA way: LEASE (descriptors), one-sided reads, RELEASE. With RDMA (the
+        connection has a queue pair and every buffer is registered) the client pulls the bytes
+        from the node's slab with RDMA READ, and blocks outside the slab come with GET inline;
+        otherwise the node copies the leased bytes over TCP. Same results as ``get_into``."""
+        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
+            raise ValueError(f"get_into_leased: {len(keys)} keys but {len(bufs)} buffers / expectations")
+        views = [byte_view(b) for b in bufs]
+        exp = list(expect) if expect is not None else [None] * len(keys)
+
+        async def go(conn: Conn) -> list[GetResult]:
+            one_sided = conn.verbs is not None and self.rdma.covers(views)
+            leased = await conn.lease(keys, None, rdma=one_sided)
+            out = [
+                GetResult(Status.MISS if st is Status.HIT else st, hdr, tier) for st, hdr, tier, _ in leased
+            ]
+            pairs, idx, inline = [], [], []
+            for i, (st, hdr, tier, desc) in enumerate(leased):
+                if st is not Status.HIT:
+                    continue
+                if hdr.payload_len > views[i].nbytes:
+                    out[i] = GetResult(Status.BUF_TOO_SMALL, hdr, tier)
+                elif desc is None:
+                    inline.append(i)  # RDMA asked for, block not in the node's slab
+                else:
+                    pairs.append((views[i][: hdr.payload_len], desc))
+                    idx.append(i)
+            done = await self._transfer(conn, "read", pairs, one_sided)
+            for i, ok, (dst, _) in zip(idx, done, pairs):
+                st, hdr, tier, _ = leased[i]
+                out[i] = GetResult(check_payload(hdr, keys[i], exp[i], dst) if ok else Status.MISS, hdr, tier)
+            handles = [d.handle for *_, d in leased if d is not None]
+            if handles and not conn.closed:
+                await conn.release(handles)
+            if inline and not conn.closed:
+                got = await conn.get_into(
+                    [keys[i] for i in inline], [views[i] for i in inline], [exp[i] for i in inline]
+                )
+                for i, g in zip(inline, got):
+                    out[i] = g
+            return out
+
+        r = await self._run("LEASE", go, deadline_s)
+        return self._count_gets(r, len(keys))
+
+    async def put_reserved(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """PUT the RDMA way: RESERVE slots (descriptors), one-sided writes, COMMIT. With RDMA
+        (a queue pair and every payload in a registered buffer) the client writes into the
+        node's slab with RDMA WRITE, and blocks whose slot is not in the slab are PUT inline.
+        A pair that fails is not committed: a dropped write (its slot ends at the lease TTL or
+        with the connection)."""
+        for hdr, p in blocks:
+            if memoryview(p).nbytes != hdr.payload_len:
+                raise ValueError(
+                    f"block {hdr.key}: payload is {memoryview(p).nbytes} bytes, header says {hdr.payload_len}"
+                )
+        views = [memoryview(p).cast("B") for _, p in blocks]
+
+        async def go(conn: Conn) -> list[PutResult]:
+            one_sided = conn.verbs is not None and self.rdma.covers(views)
+            reserved = await conn.reserve([h for h, _ in blocks], rdma=one_sided)
+            out = [PutResult(st or Status.ERROR) for st, _ in reserved]
+            idx = [i for i, (_, d) in enumerate(reserved) if d is not None]
+            inline = [i for i, (st, d) in enumerate(reserved) if st is None and d is None]
+            pairs = [(views[i], reserved[i][1]) for i in idx]
+            done = await self._transfer(conn, "write", pairs, one_sided)
+            ok = [(i, d) for i, (_, d), good in zip(idx, pairs, done) if good]
+            if ok and not conn.closed:
+                for (i, _), pr in zip(ok, await conn.commit([d.handle for _, d in ok])):
+                    out[i] = pr
+            if inline and not conn.closed:
+                for i, pr in zip(inline, await conn.put([blocks[i] for i in inline])):
+                    out[i] = pr
+            return out
+
+        r = await self._run("RESERVE", go, deadline_s)
+        if isinstance(r, Status):
+            self.counters["dropped_writes"] += len(blocks)
+            return [PutResult(r)] * len(blocks)
+        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
+            if p.status.ok:
+                self.counters["stored"] += 1
+            else:
+                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
+        return r
+
+    async def _transfer(self, conn: Conn, op: str, pairs: list, one_sided: bool) -> list[bool]:
+        """Move ``pairs`` one-sidedly (verbs, with fall-back to TCP on failure) or over TCP."""
+        if not pairs:
+            return []
+        if one_sided:
+            return await client_rdma.move(conn, op, pairs, self.counters, self.addr)
+        t = conn.transport()
+        return await (t.read(pairs) if op == "read" else t.write(pairs))
