@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -74,6 +75,27 @@ async def ttft(aeng: AsyncEngine, prompt: list[int]) -> tuple[float, int, int]:
     raise RuntimeError("no output")
 
 
+@contextlib.contextmanager
+def _profiled(a, name: str):
+    """With ``--profile DIR``: torch.profiler over the block, its op table written to DIR."""
+    if not a.profile:
+        yield
+        return
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    try:  # the engine steps on a worker thread: record every thread where torch can
+        extra = dict(experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True))
+    except (AttributeError, TypeError):
+        extra = {}
+    with torch.profiler.profile(activities=acts, **extra) as prof:
+        yield
+    os.makedirs(a.profile, exist_ok=True)
+    with open(os.path.join(a.profile, f"{name}.txt"), "w") as f:
+        for key in ("self_cpu_time_total", "self_device_time_total"):
+            f.write(prof.key_averages().table(sort_by=key, row_limit=25) + "\n")
+
+
 def _report(aeng: AsyncEngine) -> None:
     """Print what a hit that was not whole fell back on (fallback causes, dropped saves)."""
     from prometheus_client import generate_latest
@@ -86,11 +108,11 @@ def _report(aeng: AsyncEngine) -> None:
         print("  connector:", "; ".join(lines), flush=True)
 
 
-def _url(root: str, a, bt: int, layerwise: str) -> str:
+def _url(root: str, a, bt: int, groups: int) -> str:
     return (
         f"local://{root}?policy=always&lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=300"
         f"&dram_capacity={a.dram_gib}GiB&disk_capacity={2 * a.dram_gib}GiB&save_queue_bytes={a.dram_gib}GiB"
-        f"&load_batch_blocks=32&block_tokens={bt}&layerwise={layerwise}"
+        f"&load_batch_blocks=32&block_tokens={bt}&layer_groups={groups}"
     )
 
 
@@ -117,15 +139,25 @@ async def run(a) -> list[dict]:
 
     cold_ms = None
     hit_tok = None
-    for bt, modes in ((a.page_size, ["off"]), (a.big_block, ["off", "on"])):
-        e1 = build(mc, cfg, _url(root, a, bt, "off"))
+    for bt, modes in ((a.page_size, [1]), (a.big_block, [1, 4, mc.num_layers])):
+        e1 = build(mc, cfg, _url(root, a, bt, 1))
         await ttft(e1, warm_prompt)  # warm-up, and a block list the fresh engines warm up on
         cold, cached, tok = await ttft(e1, prompt)
         cold_ms = cold_ms or cold * 1000
         add(dict(case=f"cold (block {bt})", ttft_ms=cold * 1000, hit_tokens=cached))
         assert await e1.connector.flush(600)  # saves done: they would compete with the hits
         if bt == a.page_size:
-            hbm, cached, tok2 = await ttft(e1, prompt)
+            with _profiled(a, "hbm_hit"):
+                hbm, cached, tok2 = await ttft(e1, prompt)
+            t0 = time.perf_counter()
+            await e1.connector.lookup(prompt)
+            lookup_ms = (time.perf_counter() - t0) * 1000
+            t0 = time.perf_counter()  # the engine alone (its loop is idle between requests)
+            e1.engine.generate([prompt], ONE)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            engine_ms = (time.perf_counter() - t0) * 1000
+            print(f"  HBM hit parts: connector lookup {lookup_ms:.1f} ms, engine alone {engine_ms:.1f} ms")
             hit_tok = tok2  # random bf16 logits are near-flat: a recomputed tail may flip argmax
             add(dict(case="hit: engine HBM cache", ttft_ms=hbm * 1000, hit_tokens=cached, target_ms=10))
         backend = e1.connector.backend
@@ -133,10 +165,12 @@ async def run(a) -> list[dict]:
         for mode in modes:
             e2 = build(mc, cfg, _url(root, a, bt, mode), backend=backend)  # fresh pages, same store
             await ttft(e2, warm_prompt)  # a small DRAM hit: warms the load path
-            dram, cached, tok3 = await ttft(e2, prompt)
+            with _profiled(a, f"dram_hit_block{bt}_groups{mode}"):
+                dram, cached, tok3 = await ttft(e2, prompt)
             # the same tail as the HBM hit over bitwise-equal KV: the same token (recorded)
             same = tok3 == hit_tok if bt == a.page_size else None
-            how = "layer-wise" if e2.connector.layerwise else "whole blocks"
+            groups = e2.connector.layer_groups
+            how = "whole blocks" if groups == 1 else f"{groups} layer groups"
             add(dict(case=f"hit: DRAM{' pinned' if pinned else ''}, block {bt}, {how}",
                              ttft_ms=dram * 1000, hit_tokens=cached, target_ms=100,
                              same_token_as_hbm_hit=same))  # fmt: skip
@@ -161,6 +195,7 @@ def main() -> None:
     ap.add_argument("--big-block", type=int, default=256, help="large block size (layer-wise loads)")
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU: check the script runs")
     ap.add_argument("--json")
+    ap.add_argument("--profile", metavar="DIR", help="write a torch.profiler op table per hit to DIR")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     logging.getLogger("tierkv.connector").setLevel(logging.INFO)  # a partial load says why

@@ -33,9 +33,9 @@ class ConnectorConfig:
     save_queue_bytes: Size = Size(512 << 20)  # host memory for blocks waiting to be written
     load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
     load_parallel: int = 4
-    # CUDA: copy loaded blocks layer by layer so layer l+1 arrives while layer l computes;
-    # "auto" does so when one layer of one block is big enough to pay for its own copy
-    layerwise: Literal["auto", "on", "off"] = "auto"
+    # loads copy blocks in this many groups of layers, so group g+1 arrives while g computes
+    # (CUDA): 0 = the engine's choice (whole blocks, see docs/connector.md), 1 = whole blocks
+    layer_groups: int = 0
     tenant: str = ""  # the tenant the token belongs to: keys are computed in its salted namespace
     token: str = ""
     token_file: str = ""
@@ -96,6 +96,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         or cfg.load_batch_blocks < 1
         or cfg.load_parallel < 1
         or cfg.replicas < 1
+        or cfg.layer_groups < 0
     ):
         raise ConfigError(f"--kv-connector {url!r}: block_tokens, queue and batch sizes must be positive")
     if kind == "kvstore":
@@ -106,7 +107,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
     return cfg
 
 
-_CHOICES = {"policy": ("auto", "always", "never"), "layerwise": ("auto", "on", "off")}
+_CHOICES = {"policy": ("auto", "always", "never")}
 
 
 def _coerce(url: str, key: str, tp, value):

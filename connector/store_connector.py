@@ -62,9 +62,7 @@ class StoreConnector(KVConnector):
         self.block_bytes = math.prod(self.block_shape) * torch.empty((), dtype=kv.dtype).element_size()
         self.pin = torch.cuda.is_available() and str(ctx.device).startswith("cuda")
         self.transfer = ctx.transfer
-        self.layerwise = cfg.layerwise == "on" or (
-            cfg.layerwise == "auto" and self.transfer.layerwise_pays(self.pages_per_block)
-        )
+        self.layer_groups = cfg.layer_groups or self.transfer.auto_groups(self.pages_per_block)
         self._releasing: set[asyncio.Task] = set()
         self.backend = backend or make_backend(cfg, base_ns)
         self.cost = CostModel(cfg.prefill_tokens_per_s)
@@ -204,10 +202,10 @@ class StoreConnector(KVConnector):
         releases: list[Callable[[], None]] = []
         copied = 0  # blocks whose copy was enqueued (complete on CPU)
 
-        def copy_ready(layerwise: bool) -> None:
+        def copy_ready(groups: int) -> None:
             nonlocal copied
             if ready:
-                pending = self.transfer.scatter(ready, layerwise)
+                pending = self.transfer.scatter(ready, groups)
                 copied += len(ready)
                 ready.clear()
             else:
@@ -236,14 +234,14 @@ class StoreConnector(KVConnector):
                     self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
                 releases.append(held.pop(batch[0]))
                 if not in_place:
-                    copy_ready(False)
+                    copy_ready(1)
                 self.metrics.bytes_loaded.inc(nbytes)
                 if nbytes and tiers[batch[0]]:
                     self.cost.observe_load(tiers[batch[0]], nbytes, secs)
                     self.metrics.tier_bandwidth.labels(tiers[batch[0]]).set(self.cost.bw(tiers[batch[0]]))
                 if cause:
                     break
-            copy_ready(self.layerwise)
+            copy_ready(self.layer_groups)
         except Exception as exc:  # never an exception to the engine: recompute the rest
             log.warning("event=load_failed request=%s error=%r", request.request_id, exc)
             cause = "error"

@@ -117,23 +117,24 @@ class KVCache:
         )
         self.data.index_copy_(2, idx, src)
 
-    def scatter_layer(
+    def scatter_layers(
         self,
-        layer: int,
+        layers: range,
         page_ids: Sequence[int] | torch.Tensor,
         buf: torch.Tensor,
         non_blocking: bool = False,
     ) -> None:
-        """Layer ``layer`` only of :meth:`scatter_block` (the block layout is layer-major, so
-        that part of ``buf`` is one contiguous slice): one copy of ``2 * n * page_size``
-        tokens' K and V."""
+        """Layers ``layers`` (a contiguous step-1 range) only of :meth:`scatter_block`: the
+        block layout is layer-major, so that part of ``buf`` is one contiguous slice and moves
+        as one copy."""
         idx = self._index(page_ids)
         n = len(page_ids)
         if tuple(buf.shape) != self.block_shape(n):
             raise ValueError(f"buffer shape {tuple(buf.shape)} != {self.block_shape(n)}")
-        if not 0 <= layer < self.num_layers:
-            raise IndexError(f"layer {layer} out of range [0, {self.num_layers})")
-        src = buf[layer].to(device=self.data.device, dtype=self.dtype, non_blocking=non_blocking)
-        self.data[layer].index_copy_(
-            1, idx, src.reshape(2, n, self.page_size, self.num_kv_heads, self.head_dim)
+        if layers.step != 1 or not 0 <= layers.start < layers.stop <= self.num_layers:
+            raise IndexError(f"layers {layers} not a non-empty range within [0, {self.num_layers})")
+        a, b = layers.start, layers.stop
+        src = buf[a:b].to(device=self.data.device, dtype=self.dtype, non_blocking=non_blocking)
+        self.data[a:b].index_copy_(
+            2, idx, src.reshape(b - a, 2, n, self.page_size, self.num_kv_heads, self.head_dim)
         )

@@ -29,9 +29,16 @@ import torch
 
 from engine.kv_cache import KVCache
 
-# A layer-wise load issues one copy per block per layer; below this many bytes per copy the
-# launch cost outweighs the overlap it buys, so "auto" loads whole blocks instead.
-LAYERWISE_MIN_SLICE_BYTES = 256 << 10
+
+def layer_groups(num_layers: int, groups: int) -> list[range]:
+    """``num_layers`` split into ``min(groups, num_layers)`` contiguous ranges of near-equal size."""
+    g = max(1, min(groups, num_layers))
+    cuts = [round(i * num_layers / g) for i in range(g + 1)]
+    return [range(cuts[i], cuts[i + 1]) for i in range(g)]
+
+
+# A staged scatter moves at most this many bytes per device staging buffer.
+STAGING_BYTES = 256 << 20
 
 
 class PendingLoad:
@@ -61,54 +68,102 @@ class KVTransfer:
         self._pending: list[PendingLoad] = []
         self._lock = threading.Lock()
 
-    def layer_slice_bytes(self, pages_per_block: int) -> int:
-        """Bytes one layer of one block moves (the unit of a layer-wise copy)."""
-        return (
-            KVCache.bytes_per_page(
-                1, self.kv.page_size, self.kv.num_kv_heads, self.kv.head_dim, self.kv.dtype
-            )
-            * pages_per_block
-        )
+    def auto_groups(self, pages_per_block: int) -> int:
+        """Layer groups a load uses when the connector is not told: whole blocks (1). On an H200
+        a 32K-token hit loaded layer by layer was slower than whole blocks (one copy and one
+        scatter per block per group cost more host time than the overlap won back;
+        docs/benchmarks.md, "GPU"), so pipelining is opt-in (``layer_groups``)."""
+        return 1
 
-    def layerwise_pays(self, pages_per_block: int) -> bool:
-        """Whether ``layerwise = "auto"`` loads layer by layer: CUDA, and slices large enough."""
-        return self.cuda and self.layer_slice_bytes(pages_per_block) >= LAYERWISE_MIN_SLICE_BYTES
-
-    def scatter(self, blocks: Sequence[tuple[Sequence[int], torch.Tensor]], layerwise: bool) -> PendingLoad:
+    def scatter(
+        self,
+        blocks: Sequence[tuple[Sequence[int], torch.Tensor]],
+        groups: int = 1,
+        staged: bool | None = None,
+    ) -> PendingLoad:
         """Copy each ``(page_ids, buf)`` (``buf`` in :meth:`KVCache.block_shape` layout) into
-        its pages. On CUDA this only enqueues the copies: the buffers must stay untouched until
-        the returned load is :meth:`PendingLoad.done`, and the next steps wait for it on the
-        device. May raise ValueError / IndexError for a buffer or page id that does not fit
-        (before anything was enqueued for that block)."""
+        its pages: ``groups == 1`` whole blocks; else the layers split into ``groups``
+        contiguous groups (at most one per layer), every block's first group first, so a step
+        computes group ``g`` while ``g + 1`` is still arriving.
+
+        ``staged`` (default: on CUDA) moves blocks into a device staging buffer, one copy per
+        block, and scatters a whole chunk of blocks into the pages with one kernel: per-block
+        scatters cost more host time than the copies themselves on a GPU. On CPU each block
+        is copied straight into its pages (staging would double the memcpy).
+
+        On CUDA this only enqueues the copies: the buffers must stay untouched until the
+        returned load is :meth:`PendingLoad.done`, and the next steps wait for it on the
+        device. May raise ValueError / IndexError for a buffer or page id that does not fit,
+        before anything was enqueued."""
         kv = self.kv
         for pages, buf in blocks:  # all or nothing: no copy is enqueued for a bad block list
             kv.check_block(pages, buf)
-        events = []
         cuda = self.cuda
+        staged = cuda if staged is None else staged
+        events = []
         with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
-            # every block's page ids in one transfer, not one per copy
-            flat = kv.device_index([p for pages, _ in blocks for p in pages])
-            starts = [0]
-            for pages, _ in blocks:
-                starts.append(starts[-1] + len(pages))
-            indexed = [(flat[starts[i] : starts[i + 1]], buf) for i, (_, buf) in enumerate(blocks)]
-            if layerwise:
-                for layer in range(kv.num_layers):
+            if staged:
+                chunks = self._chunks(blocks)
+            else:  # every block's page ids in one transfer, not one per copy
+                flat = kv.device_index([p for pages, _ in blocks for p in pages])
+                starts = [0]
+                for pages, _ in blocks:
+                    starts.append(starts[-1] + len(pages))
+                indexed = [(flat[starts[i] : starts[i + 1]], buf) for i, (_, buf) in enumerate(blocks)]
+            for layers in layer_groups(kv.num_layers, groups):
+                if staged:
+                    for idx, bufs in chunks:
+                        self._scatter_chunk(layers, idx, bufs, cuda)
+                else:
                     for idx, buf in indexed:
-                        kv.scatter_layer(layer, idx, buf, non_blocking=cuda)
-                    if cuda:
-                        events.append(self._record())
-            else:
-                for idx, buf in indexed:
-                    kv.scatter_block(idx, buf, non_blocking=cuda)
+                        kv.scatter_layers(layers, idx, buf, non_blocking=cuda)
                 if cuda:
-                    events = [self._record()] * kv.num_layers
+                    events += [self._record()] * len(layers)
         if not cuda:
             return PendingLoad(None)
         load = PendingLoad(events)
         with self._lock:
             self._pending.append(load)
         return load
+
+    def _chunks(self, blocks) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Runs of consecutive blocks of one page count, at most STAGING_BYTES each: per run
+        its page ids as a ``[blocks, pages]`` device tensor and its buffers."""
+        kv = self.kv
+        out, i = [], 0
+        while i < len(blocks):
+            n = len(blocks[i][0])
+            cap = max(
+                1,
+                STAGING_BYTES
+                // (
+                    KVCache.bytes_per_page(
+                        kv.num_layers, kv.page_size, kv.num_kv_heads, kv.head_dim, kv.dtype
+                    )
+                    * n
+                ),
+            )
+            j = i
+            while j < len(blocks) and j - i < cap and len(blocks[j][0]) == n:
+                j += 1
+            idx = kv.device_index([p for pages, _ in blocks[i:j] for p in pages]).view(j - i, n)
+            out.append((idx, [buf for _, buf in blocks[i:j]]))
+            i = j
+        return out
+
+    def _scatter_chunk(self, layers: range, idx: torch.Tensor, bufs: list[torch.Tensor], cuda: bool) -> None:
+        kv = self.kv
+        a, b = layers.start, layers.stop
+        nb, n = idx.shape
+        staging = torch.empty(
+            (nb, b - a, 2, n * kv.page_size, kv.num_kv_heads, kv.head_dim),
+            dtype=kv.dtype,
+            device=kv.data.device,
+        )
+        for k, buf in enumerate(bufs):
+            staging[k].copy_(buf[a:b], non_blocking=cuda)
+        src = staging.view(nb, b - a, 2, n, kv.page_size, kv.num_kv_heads, kv.head_dim)
+        kv.data[a:b][:, :, idx] = src.permute(1, 2, 0, 3, 4, 5, 6)  # one scatter for the chunk
 
     def last_pending(self) -> PendingLoad | None:
         """The most recent load still copying, or None. Copies run in order on one stream, so

@@ -14,6 +14,7 @@ from connutil import engine_config, make_engine, prompt_kv, run
 from connector.backends import Backend
 from connector.config import parse_connector_url
 from connector.store_connector import StoreConnector
+from engine import kv_transfer
 from engine.async_engine import AsyncEngine, connector_context
 from engine.kv_cache import KVCache
 from engine.kv_connector import ConnectorRequest
@@ -42,17 +43,21 @@ def _kv(device: str) -> KVCache:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layerwise_and_whole_block_copies_agree(device):
+def test_layer_group_and_whole_block_copies_agree(device, monkeypatch):
     g = torch.Generator().manual_seed(0)
     blocks = [([7, 2], torch.randn(_kv("cpu").block_shape(2), generator=g)) for _ in range(2)]
     blocks[1] = ([0, 11], blocks[1][1])
     if device == "cuda":
         blocks = [(p, b.pin_memory()) for p, b in blocks]
     results = []
-    for layerwise in (False, True):
+    cases = [(g, staged) for g in (1, 2, 3, 9) for staged in (False, True, "tiny")]  # 9: capped at 3
+    for groups, staged in cases:
+        # "tiny": a staging buffer holds one block only, so each block is its own chunk
+        monkeypatch.setattr(kv_transfer, "STAGING_BYTES", 1 if staged == "tiny" else 256 << 20)
+        staged = bool(staged)
         kv = _kv(device)
         t = KVTransfer(kv)
-        pending = t.scatter(blocks, layerwise)
+        pending = t.scatter(blocks, groups, staged=staged)
         if device == "cuda":
             assert t.step_barrier() is not None or pending.done()
             torch.cuda.synchronize()
@@ -60,7 +65,7 @@ def test_layerwise_and_whole_block_copies_agree(device):
         for pages, buf in blocks:  # each block reads back exactly, through the save path too
             assert torch.equal(t.gather(pages).cpu(), buf)
         results.append(kv.data.cpu())
-    assert torch.equal(results[0], results[1])
+    assert all(torch.equal(results[0], r) for r in results[1:])
     untouched = [p for p in range(12) if p not in (7, 2, 0, 11)]
     assert not results[0][:, :, untouched].any()
 
@@ -71,7 +76,7 @@ def test_bad_block_list_copies_nothing():
     good = ([1, 2], torch.ones(kv.block_shape(2)))
     for bad, err in [(([3], torch.ones(kv.block_shape(2))), ValueError), (([3, 12], good[1]), IndexError)]:
         with pytest.raises(err):
-            t.scatter([good, bad], layerwise=True)
+            t.scatter([good, bad], groups=3)
         assert not kv.data.any(), "the good block before a bad one must not have been copied"
     assert t.step_barrier() is None  # CPU: nothing is ever pending
 
@@ -82,12 +87,12 @@ def _engine_sharing(model_dir: str, url: str, backend, **kw) -> AsyncEngine:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layerwise", ["off", "on"])
-async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layerwise):
+@pytest.mark.parametrize("layer_groups", [1, 2])
+async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layer_groups):
     d = tiny_model()
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(6, 250, (150,), generator=g).tolist()  # 9 blocks of 16 + 6
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&layerwise={layerwise}&load_batch_blocks=4"
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
     a = make_engine(d, url, device=device)
     try:
         cold, cached = await run(a, prompt)
@@ -96,7 +101,7 @@ async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layer
         assert await a.connector.flush()
         b = _engine_sharing(d, url, a.connector.backend, device=device)
         try:
-            assert b.connector.layerwise is (layerwise == "on")
+            assert b.connector.layer_groups == layer_groups
             assert b.engine.transfer.cuda is (device == "cuda")
             hit, cached_b = await run(b, prompt)
             assert cached_b == 144 and hit == cold
