@@ -34,7 +34,7 @@ class ConnectorConfig:
     load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
     load_parallel: int = 4
     # loads copy blocks in this many groups of layers, so group g+1 arrives while g computes
-    # (CUDA): 0 = the engine's choice (whole blocks, see docs/connector.md), 1 = whole blocks
+    # (CUDA): 0 = the engine's choice (4 for large blocks on CUDA, see docs/connector.md), 1 = whole
     layer_groups: int = 0
     tenant: str = ""  # the tenant the token belongs to: keys are computed in its salted namespace
     token: str = ""
