@@ -41,6 +41,13 @@ class KVCache:
             num_layers * 2 * page_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         )
 
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page over all layers (K and V)."""
+        return self.bytes_per_page(
+            self.num_layers, self.page_size, self.num_kv_heads, self.head_dim, self.dtype
+        )
+
     @classmethod
     def pages_for_budget(cls, budget_bytes: int, **shape) -> int:
         """How many pages fit in ``budget_bytes``; ConfigError if fewer than 2."""
@@ -104,18 +111,8 @@ class KVCache:
         self, page_ids: Sequence[int] | torch.Tensor, buf: torch.Tensor, non_blocking: bool = False
     ) -> None:
         """Copy a ``[layers, 2, n*page_size, kv_heads, head_dim]`` buffer into pages
-        ``page_ids`` (inverse of :meth:`gather_block`). The buffer may live on another device;
-        ``non_blocking`` (CUDA, page-locked ``buf``) returns before the copy ran, on the current
-        stream: ``buf`` must then stay untouched until that stream passed this point.
-        ``page_ids`` may be a tensor from :meth:`device_index`."""
-        idx = self._index(page_ids)
-        n = len(page_ids)
-        if tuple(buf.shape) != self.block_shape(n):
-            raise ValueError(f"buffer shape {tuple(buf.shape)} != {self.block_shape(n)}")
-        src = buf.to(device=self.data.device, dtype=self.dtype, non_blocking=non_blocking).reshape(
-            self.num_layers, 2, n, self.page_size, self.num_kv_heads, self.head_dim
-        )
-        self.data.index_copy_(2, idx, src)
+        ``page_ids`` (inverse of :meth:`gather_block`): :meth:`scatter_layers` over every layer."""
+        self.scatter_layers(range(self.num_layers), page_ids, buf, non_blocking)
 
     def scatter_layers(
         self,
@@ -124,9 +121,12 @@ class KVCache:
         buf: torch.Tensor,
         non_blocking: bool = False,
     ) -> None:
-        """Layers ``layers`` (a contiguous step-1 range) only of :meth:`scatter_block`: the
-        block layout is layer-major, so that part of ``buf`` is one contiguous slice and moves
-        as one copy."""
+        """Copy layers ``layers`` (a contiguous step-1 range) of a block buffer into pages
+        ``page_ids``: the block layout is layer-major, so that part of ``buf`` is one contiguous
+        slice and moves as one copy. The buffer may live on another device; ``non_blocking``
+        (CUDA, page-locked ``buf``) returns before the copy ran, on the current stream: ``buf``
+        must then stay untouched until that stream passed this point. ``page_ids`` may be a
+        tensor from :meth:`device_index`."""
         idx = self._index(page_ids)
         n = len(page_ids)
         if tuple(buf.shape) != self.block_shape(n):

@@ -17,8 +17,9 @@ The engine calls a connector at three points, all ``async`` on the engine's even
 Pages move as one contiguous buffer per block (layout ``[layers, 2, block_tokens, kv_heads,
 head_dim]``) through ``ctx.transfer`` (:class:`engine.kv_transfer.KVTransfer`): on CUDA its
 copies run on a copy stream and later steps wait for them per layer, so ``load`` may return
-while they are in flight; on CPU they are done when the call returns. Connectors are created from a URL by a :class:`ConnectorRegistry`; the factory
-for a scheme is imported only when that scheme is used.
+while they are in flight; on CPU they are done when the call returns. Connectors are created
+from a URL by a :class:`ConnectorRegistry`; the factory for a scheme is imported only when
+that scheme is used.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class ConnectorContext:
     namespace: Callable[[int], Any]  # block_tokens -> kvstore.keys.Namespace of this model
     model_dir: str
     device: str
-    transfer: Any  # engine.kv_transfer.KVTransfer: the copy path (copy stream on CUDA) loads/saves use
+    transfer: Any  # engine.kv_transfer.KVTransfer: the copy path loads and saves use
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,7 @@ class KVTransfer:
         256-token blocks in 4 groups 123 ms, whole 271-343 ms, 32 groups 154-179 ms. So on
         CUDA 4 groups once a group of one block is at least AUTO_GROUP_MIN_BYTES; otherwise
         (small blocks: not measured to pay; CPU: nothing to overlap with) whole blocks."""
-        block = (
-            KVCache.bytes_per_page(
-                self.kv.num_layers, self.kv.page_size, self.kv.num_kv_heads, self.kv.head_dim, self.kv.dtype
-            )
-            * pages_per_block
-        )
+        block = self.kv.page_bytes * pages_per_block
         return AUTO_GROUPS if self.cuda and block // AUTO_GROUPS >= AUTO_GROUP_MIN_BYTES else 1
 
     def scatter(
@@ -102,14 +97,32 @@ class KVTransfer:
 
         On CUDA this only enqueues the copies: the buffers must stay untouched until the
         returned load is :meth:`PendingLoad.done`, and the next steps wait for it on the
-        device. May raise ValueError / IndexError for a buffer or page id that does not fit,
-        before anything was enqueued."""
+        device. Raises ValueError / IndexError for a buffer or page id that does not fit,
+        before anything was enqueued; if enqueueing fails later (CUDA out of memory for a
+        staging buffer), what was enqueued is still registered, so no step reads or rewrites
+        those pages before those copies finished."""
         kv = self.kv
         for pages, buf in blocks:  # all or nothing: no copy is enqueued for a bad block list
             kv.check_block(pages, buf)
         cuda = self.cuda
         staged = cuda if staged is None else staged
-        events = []
+        events: list = []
+        load = PendingLoad(events if cuda else None)
+        try:
+            self._enqueue(blocks, groups, staged, events)
+        finally:
+            if cuda:
+                # Even when enqueueing broke off (a staging allocation failed, say), the copies
+                # already on the stream must finish before a step recomputes those pages: the
+                # layers without an event of their own wait for a last one.
+                events += [self._record()] * (kv.num_layers - len(events))
+                with self._lock:
+                    self._pending.append(load)
+        return load
+
+    def _enqueue(self, blocks, groups: int, staged: bool, events: list) -> None:
+        """Issue the copies of :meth:`scatter`, appending one event per layer as groups end."""
+        kv, cuda = self.kv, self.cuda
         with torch.cuda.stream(self.stream) if cuda else contextlib.nullcontext():
             if staged:
                 chunks = self._chunks(blocks)
@@ -128,12 +141,6 @@ class KVTransfer:
                         kv.scatter_layers(layers, idx, buf, non_blocking=cuda)
                 if cuda:
                     events += [self._record()] * len(layers)
-        if not cuda:
-            return PendingLoad(None)
-        load = PendingLoad(events)
-        with self._lock:
-            self._pending.append(load)
-        return load
 
     def _chunks(self, blocks) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         """Runs of consecutive blocks of one page count, at most STAGING_BYTES each: per run
@@ -142,16 +149,7 @@ class KVTransfer:
         out, i = [], 0
         while i < len(blocks):
             n = len(blocks[i][0])
-            cap = max(
-                1,
-                STAGING_BYTES
-                // (
-                    KVCache.bytes_per_page(
-                        kv.num_layers, kv.page_size, kv.num_kv_heads, kv.head_dim, kv.dtype
-                    )
-                    * n
-                ),
-            )
+            cap = max(1, STAGING_BYTES // (kv.page_bytes * n))
             j = i
             while j < len(blocks) and j - i < cap and len(blocks[j][0]) == n:
                 j += 1

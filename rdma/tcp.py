@@ -138,13 +138,7 @@ class SocketChannel:
             except OSError as exc:
                 raise ConnectionError(f"send failed: {exc}") from exc
             self.bytes_out += n
-            while n:
-                if n >= views[i].nbytes:
-                    n -= views[i].nbytes
-                    i += 1
-                else:
-                    views[i] = views[i][n:]
-                    n = 0
+            i = _advance(views, i, n)
 
     async def recv_into(self, view: Any) -> None:
         """Fill ``view`` (a writable buffer) exactly; ConnectionError on EOF or reset."""
@@ -232,14 +226,21 @@ def _send_blocking(sock: socket.socket, views: list[memoryview]) -> int:
         except OSError as exc:
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n
-        while n:
-            if n >= views[i].nbytes:
-                n -= views[i].nbytes
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, n)
     return total
+
+
+def _advance(views: list[memoryview], i: int, n: int) -> int:
+    """After ``sendmsg(views[i:])`` sent ``n`` bytes: drop the views sent whole, trim a part-
+    sent one in place; returns the index of the first view not yet sent."""
+    while n:
+        if n >= views[i].nbytes:
+            n -= views[i].nbytes
+            i += 1
+        else:
+            views[i] = views[i][n:]
+            n = 0
+    return i
 
 
 def _recv_blocking(sock: socket.socket, mv: memoryview) -> int:
