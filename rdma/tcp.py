@@ -21,7 +21,7 @@ import itertools
 import select
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -53,12 +53,19 @@ class SocketChannel:
 
     With an ``offload`` executor, transfers of at least ``OFFLOAD_MIN`` bytes run in a worker
     thread (the GIL is released during the kernel copy), so one process moves several large
-    payloads at once on several cores; the event loop stays free. A cancelled offloaded
+    payloads at once on several cores; the event loop stays free. ``offload_if``, when given,
+    is asked before each such transfer: False keeps it on the loop (a daemon serving one
+    request at a time saves the two thread hops, ~40% of a 2 MiB GET). A cancelled offloaded
     transfer shuts the socket down and waits for its worker before re-raising, so no thread
     touches the buffer after the await ends.
     """
 
-    def __init__(self, sock: socket.socket, offload: Executor | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        offload: Executor | None = None,
+        offload_if: Callable[[], bool] | None = None,
+    ) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -67,6 +74,7 @@ class SocketChannel:
         self.sock = sock
         self._loop = asyncio.get_running_loop()
         self._offload = offload
+        self._offload_if = offload_if
         self.closed = False
         self.bytes_in = 0
         self.bytes_out = 0
@@ -110,6 +118,13 @@ class SocketChannel:
             else:
                 self._loop.remove_reader(fd)
 
+    def _offloads(self, nbytes: int) -> bool:
+        return (
+            self._offload is not None
+            and nbytes >= OFFLOAD_MIN
+            and (self._offload_if is None or self._offload_if())
+        )
+
     async def _in_worker(self, fn, *args) -> int:
         fut = self._loop.run_in_executor(self._offload, fn, *args)
         try:
@@ -124,7 +139,7 @@ class SocketChannel:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if v.nbytes]
-        if self._offload is not None and sum(v.nbytes for v in views) >= OFFLOAD_MIN:
+        if self._offloads(sum(v.nbytes for v in views)):
             self.bytes_out += await self._in_worker(_send_blocking, self.sock, views)
             return
         i = 0
@@ -143,7 +158,7 @@ class SocketChannel:
     async def recv_into(self, view: Any) -> None:
         """Fill ``view`` (a writable buffer) exactly; ConnectionError on EOF or reset."""
         mv = memoryview(view).cast("B")
-        if self._offload is not None and mv.nbytes >= OFFLOAD_MIN:
+        if self._offloads(mv.nbytes):
             self.bytes_in += await self._in_worker(_recv_blocking, self.sock, mv)
             return
         pos, end = 0, mv.nbytes

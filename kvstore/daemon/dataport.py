@@ -67,6 +67,7 @@ class DataServer(DescriptorOps):
             max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
         )
         self._accept_task: asyncio.Task | None = None
+        self._busy = 0  # requests being served now, over all connections
 
     # ------------------------------------------------------------ lifecycle
 
@@ -111,7 +112,9 @@ class DataServer(DescriptorOps):
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        ch = SocketChannel(conn, offload=self._copies)
+        # Copies go to worker threads only while another request is being served too: alone,
+        # the thread hops cost more than they win (docs/benchmarks-store.md).
+        ch = SocketChannel(conn, offload=self._copies, offload_if=lambda: self._busy > 1)
         self.metrics.connections.inc()
         try:
             while not self.closing:
@@ -123,11 +126,13 @@ class DataServer(DescriptorOps):
                     await _try_send(ch, P.error_reply(0, exc.code, str(exc)))
                     return
                 sess.busy = True
+                self._busy += 1
                 try:
                     if not await self._request(ch, sess, h):
                         return
                 finally:
                     sess.busy = False
+                    self._busy -= 1
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception as exc:  # never let one connection take the daemon down
