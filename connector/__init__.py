@@ -4,9 +4,15 @@ schemes."""
 
 
 def create(url: str, ctx):
-    """Build a :class:`connector.store_connector.StoreConnector` for ``url``. Raises
-    ConfigError naming the URL when it or its options are bad."""
+    """Build a :class:`connector.store_connector.StoreConnector` for ``url``. Raises the
+    engine's ConnectorError naming the URL when it or its options are bad: this is the seam
+    between the store's errors and the engine's, so ``kvengine`` reports it as a usage error."""
     from connector.config import parse_connector_url
     from connector.store_connector import StoreConnector
+    from engine.errors import ConnectorError
+    from kvstore.errors import ConfigError
 
-    return StoreConnector(ctx, parse_connector_url(url))
+    try:
+        return StoreConnector(ctx, parse_connector_url(url))
+    except ConfigError as exc:
+        raise ConnectorError(str(exc)) from exc

@@ -98,11 +98,25 @@ def _get(body: dict, name: str, types: tuple, default: Any = None) -> Any:
     return v
 
 
+def _limit_field(body: dict, chat: bool) -> str:
+    """The name under which the request sent its token limit (errors name it)."""
+    return "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+
+
+def _renamed(exc: RequestError, field: str) -> ApiError:
+    """A 400 for ``exc``, naming ``field`` where the engine said max_tokens."""
+    if exc.param == "max_tokens" and field != "max_tokens":
+        return ApiError(400, str(exc).replace("max_tokens", field, 1), field)
+    return ApiError(400, str(exc), exc.param)
+
+
 def _params(body: dict, chat: bool, room: int) -> SamplingParams:
     """Sampling parameters of a request; ``room`` (context left after the prompt) caps the
     default max_tokens, while an explicit one that does not fit is an error."""
-    max_tokens = _get(body, "max_completion_tokens", (int,)) if chat else None
-    max_tokens = max_tokens or _get(body, "max_tokens", (int,))
+    # Chat takes either name (max_completion_tokens wins); an explicit 0 is an error, never
+    # "unset", and errors name the field the client sent.
+    field = _limit_field(body, chat)
+    max_tokens = _get(body, field, (int,))
     if max_tokens is None:
         max_tokens = max(1, min(16 if not chat else 256, room))
     stop = _get(body, "stop", (str, list), [])
@@ -126,7 +140,7 @@ def _params(body: dict, chat: bool, room: int) -> SamplingParams:
             ignore_eos=bool(_get(body, "ignore_eos", (bool,), False)),
         )
     except RequestError as exc:
-        raise ApiError(400, str(exc), exc.param) from exc
+        raise _renamed(exc, field) from exc
 
 
 def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
@@ -233,7 +247,7 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
         try:
             first = await gen.__anext__()  # raises RequestError before anything is sent
         except RequestError as exc:
-            raise ApiError(400, str(exc), exc.param) from exc
+            raise _renamed(exc, _limit_field(body, chat)) from exc
         metrics.prompt_tokens.inc(len(ids))
         metrics.ttft.observe(time.perf_counter() - t0)
 

@@ -89,7 +89,7 @@ async def test_partial_prefix_and_tails(tiny_model, tmp_path):
 async def test_policy_never_and_bad_url(tiny_model, tmp_path):
     import pytest
 
-    from kvstore.errors import ConfigError
+    from engine.errors import ConnectorError
 
     d = tiny_model()
     prompt = _prompt(64, 5)
@@ -109,7 +109,7 @@ async def test_policy_never_and_bad_url(tiny_model, tmp_path):
         ("kvstore://localhost", "not host:port"),
         (f"local://{tmp_path}?block_tokens=24", "multiple of page size"),
     ]:
-        with pytest.raises(ConfigError, match=word):
+        with pytest.raises(ConnectorError, match=word):  # the engine's error, at the seam
             make_engine(d, bad)
 
 

@@ -223,3 +223,37 @@ def test_engine_server_default_max_tokens_fits_the_context(client):
     )
     assert r.usage.prompt_tokens + r.usage.completion_tokens <= 1024
     assert r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_engine_server_chat_bad_token_limit_names_the_field_sent(server, field, value):
+    # issue 13: max_completion_tokens=0 used to fall through to the default (200, 256 tokens)
+    # and -1 was reported as a bad 'max_tokens'
+    body = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value}
+    ).encode()
+    req = urllib.request.Request(
+        server + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as he:
+        urllib.request.urlopen(req, timeout=30)
+    err = json.loads(he.value.read())["error"]
+    assert he.value.code == 400
+    assert err["param"] == field and field in err["message"]
+
+
+def test_engine_cli_bad_connector_option_is_one_line_and_status_2(tiny_model_dir):
+    # issue 13: a bad --kv-connector option raised kvstore.errors.ConfigError through kvengine
+    d = tiny_model_dir("llama-tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "serve", "--model", d, "--device", "cpu", "--port", "0"]
+        + ["--kv-connector", "kvstore://127.0.0.1:1?lookup_deadline_s=soon"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvengine: error:"), out.stderr
+    assert "lookup_deadline_s" in lines[0]
