@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-store test lint bench clean venv
+.PHONY: demo demo-store test lint bench clean venv system-deps
 
 venv: $(STAMP)
 
@@ -28,7 +28,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# etcd, iproute2 and pyverbs for the tests that use them: installed when missing and run as
+# root (apt-get); otherwise those tests skip, each with one reason (.ci/system-deps.sh)
+system-deps:
+	@bash .ci/system-deps.sh
+
+test: lint system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.cluster_etcd import Etcd
+import pytest
+from cluster.cluster_etcd import Etcd, etcd_missing
 from cluster.cluster_netns import Host, Net
 from daemonutil import REPO, Daemon, _toml
 
@@ -51,7 +52,10 @@ class Cluster:
         return ClientConfig(**base)
 
     def start_etcd(self) -> Etcd:
-        """etcd on the bridge address (reachable from every host and from the test)."""
+        """etcd on the bridge address (reachable from every host and from the test); skips the
+        test with the one etcd reason when it is not installed."""
+        if etcd_missing():
+            pytest.skip(etcd_missing())
         d = self.workdir / "etcd"
         d.mkdir(exist_ok=True)
         self.etcd = Etcd(d, self.net.gateway)

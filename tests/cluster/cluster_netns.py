@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ def cannot_make_namespaces() -> str:
     """Why network namespaces cannot be made here ('' when they can)."""
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs these as root)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 is not installed (Debian: iproute2; `make test` installs it when run as root)"
     probe = f"tkvprobe{secrets.token_hex(3)}"
     r = sh("ip", "netns", "add", probe, check=False)
     if r.returncode != 0:

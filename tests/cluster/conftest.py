@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from cluster.cluster_etcd import Etcd
+from cluster.cluster_etcd import Etcd, etcd_missing
 
 
 @pytest.fixture
 def etcd(tmp_path):
     """A fresh etcd on loopback; skipped with a reason when etcd is not installed."""
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed (Debian: etcd-server)")
+    if etcd_missing():
+        pytest.skip(etcd_missing())
     e = Etcd(tmp_path)
     e.start()
     yield e
