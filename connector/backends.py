@@ -24,6 +24,10 @@ log = logging.getLogger("tierkv.connector")
 
 
 class Backend:
+    async def start(self, deadline_s: float) -> None:
+        """Open what the first call would otherwise open (the store, connections), within
+        ``deadline_s``. Never raises for a store problem."""
+
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float) -> list[str | None]:
         raise NotImplementedError
 
@@ -78,6 +82,11 @@ class LocalBackend(Backend):
                     )
                     self._node = await NodeStore.open(store_cfg)
         return self._node
+
+    async def start(self, deadline_s: float) -> None:
+        # Opening the node allocates its DRAM tier and opens LMDB: seconds for a large tier.
+        # No deadline of its own: start waits for it, so the first request never does.
+        await self._get()
 
     @property
     def node(self):
@@ -156,6 +165,7 @@ class RemoteBackend(Backend):
             namespaces=(namespace,),
             op_timeout_s=max(cfg.load_deadline_s, cfg.save_deadline_s),
         )
+        self._probe_key = namespace.id
         cluster = ClusterConfig(replicas=cfg.replicas)
         if cfg.kind == "etcd":
             from kvstore.cluster.membership import MembershipError
@@ -167,6 +177,22 @@ class RemoteBackend(Backend):
                 raise ConfigError(f"--kv-connector etcd://{cfg.target}: {exc}") from exc
         else:
             self.client = ClusterClient.static(cfg.addrs, ccfg, cluster)
+
+    async def start(self, deadline_s: float) -> None:
+        """Membership, then every connection of every node's pool, opened now: a connection
+        costs a TCP handshake, HELLO (auth, tenant salt) and, with RDMA, a device probe and a
+        queue-pair exchange. Each is opened by a real one-key EXISTS (the namespace's own key,
+        never a block), ``pool_size`` at once per node."""
+        await self.client.start(deadline_s)
+        self.client.live_addrs()  # creates the node clients from the membership view
+        probe = [self._probe_key]
+        await asyncio.gather(
+            *(
+                n.exists(probe, deadline_s)
+                for n in list(self.client.nodes.values())
+                for _ in range(self.client.client_cfg.pool_size)
+            )
+        )
 
     async def exists(self, keys, deadline_s):
         tiers = await self.client.exists(keys, deadline_s)

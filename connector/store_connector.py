@@ -29,6 +29,7 @@ import torch
 
 from connector.backends import Backend, make_backend
 from connector.config import ConnectorConfig
+from connector.flush import FlushResult, SaveTally
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
 from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
@@ -47,6 +48,7 @@ class StoreConnector(KVConnector):
     def __init__(self, ctx: ConnectorContext, cfg: ConnectorConfig, backend: Backend | None = None) -> None:
         self.ctx, self.cfg = ctx, cfg
         self.block_tokens = cfg.block_tokens or ctx.page_size
+        self.lookup_deadline_s = cfg.lookup_deadline_s  # the engine waits at least this long
         if self.block_tokens % ctx.page_size:
             raise ConfigError(
                 f"block_tokens {self.block_tokens} is not a multiple of page size {ctx.page_size}"
@@ -77,12 +79,29 @@ class StoreConnector(KVConnector):
         self._saving = 0  # save() calls still copying blocks out
         self._saves_idle = asyncio.Event()
         self._saves_idle.set()
+        self._tally = SaveTally()  # how saves ended since the last flush()
         # Staging for loads that cannot read in place, allocated and touched once here: a fresh
         # buffer costs a page fault per 4 KiB on its first fill, which a load should not pay.
         self._staging: list[torch.Tensor] = [
             torch.zeros(self.block_bytes, dtype=torch.uint8, pin_memory=self.pin)
             for _ in range(cfg.load_batch_blocks * cfg.load_parallel)
         ]
+
+    async def start(self) -> None:
+        """At engine start: open the store (local://) or the connections to every daemon
+        (kvstore://, etcd://), and start the saver, so the first request pays none of it.
+        Never raises for a store problem: a store that is down now is a miss later."""
+        self._start_saver()
+        try:
+            await self.backend.start(max(self.cfg.lookup_deadline_s, self.cfg.load_deadline_s))
+        except Exception as exc:  # the cache path never fails the engine
+            log.warning("event=connector_start_failed error=%r", exc)
+
+    def _start_saver(self) -> None:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._space = asyncio.Event()
+            self._saver = asyncio.create_task(self._save_loop(), name="kv-connector-saver")
 
     # ------------------------------------------------------------------ helpers
     def _chain(self, token_ids: Sequence[int], n_blocks: int | None = None) -> list[BlockKey]:
@@ -313,10 +332,7 @@ class StoreConnector(KVConnector):
         bt, ppb = self.block_tokens, self.pages_per_block
         n = len(page_ids) // ppb
         keys = self._chain(request.token_ids, n)
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._space = asyncio.Event()
-            self._saver = asyncio.create_task(self._save_loop(), name="kv-connector-saver")
+        self._start_saver()
         deadline = time.monotonic() + self.cfg.save_deadline_s
         parent = self.ns.id
         for j, key in enumerate(keys):
@@ -333,9 +349,9 @@ class StoreConnector(KVConnector):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._space.wait(), left)
                 if self._queued_bytes and self._queued_bytes + self.block_bytes > self.cfg.save_queue_bytes:
-                    self.metrics.dropped_saves.labels("queue_full").inc(
-                        sum(1 for k in keys[j:] if k.raw not in self._stored)
-                    )
+                    n_drop = sum(1 for k in keys[j:] if k.raw not in self._stored)
+                    self.metrics.dropped_saves.labels("queue_full").inc(n_drop)
+                    self._tally.add("dropped", "queue_full", n_drop)
                     break
                 pages = page_ids[j * ppb : (j + 1) * ppb]
                 if self.transfer.cuda:  # on the copy stream, off the event loop
@@ -374,14 +390,15 @@ class StoreConnector(KVConnector):
                 res = [None] * len(batch)
             for (h, _), r in zip(batch, res):
                 if r is not None and r.status.ok:
+                    self._tally.add("saved")
                     if r.status is Status.STORED:
                         self.metrics.saved_blocks.inc()
                         self.metrics.bytes_saved.inc(h.payload_len)
                 else:
                     self._stored.pop(h.key.raw, None)  # let a later request try again
-                    self.metrics.dropped_saves.labels(
-                        r.status.name.lower() if r is not None else "error"
-                    ).inc()
+                    cause = r.status.name.lower() if r is not None else "error"
+                    self.metrics.dropped_saves.labels(cause).inc()
+                    self._tally.add("failed", cause)
             self._inflight_saves = 0
             self._queued_bytes -= len(batch) * self.block_bytes
             self._space.set()
@@ -389,9 +406,11 @@ class StoreConnector(KVConnector):
                 q.task_done()
             self.metrics.save_queue.set(q.qsize())
 
-    async def flush(self, timeout_s: float = 30.0) -> bool:
+    async def flush(self, timeout_s: float = 30.0) -> FlushResult:
         """Wait until every save begun so far has copied its blocks out and every queued block
-        was written or dropped. False on timeout."""
+        was written or dropped; return how the saves since the previous flush ended (saved,
+        dropped, failed; ``complete`` False on timeout). Callers that need the blocks stored
+        (demo, benchmarks) must check it: ``bool(result)`` is True only when all were saved."""
 
         async def drained() -> None:
             await self._saves_idle.wait()
@@ -400,9 +419,10 @@ class StoreConnector(KVConnector):
 
         try:
             await asyncio.wait_for(drained(), timeout_s)
-            return True
+            complete = True
         except TimeoutError:
-            return False
+            complete = False
+        return self._tally.take(complete)
 
     async def close(self) -> None:
         await self.flush(self.cfg.save_deadline_s)

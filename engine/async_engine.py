@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.errors import ConfigError
 from engine.kv_connector import ConnectorContext, ConnectorRegistry, ConnectorRequest, KVConnector
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams, Sequence
@@ -48,14 +49,38 @@ def connector_context(engine: LLMEngine) -> ConnectorContext:
     )
 
 
+# Added to the connector's own lookup deadline for the engine's backstop: the connector hashes
+# the prompt's keys before its deadline starts, and a backstop must never cut a lookup that
+# the connector would still answer in time.
+LOOKUP_MARGIN_S = 1.0
+
+
 class AsyncEngine:
     def __init__(
-        self, engine: LLMEngine, connector: KVConnector | None = None, lookup_timeout_s: float = 0.5
+        self,
+        engine: LLMEngine,
+        connector: KVConnector | None = None,
+        lookup_timeout_s: float | None = None,
     ) -> None:
-        """``connector`` None means no connector: no lookups, loads or saves at all."""
+        """``connector`` None means no connector: no lookups, loads or saves at all.
+
+        ``lookup_timeout_s`` is only a backstop against a connector that ignores its own
+        deadline: by default the connector's ``lookup_deadline_s`` + LOOKUP_MARGIN_S. A
+        value below the connector's deadline is refused (ConfigError): it would turn lookups
+        the connector answers in time into misses."""
         self.engine = engine
         self.connector = connector
+        if connector is not None:
+            own = float(connector.lookup_deadline_s)
+            if lookup_timeout_s is None:
+                lookup_timeout_s = own + LOOKUP_MARGIN_S
+            elif lookup_timeout_s < own:
+                raise ConfigError(
+                    f"lookup_timeout_s {lookup_timeout_s} is below the connector's lookup_deadline_s {own}"
+                )
         self.lookup_timeout_s = lookup_timeout_s
+        self._started = False
+        self._start_lock = asyncio.Lock()
         if connector is not None:
             engine.scheduler.connector_block_pages = connector.block_tokens // engine.config.page_size
             engine.save_block_tokens = connector.block_tokens
@@ -75,16 +100,32 @@ class AsyncEngine:
         config: EngineConfig | None = None,
         kv_connector: str = "none",
         registry: ConnectorRegistry | None = None,
+        lookup_timeout_s: float | None = None,
     ) -> AsyncEngine:
         eng = LLMEngine(model_dir, config)
         connector = (registry or ConnectorRegistry()).create(kv_connector, connector_context(eng))
-        return cls(eng, connector)
+        return cls(eng, connector, lookup_timeout_s)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name="engine-loop")
+        """Start the loop. The first call also pays every one-time cost here rather than on
+        the first request: the engine's warm-up (EngineConfig.warm_up) on the step thread and
+        the connector's ``start()`` (connections, buffers) on this loop, concurrently."""
+        if self._task is not None:
+            return
+        async with self._start_lock:  # concurrent first requests wait for one warm-up
+            if not self._started:
+                loop = asyncio.get_running_loop()
+                jobs = []
+                if self.engine.config.warm_up:
+                    jobs.append(loop.run_in_executor(self._pool, self.engine.warm_up))
+                if self.connector is not None:
+                    jobs.append(self.connector.start())
+                await asyncio.gather(*jobs)
+                self._started = True
+            if self._task is None:
+                self._wake = asyncio.Event()
+                self._task = asyncio.create_task(self._loop(), name="engine-loop")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -170,6 +170,9 @@ class EngineConfig:
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
+    # AsyncEngine.start runs LLMEngine.warm_up (a tiny request) so the first real request does
+    # not pay kernel compilation or library set-up
+    warm_up: bool = True
 
     def __post_init__(self) -> None:
         if self.page_size <= 0 or self.page_size & (self.page_size - 1):

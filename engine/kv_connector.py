@@ -2,8 +2,10 @@
 
 The engine calls a connector at three points, all ``async`` on the engine's event loop:
 
-1. ``lookup(token_ids) -> int`` when a request arrives (under a deadline; a timeout or an
-   error counts as 0): how many leading tokens the store holds, a multiple of
+0. ``start()`` once at engine start: connections, buffers, device probes (off the request
+   path).
+1. ``lookup(token_ids) -> int`` when a request arrives (under the connector's
+   ``lookup_deadline_s``; a timeout or an error counts as 0): how many leading tokens the store holds, a multiple of
    ``block_tokens``.
 2. ``load(request, page_ids) -> int`` when the scheduler admits a request whose reported hit
    exceeds the engine's own prefix cache: fill ``page_ids`` (holding tokens
@@ -59,9 +61,18 @@ class ConnectorRequest:
 
 
 class KVConnector(ABC):
-    """Base class of connectors. ``block_tokens`` must be a multiple of the page size."""
+    """Base class of connectors. ``block_tokens`` must be a multiple of the page size.
+    ``lookup_deadline_s`` is the connector's own deadline for one lookup: the engine waits
+    for it (plus a margin, see engine/async_engine.py), never less."""
 
     block_tokens: int
+    lookup_deadline_s: float = 1.0
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Do at engine start whatever the first request would otherwise pay for: open
+        connections, allocate buffers, probe devices. Called once, on the engine's event
+        loop, before any request; must not raise for a store problem (a store that is down
+        at start is a miss later, not a failed start)."""
 
     @abstractmethod
     async def lookup(self, token_ids: Sequence[int]) -> int: ...

@@ -173,7 +173,9 @@ async def test_daemon_that_never_answers(tiny_model):
         elapsed = time.monotonic() - t0
         assert toks == ref and cached == 0
         assert elapsed < 10, elapsed
-        assert await b.connector.flush(10)
+        res = await b.connector.flush(10)
+        assert res.complete and res.saved == 0 and res.failed + res.dropped == 6, res  # told, not silent
+        assert not res
         assert b.connector.metrics.value("tierkv_connector_saved_blocks_total") == 0
     finally:
         await b.stop()

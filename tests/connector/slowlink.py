@@ -1,0 +1,100 @@
+"""A real slow network link for tests: a TCP forwarder on loopback that delivers every byte
+from the server to the client ``delay_s`` after it arrived (a fixed one-way latency, like
+netem's ``delay``; bandwidth is not limited). The client side sees a round trip of at least
+``delay_s`` for every request, including the connection's HELLO."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import deque
+
+
+class SlowLink:
+    def __init__(self, target: str, delay_s: float) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.delay_s = delay_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self._socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                continue
+            server = socket.create_connection(self.target, timeout=5)
+            server.settimeout(None)
+            client.settimeout(None)
+            self._socks += [client, server]
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._delayed, args=(server, client), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _shut(dst)
+
+    def _delayed(self, src: socket.socket, dst: socket.socket) -> None:
+        line: deque[tuple[float, bytes]] = deque()
+        cond = threading.Condition()
+        closed = []
+
+        def send() -> None:
+            try:
+                while True:
+                    with cond:
+                        while not line and not closed:
+                            cond.wait()
+                        if not line:
+                            break
+                        due, data = line.popleft()
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                _shut(dst)
+
+        threading.Thread(target=send, daemon=True).start()
+        try:
+            while data := src.recv(1 << 20):
+                with cond:
+                    line.append((time.monotonic() + self.delay_s, data))
+                    cond.notify()
+        except OSError:
+            pass
+        with cond:
+            closed.append(True)
+            cond.notify()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        for s in self._socks:
+            _shut(s)
+            s.close()
+
+
+def _shut(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -1,0 +1,125 @@
+"""The engine honours the connector's deadlines, and a fresh engine's first request pays no
+set-up (issue 11): a real daemon behind a real slow link (tests/connector/slowlink.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from connutil import make_engine, prompt_kv, reference, run
+
+from engine.async_engine import AsyncEngine
+from engine.errors import ConfigError
+from tests.connector.slowlink import SlowLink
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 250, (n,), generator=g).tolist()
+
+
+async def _store(model_dir: str, addr: str, prompt: list[int]) -> torch.Tensor:
+    """Run ``prompt`` cold against the daemon at ``addr`` and wait until its blocks are stored;
+    returns the KV of its full blocks."""
+    a = make_engine(model_dir, f"kvstore://{addr}?lookup_deadline_s=5&policy=always")
+    try:
+        _, cached = await run(a, prompt)
+        assert cached == 0
+        res = await a.connector.flush(30)
+        assert res.complete and res.dropped == 0 and res.failed == 0, res
+        return prompt_kv(a, prompt, len(prompt) // 16 * 16)
+    finally:
+        await a.stop()
+
+
+async def test_a_lookup_slower_than_half_a_second_hits_under_a_2s_deadline(tiny_model, start_daemon):
+    # issue 11: the engine cut every lookup at a fixed 0.5 s, whatever lookup_deadline_s said
+    d = tiny_model()
+    node = start_daemon()
+    prompt = _prompt(150, 11)
+    ref = reference(d, prompt)
+    await _store(d, node.addr, prompt)
+    link = SlowLink(node.addr, delay_s=0.8)  # every round trip takes >= 0.8 s
+    b = make_engine(
+        d,
+        f"kvstore://{link.addr}?lookup_deadline_s=2&load_deadline_s=20&policy=always",
+        enable_prefix_cache=False,
+    )
+    try:
+        toks, cached = await run(b, prompt)
+        assert toks == ref and cached == 144
+        assert (
+            b.connector.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="lookup_timeout")
+            == 0
+        )
+    finally:
+        await b.stop()
+        link.close()
+
+
+async def test_the_first_request_after_start_pays_no_connection_setup(tiny_model, start_daemon):
+    # A fresh connection costs one round trip (HELLO) before its first EXISTS: with a 0.6 s link
+    # a lookup that opens its connection needs >= 1.2 s, one on a connection opened at start
+    # 0.6 s. The 1.1 s deadline leaves no room for set-up on the request path.
+    d = tiny_model()
+    node = start_daemon()
+    prompt = _prompt(150, 12)
+    ref = reference(d, prompt)
+    await _store(d, node.addr, prompt)
+    link = SlowLink(node.addr, delay_s=0.6)
+    b = make_engine(
+        d,
+        f"kvstore://{link.addr}?lookup_deadline_s=1.1&load_deadline_s=20&policy=always",
+        enable_prefix_cache=False,
+    )
+    try:
+        await b.start()
+        toks, cached = await run(b, prompt)
+        assert toks == ref and cached == 144
+    finally:
+        await b.stop()
+        link.close()
+
+
+async def test_local_store_is_opened_at_start(tiny_model, tmp_path):
+    a = make_engine(tiny_model(), f"local://{tmp_path}/s")
+    try:
+        assert a.connector.backend.node is None
+        await a.start()
+        assert a.connector.backend.node is not None  # not on the first request's lookup
+    finally:
+        await a.stop()
+
+
+def test_an_engine_cap_below_the_connectors_deadline_is_refused(tiny_model, tmp_path):
+    a = make_engine(tiny_model(), f"local://{tmp_path}/s?lookup_deadline_s=2")
+    with pytest.raises(ConfigError, match="lookup_timeout_s 0.5 is below"):
+        AsyncEngine(a.engine, a.connector, lookup_timeout_s=0.5)
+    assert AsyncEngine(a.engine, a.connector).lookup_timeout_s >= 2
+
+
+async def test_saves_that_outlive_an_internal_timeout_are_reported_not_silent(tiny_model, start_daemon):
+    # issue 11: saves through a slow link hit a timeout shorter than save_deadline_s inside the
+    # client (node marked down), and flush() still said True. Whatever the client does with a
+    # 1.2 s round trip, flush() must tell which blocks were stored, and only those are.
+    d = tiny_model()
+    node = start_daemon()
+    prompt = _prompt(150, 13)  # 9 full blocks
+    link = SlowLink(node.addr, delay_s=1.2)
+    a = make_engine(d, f"kvstore://{link.addr}?save_deadline_s=20&lookup_deadline_s=5&load_deadline_s=20")
+    try:
+        await run(a, prompt)
+        res = await a.connector.flush(60)
+    finally:
+        await a.stop()
+        link.close()
+    assert res.complete, res
+    assert res.saved + res.dropped + res.failed == 9, res
+    assert bool(res) == (res.saved == 9)
+    direct = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5")
+    try:
+        await direct.start()
+        keys = direct.connector.ns.block_keys(prompt)
+        present = await direct.connector.backend.exists(keys, 5)
+        assert sum(t is not None for t in present) == res.saved, (present, res)
+    finally:
+        await direct.stop()
