@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttnMetadata
+from engine.attention_meta import AttnMetadata
 from engine.config import ModelConfig, RopeConfig
 
 

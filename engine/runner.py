@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import build_metadata
+from engine.attention_meta import build_metadata
 from engine.kv_cache import KVCache
 from engine.kv_transfer import KVTransfer
 from engine.model import CausalLM

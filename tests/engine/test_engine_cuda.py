@@ -1,61 +1,21 @@
-"""CUDA backends. The Triton decode kernel also runs on CPU under Triton's interpreter
-(TRITON_INTERPRET=1, when triton is importable); everything else needs a CUDA device and
-skips with a reason elsewhere."""
+"""The engine end to end on each attention backend against the CPU torch backend: greedy
+tokens equal and logits close. The Triton backend also runs here on CPU under Triton's
+interpreter; CUDA and flash-attn cases skip with a reason where they cannot run."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
 
-from engine.attention import TorchAttention, build_metadata
-
-HAS_CUDA = torch.cuda.is_available()
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+from tests.engine.interpret import HAS_CUDA, HAS_TRITON, kernels_run
 
 
-def random_decode_case(device: str, dtype: torch.dtype, heads=8, kv_heads=2, d=64, ps=16):
-    g = torch.Generator().manual_seed(0)
-    ctx = [1, 17, 40, 95]
-    pages = list(range(40))
-    perm = torch.randperm(40, generator=g).tolist()
-    tables, off = [], 0
-    for c in ctx:
-        n = -(-c // ps)
-        tables.append(perm[off : off + n])
-        off += n
-    k_cache = torch.randn(len(pages), ps, kv_heads, d, generator=g).to(device, dtype)
-    v_cache = torch.randn(len(pages), ps, kv_heads, d, generator=g).to(device, dtype)
-    q = torch.randn(len(ctx), heads, d, generator=g).to(device, dtype)
-    meta = build_metadata([1] * len(ctx), ctx, tables, ps, device)
-    return q, k_cache, v_cache, meta, (heads, kv_heads, d)
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.skipif(
-    not (HAS_CUDA or INTERPRET), reason="needs CUDA, or TRITON_INTERPRET=1 to run the kernel on CPU"
-)
-def test_engine_triton_paged_decode_matches_torch():
-    from engine.attention_cuda import TritonAttention
-
-    device = "cuda" if HAS_CUDA and not INTERPRET else "cpu"
-    q, kc, vc, meta, shape = random_decode_case(device, torch.float32)
-    ref = TorchAttention(*shape)._decode(q, kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:]), meta)
-    meta2 = build_metadata(
-        meta.query_lens,
-        meta.context_lens,
-        [list(map(int, r)) for r in meta.block_tables.tolist()],
-        16,
-        device,
-    )
-    got = TritonAttention(*shape)._decode(q, kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:]), meta2)
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-
-
-def _engine_tokens(d: str, device: str, dtype: str, backend: str):
+def _engine_tokens(d: str, device: str, dtype: str, backend: str, engines: list):
+    """Greedy generation of three ragged prompts (chunked prefill mixes with decodes), then a
+    prompt that shares 70 tokens with the third one: its prefill reads a cached prefix of 64
+    tokens (4 pages) from the prefix cache."""
     from engine.config import EngineConfig
     from engine.llm import LLMEngine
     from engine.sequence import SamplingParams
@@ -66,29 +26,48 @@ def _engine_tokens(d: str, device: str, dtype: str, backend: str):
             num_pages=64, device=device, dtype=dtype, attention_backend=backend, max_num_batched_tokens=40
         ),
     )
+    engines.append(eng)
+    assert eng.backend.name == backend
     eng.record_logits = {}
     g = torch.Generator().manual_seed(3)
     ps = [torch.randint(6, 262, (n,), generator=g).tolist() for n in (5, 37, 90)]
-    seqs = eng.generate(ps, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    eng.check_integrity()
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    seqs = eng.generate(ps, sp)
+    seqs += eng.generate([ps[2][:70] + torch.randint(6, 262, (20,), generator=g).tolist()], sp)
+    assert seqs[-1].num_cached_tokens > 0, "the last prompt did not hit the prefix cache"
     return [s.output_tokens for s in seqs], [torch.stack(eng.record_logits[s.request_id]).cpu() for s in seqs]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CUDA variant is test_engine_cuda_backends_match_cpu")
+@pytest.mark.skipif(kernels_run() is not None, reason=kernels_run() or "")
+def test_engine_triton_interpreted_matches_torch(tiny_model_dir, engines):
+    d = tiny_model_dir("llama-gqa4")
+    ref_tokens, ref_logits = _engine_tokens(d, "cpu", "float32", "torch", engines)
+    tokens, logits = _engine_tokens(d, "cpu", "float32", "triton", engines)
+    assert tokens == ref_tokens
+    for a, b in zip(logits, ref_logits):
+        assert _rel(a, b) < 1e-5
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", ["torch", "triton", "flash_attn"])
-def test_engine_cuda_backends_match_cpu(tiny_model_dir, backend):
+def test_engine_cuda_backends_match_cpu(tiny_model_dir, engines, backend):
     if backend == "triton" and not HAS_TRITON:
         pytest.skip("triton is not installed")
     if backend == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
         pytest.skip("flash-attn is not installed (it builds only from source with nvcc)")
     d = tiny_model_dir("llama-gqa4")
-    ref_tokens, ref_logits = _engine_tokens(d, "cpu", "float32", "torch")
+    ref_tokens, ref_logits = _engine_tokens(d, "cpu", "float32", "torch", engines)
     if backend != "flash_attn":  # flash-attn computes in half precision only
-        tokens, logits = _engine_tokens(d, "cuda", "float32", backend)
+        tokens, logits = _engine_tokens(d, "cuda", "float32", backend, engines)
         assert tokens == ref_tokens
         for a, b in zip(logits, ref_logits):
-            assert float((a - b).norm() / b.norm()) < 1e-3
-    tokens, logits = _engine_tokens(d, "cuda", "bfloat16", backend)
+            assert _rel(a, b) < 1e-3
+    tokens, logits = _engine_tokens(d, "cuda", "bfloat16", backend, engines)
     for a, b in zip(logits, ref_logits):
-        assert float((a - b).norm() / b.norm()) < 5e-2  # bf16 tolerance
+        assert _rel(a, b) < 5e-2  # bf16 tolerance

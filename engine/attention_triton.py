@@ -1,0 +1,61 @@
+"""The Triton attention backend: every step (prefill chunks with or without a cached prefix,
+decode, any mix) runs the paged kernel of ``engine/triton_paged.py`` once per layer, reading
+K/V in place through the block table.
+
+Runs on CUDA; on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the
+tests compare it with the torch backend on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from engine.attention_meta import AttnMetadata, store_kv
+from engine.errors import ConfigError
+from engine.triton_paged import PagedAttentionKernel, PagedKernelConfig
+
+
+class TritonAttention:
+    name = "triton"
+
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, cfg: PagedKernelConfig | None = None
+    ) -> None:
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.kernel = PagedAttentionKernel(num_heads, num_kv_heads, head_dim, cfg or PagedKernelConfig())
+        self.scale = self.kernel.scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+    ) -> torch.Tensor:
+        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q = q.contiguous()
+        return self.kernel(q, k_cache, v_cache, meta, torch.empty_like(q))
+
+
+def create(
+    device: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> TritonAttention:
+    """The backend for ``device``; ConfigError on CPU without the interpreter, ImportError
+    without triton. The split-K target is sized to the GPU (2 programs per SM)."""
+    if not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError(
+            f"attention_backend 'triton' needs a CUDA device (or TRITON_INTERPRET=1 to run it on "
+            f"the CPU interpreter), got device {device!r}"
+        )
+    import triton  # noqa: F401  (ImportError here, not at the first step)
+
+    cfg = PagedKernelConfig()
+    if device.startswith("cuda"):
+        sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+        cfg = PagedKernelConfig(target_programs=2 * sms)
+    return TritonAttention(num_heads, num_kv_heads, head_dim, cfg)
