@@ -28,6 +28,7 @@ import torch
 from connector.backends import Backend
 from connector.config import parse_connector_url
 from connector.demo import DEFAULT_MODEL_DIR, ensure_model
+from connector.flush import require_saved
 from connector.store_connector import StoreConnector
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -103,7 +104,7 @@ async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str) -> l
     await _warm(a)
     cold, cached, tok_cold = await _ttft(a, prompt)
     assert cached == 0
-    await a.connector.flush(120)
+    require_saved(await a.connector.flush(120), "ttft: local store")
     hbm, cached_hbm, tok = await _ttft(a, prompt)
     assert tok == tok_cold
     rows.append(dict(tokens=n, tier="cold", ttft=cold, hit=0, floor=None))
@@ -136,7 +137,7 @@ async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str) -> l
     remote = f"kvstore://{daemon_addr}?lookup_deadline_s=30&load_deadline_s=60&policy=always"
     d = _engine(model_dir, remote, prefix_cache=False)
     await _ttft(d, prompt)
-    await d.connector.flush(120)
+    require_saved(await d.connector.flush(120), "ttft: daemon")
     bw = await _tier_bandwidth(d.connector, prompt)
     await d.stop()
     e = _engine(model_dir, remote, prefix_cache=False)

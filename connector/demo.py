@@ -103,7 +103,9 @@ async def _child(model_dir: str, url: str, prompt_file: str, max_tokens: int) ->
             for s in m.samples
             if s.name.endswith("_total") and s.value
         }
-        await c.flush()
+        from connector.flush import require_saved
+
+        require_saved(await c.flush(), "demo")  # a hit run against a half-stored prefix proves nothing
         saved = c.metrics.value("tierkv_connector_saved_blocks_total")
     finally:
         await aeng.stop()

@@ -47,3 +47,17 @@ class SaveTally:
         self.saved = self.dropped = self.failed = 0
         self.causes.clear()
         return r
+
+
+class SavesLostError(RuntimeError):
+    """A caller that needs every block stored (demo, benchmarks) got a flush that lost some."""
+
+
+def require_saved(result: FlushResult, what: str) -> FlushResult:
+    """``result`` if every block was saved; else SavesLostError naming ``what`` and the counts."""
+    if not result.ok:
+        raise SavesLostError(
+            f"{what}: not every KV block was stored (saved={result.saved} dropped={result.dropped} "
+            f"failed={result.failed} complete={result.complete} causes={result.causes})"
+        )
+    return result

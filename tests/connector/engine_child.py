@@ -18,7 +18,8 @@ async def main(model_dir: str, url: str, prompt: list[int]) -> None:
     aeng = make_engine(model_dir, url)
     try:
         toks, cached = await run(aeng, prompt)
-        await aeng.connector.flush()
+        res = await aeng.connector.flush()
+        assert res.complete, res
     finally:
         await aeng.stop()
     print(json.dumps({"tokens": toks, "cached": cached}))
