@@ -214,9 +214,11 @@ class StoreConnector(KVConnector):
                 return b, res, time.perf_counter() - ts, False
 
         # Verified blocks wait here for their copy into the pages. Blocks read in place (the
-        # store's own slots) are copied all at once at the end, layer by layer when that pays;
-        # blocks in staging buffers are copied batch by batch, so the next batch's GET overlaps
-        # this one's copy and the staging buffers come back for later batches.
+        # store's own slots) are copied all at once at the end; blocks in staging buffers (a
+        # daemon's, or the local disk's) batch by batch, so the next batch's GET overlaps this
+        # one's copy and the staging buffers come back for later batches. Either way in layer
+        # groups: the step after the load computes group g while group g + 1 still arrives
+        # (earlier batches' copies finished while later GETs were on the wire).
         ready: list[tuple[Sequence[int], torch.Tensor]] = []
         releases: list[Callable[[], None]] = []
         copied = 0  # blocks whose copy was enqueued (complete on CPU)
@@ -253,7 +255,7 @@ class StoreConnector(KVConnector):
                     self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
                 releases.append(held.pop(batch[0]))
                 if not in_place:
-                    copy_ready(1)
+                    copy_ready(self.layer_groups)
                 self.metrics.bytes_loaded.inc(nbytes)
                 if nbytes and tiers[batch[0]]:
                     self.cost.observe_load(tiers[batch[0]], nbytes, secs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -69,6 +70,8 @@ class KVTransfer:
         self.stream = torch.cuda.Stream(device=kv.data.device) if self.cuda else None
         self._pending: list[PendingLoad] = []
         self._lock = threading.Lock()
+        # scatters by the number of layer groups they were cut into (what loads really did)
+        self.scatter_groups: Counter[int] = Counter()
 
     def auto_groups(self, pages_per_block: int) -> int:
         """Layer groups a load uses when the connector is not told. Measured on an H200 with a
@@ -104,6 +107,7 @@ class KVTransfer:
         kv = self.kv
         for pages, buf in blocks:  # all or nothing: no copy is enqueued for a bad block list
             kv.check_block(pages, buf)
+        self.scatter_groups[len(layer_groups(kv.num_layers, groups))] += 1
         cuda = self.cuda
         staged = cuda if staged is None else staged
         events: list = []

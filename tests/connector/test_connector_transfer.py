@@ -140,3 +140,31 @@ def eng_params():
     from engine.sequence import SamplingParams
 
     return SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("layer_groups", [1, 3])
+async def test_daemon_hit_is_exact_in_layer_groups(tiny_model, start_daemon, layer_groups):
+    # issue 11 item 5: kvstore:// loads copy in layer groups too, not only local:// ones
+    d = tiny_model()
+    node = start_daemon()
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(6, 250, (150,), generator=g).tolist()  # 9 blocks of 16 + 6
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
+    a = make_engine(d, url)
+    try:
+        cold, _ = await run(a, prompt)
+        cold_kv = prompt_kv(a, prompt, 144)
+        assert await a.connector.flush()
+    finally:
+        await a.stop()
+    b = make_engine(d, url)
+    try:
+        hit, cached = await run(b, prompt)
+        assert cached == 144 and hit == cold
+        assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
+        groups = b.engine.transfer.scatter_groups
+        assert groups[min(layer_groups, b.engine.kv.num_layers)] == 3  # 3 GET batches of <= 4 blocks
+        assert sum(groups.values()) == 3
+        b.check_integrity()
+    finally:
+        await b.stop()
