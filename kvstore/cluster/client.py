@@ -4,47 +4,47 @@ Contract (the same as :class:`kvstore.client.StoreClient`, so the connector can 
 ``exists``, ``get_into``, ``put``, ``delete`` take a deadline and never raise for a node or
 membership problem; a failure is a miss (``None`` / a non-HIT status), a dropped write or
 ``False``, counted in ``counters``. Caller bugs (buffer count) raise ValueError at once.
+Every call is bounded by its caller's deadline and by nothing shorter: a connection's set-up
+is bounded by the call's deadline and ``ClusterConfig.connect_timeout_s``, never by the
+node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node down).
 
+- ``await start()``: the first membership view, then ``pool_size`` connections to every
+  member opened and HELLO'd, so no request pays for connection set-up (members that join
+  later are warmed up in the background).
 - Placement: weighted rendezvous over the *healthy* members (kvstore/cluster/placement.py);
   a key's owners are its first ``replicas`` nodes, on distinct nodes and zones.
 - Lookups: one batched EXISTS per node, all nodes in parallel; a key is present when any of
   its first ``replicas + lookahead`` nodes has it (``lookahead`` finds blocks whose owner
   changed when a node joined). :meth:`lookup_prefix` is the longest prefix over replicas.
-- Reads: each key goes to its first candidate; a key that misses there (or whose node fails)
-  goes to the next in a following round, while the deadline lasts. A round that can still
-  fall back waits at most ``hedge`` of the time left, so one dead or slow node costs at most
-  part of one deadline.
-- Read repair: a block found past its owners (after a join) is copied to the owners that
-  missed it, in the background, so hits survive further joins.
-- Writes: to all owners in parallel (the connector sends them behind the request); an owner
-  that fails is replaced by the next node in rendezvous order while time remains.
-- Health: a node whose call fails or misses its deadline is marked down (the node client
-  does that) and skipped; it is used again only after it reconnects *and* answers a probe
-  within ``probe_deadline_s``, so a node slower than the deadline stays out.
+- Reads: kvstore/cluster/reads.py. Writes: kvstore/cluster/writes.py (``put_report`` tells
+  exactly what was stored, under-replicated and dropped).
+- Health: kvstore/cluster/health.py; a node marked down is skipped until it is readmitted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from kvstore.block import BlockHeader
 from kvstore.client import ClientConfig, NodeClient
 from kvstore.cluster.health import Health
 from kvstore.cluster.membership import Membership, StaticMembership
 from kvstore.cluster.placement import Node, rank
-from kvstore.cluster.repair import Repairer
+from kvstore.cluster.readrepair import Repairer
+from kvstore.cluster.reads import ClusterReads
+from kvstore.cluster.writes import ClusterWrites, PutReport
 from kvstore.keys import BlockKey
-from kvstore.results import Expect, GetResult, PutResult, Status
 
 log = logging.getLogger("kvstore.cluster")
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
 _RANK_CACHE_MAX = 1 << 17
+_WARM_KEY = BlockKey(bytes(16))  # EXISTS of this key opens and HELLOs a connection, nothing more
+
+__all__ = ["ClusterClient", "ClusterConfig", "PutReport"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ class ClusterConfig:
     probe_deadline_s: float = 0.25  # a down node must answer a probe this fast to be used again
     read_repair: bool = True  # copy a block read from a non-owner to the owners that missed it
     repair_max_blocks: int = 256  # repairs in flight at most; more are skipped (counted)
+    connect_timeout_s: float = 3.0  # a connection's set-up at most (each call's deadline bounds it too)
+    write_floor_s: float = 0.5  # a node's write deadline: this + bytes in flight / write_min_bytes_per_s
+    write_min_bytes_per_s: float = float(64 << 20)  # slower than this, a node's write is redirected
+    write_chunk_bytes: int = 8 << 20  # a node's share of a batch goes in chunks of about this size
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -64,12 +68,20 @@ class ClusterConfig:
             raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
         if not 0 < self.hedge <= 1:
             raise ValueError(f"hedge must be in (0, 1], got {self.hedge}")
-        for name in ("probe_interval_s", "probe_deadline_s"):
+        if self.write_chunk_bytes < 1:
+            raise ValueError(f"write_chunk_bytes must be >= 1, got {self.write_chunk_bytes}")
+        for name in (
+            "probe_interval_s",
+            "probe_deadline_s",
+            "connect_timeout_s",
+            "write_floor_s",
+            "write_min_bytes_per_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-class ClusterClient:
+class ClusterClient(ClusterReads, ClusterWrites):
     """Bound to the event loop of its first call. See the module docstring."""
 
     def __init__(
@@ -81,6 +93,9 @@ class ClusterClient:
         self.membership = membership
         self.client_cfg = client_cfg or ClientConfig()
         self.cfg = cfg or ClusterConfig()
+        # the call's deadline bounds a connection's set-up; the node client's own (short)
+        # connect timeout would mark a node down for a late HELLO under a long deadline
+        self._node_cfg = dataclasses.replace(self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s)
         self.nodes: dict[str, NodeClient] = {}
         self._weights: dict[str, Node] = {}
         self.health = Health(self.nodes, self.cfg.probe_interval_s, self.cfg.probe_deadline_s)
@@ -91,6 +106,9 @@ class ClusterClient:
         self._own_counters: Counter[str] = Counter()
         self._started = False
         self._closed = False
+        self._warming: set[asyncio.Task] = set()
+        self._warm_joiners = False  # set by start(connect=True)
+        self._warmed: set[str] = set()  # members whose connections were opened once
         self.repairer = Repairer(self.nodes, self.healthy, self.cfg.repair_max_blocks)
 
     @classmethod
@@ -107,12 +125,34 @@ class ClusterClient:
 
     # ---------------------------------------------------------------- membership and health
 
-    async def start(self, wait_s: float = 2.0) -> None:
-        """Load the first membership view, waiting up to ``wait_s`` for etcd (never raises).
-        Called by the first operation with that operation's deadline."""
+    async def start(self, wait_s: float = 2.0, connect: bool = True) -> None:
+        """Load the first membership view (waiting up to ``wait_s`` for etcd), then, with
+        ``connect``, open and HELLO ``pool_size`` connections to every member within
+        ``wait_s``. Never raises: a member that cannot be reached is marked down and probed.
+        Call it at engine start; the first operation calls it (without ``connect``) when
+        nobody did."""
         if not self._started:
             self._started = True
             await self.membership.start(wait_s)
+        self._sync()
+        if connect and not self._closed:
+            self._warm_joiners = True
+            await self._warm(list(self.nodes), wait_s)
+
+    async def _warm(self, addrs: list[str], deadline_s: float) -> None:
+        """Fill each node client's pool: ``pool_size`` concurrent EXISTS of one key."""
+
+        async def one(addr: str) -> None:
+            node = self.nodes.get(addr)
+            if node is not None:
+                n = self.client_cfg.pool_size
+                await asyncio.gather(*(node.exists([_WARM_KEY], deadline_s) for _ in range(n)))
+                self.health.after_call(addr)
+                if node.up:
+                    self._warmed.add(addr)
+
+        await asyncio.gather(*(one(a) for a in addrs))
+        self._own_counters["connections_warmed"] += len(addrs) * self.client_cfg.pool_size
 
     def _sync(self) -> None:
         if self.membership.version == self._seen:
@@ -123,13 +163,18 @@ class ClusterClient:
             if addr not in current:
                 node = self.nodes.pop(addr)
                 self.health.forget(addr)
+                self._warmed.discard(addr)
                 self._weights.pop(addr, None)
                 asyncio.get_running_loop().create_task(node.close())
                 log.info("event=member_left node=%s", addr)
         for addr, m in current.items():
             if addr not in self.nodes:
-                self.nodes[addr] = NodeClient(addr, self.client_cfg)
+                self.nodes[addr] = NodeClient(addr, self._node_cfg)
                 log.info("event=member_joined node=%s zone=%s", addr, m.zone)
+                if self._warm_joiners and not self._closed:  # joined after start(): warm it up now
+                    t = asyncio.get_running_loop().create_task(self._warm([addr], self.cfg.connect_timeout_s))
+                    self._warming.add(t)
+                    t.add_done_callback(self._warming.discard)
             self._weights[addr] = m.node
 
     def healthy(self, addr: str) -> bool:
@@ -137,7 +182,7 @@ class ClusterClient:
 
     async def _healthy_view(self, deadline_s: float | None = None) -> list[Node]:
         if not self._started:
-            await self.start(min(2.0, deadline_s or self.client_cfg.op_timeout_s))
+            await self.start(min(2.0, deadline_s or self.client_cfg.op_timeout_s), connect=False)
         self._sync()
         view = [n for a, n in sorted(self._weights.items()) if self.healthy(a)]
         key = tuple(view)
@@ -198,115 +243,6 @@ class ClusterClient:
             n += 1
         return n
 
-    # ---------------------------------------------------------------- reads
-
-    async def get_into(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> list[GetResult]:
-        """Fill ``bufs[i]`` with block ``keys[i]`` from the first candidate that has it whole
-        and verified; see the module docstring for rounds and hedging."""
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
-        exp = list(expect) if expect is not None else [None] * len(keys)
-        out = [GetResult(Status.MISS)] * len(keys)
-        view = await self._healthy_view(deadline_s)
-        if not keys or not view:
-            return out
-        width = self.cfg.replicas + self.cfg.lookahead
-        cands = [self._rank(k)[:width] for k in keys]
-        pos = [0] * len(keys)
-        missed: dict[int, list[str]] = {}  # owners that answered MISS, per key
-        pending = list(range(len(keys)))
-        end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
-        first = True
-        while pending:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            groups: dict[str, list[int]] = {}
-            for i in pending:
-                while pos[i] < len(cands[i]) and not self.healthy(cands[i][pos[i]]):
-                    pos[i] += 1  # went down since: skip without spending time on it
-                if pos[i] < len(cands[i]):
-                    groups.setdefault(cands[i][pos[i]], []).append(i)
-            if not groups:
-                break
-            fallback = any(pos[i] + 1 < len(cands[i]) for i in pending)
-            budget = left * self.cfg.hedge if fallback else left
-            if not first:
-                self._own_counters["read_fallback_rounds"] += 1
-            first = False
-            pending = []
-            for addr, res in await self._fan(
-                groups,
-                lambda n, idx, b=budget: n.get_into(
-                    [keys[i] for i in idx], [bufs[i] for i in idx], [exp[i] for i in idx], b
-                ),
-            ):
-                for i, r in zip(groups[addr], res):
-                    out[i] = r
-                    pos[i] += 1
-                    owner = addr in cands[i][: self.cfg.replicas]
-                    if r.status is Status.MISS and owner:
-                        missed.setdefault(i, []).append(addr)
-                    elif r.status is Status.HIT and i in missed and not owner and self.cfg.read_repair:
-                        self.repairer.offer(missed[i], r.header, bufs[i])
-                    if r.status is not Status.HIT and r.status is not Status.BUF_TOO_SMALL:
-                        pending.append(i)
-        return out
-
-    # ---------------------------------------------------------------- writes
-
-    async def put(
-        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
-        """Store each block on its ``replicas`` owners (the next healthy nodes stand in for any
-        that fail). A block's result is its best replica's (STORED/EXISTS when any took it)."""
-        out = [PutResult(Status.ERROR)] * len(blocks)
-        view = await self._healthy_view(deadline_s)
-        if not blocks or not view:
-            self._own_counters["dropped_writes"] += len(blocks)
-            return out
-        order = [self._rank(h.key) for h, _ in blocks]
-        need = [min(self.cfg.replicas, len(view))] * len(blocks)
-        pos = [0] * len(blocks)
-        end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
-        first = True
-        while True:
-            left = end - time.monotonic()
-            groups: dict[str, list[int]] = {}
-            for i in range(len(blocks)):
-                while need[i] > 0 and pos[i] < len(order[i]):
-                    a = order[i][pos[i]]
-                    pos[i] += 1
-                    if self.healthy(a):
-                        groups.setdefault(a, []).append(i)
-                        need[i] -= 1
-            if not groups or left <= 0:
-                break
-            if not first:
-                self._own_counters["writes_redirected"] += sum(len(v) for v in groups.values())
-            first = False
-            for addr, res in await self._fan(
-                groups, lambda n, idx, t=left: n.put([blocks[i] for i in idx], t)
-            ):
-                for i, r in zip(groups[addr], res):
-                    if r.status.ok:
-                        if not out[i].status.ok or (r.durable and not out[i].durable):
-                            out[i] = r
-                    else:
-                        if not out[i].status.ok:
-                            out[i] = r
-                        if r.status in (Status.ERROR, Status.TIMEOUT, Status.NO_SPACE):
-                            need[i] += 1  # try the next node in rendezvous order
-        short = sum(1 for r in out if not r.status.ok)
-        self._own_counters["dropped_writes"] += short
-        return out
-
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
         out = [False] * len(keys)
@@ -323,9 +259,17 @@ class ClusterClient:
 
     @property
     def counters(self) -> Counter[str]:
-        total: Counter[str] = Counter(self._own_counters) + self.health.counters + self.repairer.counters
+        """The cluster's counters and the sum of the node clients'. Writes: ``stored`` and
+        ``node_write_failures`` count block writes per node (a failed call, a refused block);
+        ``blocks_stored_nowhere`` / ``blocks_under_replicated`` / ``writes_redirected`` count
+        blocks of ``put`` calls."""
+        total: Counter[str] = Counter()
         for n in self.nodes.values():
             total.update(n.counters)
+        total["node_write_failures"] = total.pop("dropped_writes", 0) + total.pop("refused_writes", 0)
+        total.update(self._own_counters)
+        total.update(self.health.counters)
+        total.update(self.repairer.counters)
         return total
 
     def live_addrs(self) -> list[str]:
@@ -336,6 +280,8 @@ class ClusterClient:
     async def close(self) -> None:
         """Stop probing and watching; close every node client. Later calls are misses."""
         self._closed = True
+        for t in self._warming:
+            t.cancel()
         self.health.close()
         self.repairer.close()
         await self.membership.close()

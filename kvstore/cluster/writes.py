@@ -1,0 +1,149 @@
+"""Replicated writes of the cluster client (a mixin of :class:`ClusterClient`).
+
+Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the first healthy
+nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
+space, node down) goes to the next node in that order while the caller's deadline lasts (a
+node-side repair moves the copy back to its owner later: kvstore/cluster/repair.py). It
+never raises for a node problem and tells exactly what happened (:class:`PutReport`).
+
+Deadlines: one node never gets the whole save deadline. A node this client never reached
+first gets its connections opened within the caller's deadline (``start()`` does that ahead). Its blocks go in chunks of at most
+``write_chunk_bytes`` (up to ``pool_size`` chunks at once); each chunk has its own deadline
+``write_floor_s + bytes in flight to the node / write_min_bytes_per_s``, capped by the time
+left. So a dead or partitioned node costs about ``write_floor_s`` and its blocks are
+redirected within the same call, while a healthy node that moves a large batch at least at
+``write_min_bytes_per_s`` never misses a chunk deadline, however long the whole batch takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.block import BlockHeader
+from kvstore.results import PutResult, Status
+
+# a node that answered these for a block did not store it; the next node in order may
+_REDIRECT = frozenset({Status.ERROR, Status.TIMEOUT, Status.NO_SPACE, Status.MISS})
+
+
+@dataclass(frozen=True)
+class PutReport:
+    """What one ``put`` did. ``results[i]``: block ``i``'s best replica result (STORED or
+    EXISTS when any node holds it now); ``copies[i]``: how many nodes took or already held it;
+    ``node_failures``: node writes that failed (one per block per node); ``redirected``: block
+    writes sent past a failed owner."""
+
+    results: list[PutResult]
+    copies: list[int]
+    wanted: int
+    node_failures: int = 0
+    redirected: int = 0
+
+    @property
+    def stored(self) -> int:
+        """Blocks held by at least one node."""
+        return sum(1 for c in self.copies if c > 0)
+
+    @property
+    def dropped(self) -> int:
+        """Blocks stored nowhere: the caller's data is lost for this write."""
+        return sum(1 for c in self.copies if c == 0)
+
+    @property
+    def under_replicated(self) -> int:
+        """Blocks stored, on fewer than ``wanted`` nodes (repair adds the rest later)."""
+        return sum(1 for c in self.copies if 0 < c < self.wanted)
+
+
+class ClusterWrites:
+    async def put(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """Per block, its best replica's result (the store-client contract); see put_report."""
+        return (await self.put_report(blocks, deadline_s)).results
+
+    async def put_report(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> PutReport:
+        """Store ``blocks`` on their owners; see the module docstring."""
+        n = len(blocks)
+        out = [PutResult(Status.ERROR)] * n
+        copies = [0] * n
+        view = await self._healthy_view(deadline_s)
+        wanted = min(self.cfg.replicas, len(view)) if view else self.cfg.replicas
+        if not blocks or not view:
+            self._own_counters["blocks_stored_nowhere"] += n
+            return PutReport(out, copies, wanted)
+        order = [self._rank(h.key) for h, _ in blocks]
+        need = [wanted] * n
+        pos = [0] * n
+        end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
+        failures = redirected = 0
+        first = True
+        while True:
+            groups: dict[str, list[int]] = {}
+            for i in range(n):
+                while need[i] > 0 and pos[i] < len(order[i]):
+                    a = order[i][pos[i]]
+                    pos[i] += 1
+                    if self.healthy(a):
+                        groups.setdefault(a, []).append(i)
+                        need[i] -= 1
+            if not groups or end - time.monotonic() <= 0:
+                break
+            if not first:
+                redirected += sum(len(v) for v in groups.values())
+            first = False
+            cold = [a for a in groups if a not in self._warmed]
+            if cold:  # connection set-up is bounded by the caller's deadline, not a node's write budget
+                await self._warm(cold, end - time.monotonic())
+            for addr, res in await self._fan(
+                groups, lambda node, idx: self._put_node(node, blocks, idx, end)
+            ):
+                for i, r in zip(groups[addr], res):
+                    if r.status.ok:
+                        copies[i] += 1
+                        if not out[i].status.ok or (r.durable and not out[i].durable):
+                            out[i] = r
+                        continue
+                    failures += 1
+                    if not out[i].status.ok:
+                        out[i] = r
+                    if r.status in _REDIRECT:
+                        need[i] += 1  # the next node in rendezvous order takes it
+        report = PutReport(out, copies, wanted, failures, redirected)
+        self._own_counters["writes_redirected"] += redirected
+        self._own_counters["blocks_stored_nowhere"] += report.dropped
+        self._own_counters["blocks_under_replicated"] += report.under_replicated
+        return report
+
+    async def _put_node(self, node, blocks, idx: list[int], end: float) -> list[PutResult]:
+        """``blocks[idx]`` to one node in chunks, each under its own byte-scaled deadline."""
+        cfg = self.cfg
+        chunks: list[list[int]] = [[]]
+        size = 0
+        for i in idx:
+            nbytes = blocks[i][0].payload_len
+            if chunks[-1] and size + nbytes > cfg.write_chunk_bytes:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += nbytes
+        par = min(len(chunks), self.client_cfg.pool_size)
+        slots = asyncio.Semaphore(par)
+
+        async def one(chunk: list[int]) -> list[PutResult]:
+            async with slots:
+                nbytes = sum(blocks[i][0].payload_len for i in chunk)
+                budget = cfg.write_floor_s + nbytes * par / cfg.write_min_bytes_per_s
+                left = end - time.monotonic()
+                if left <= 0:
+                    return [PutResult(Status.TIMEOUT)] * len(chunk)
+                return await node.put([blocks[i] for i in chunk], min(left, budget))
+
+        done = await asyncio.gather(*(one(c) for c in chunks))
+        return [r for part in done for r in part]

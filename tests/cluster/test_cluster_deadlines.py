@@ -1,0 +1,65 @@
+"""The cluster client honours its caller's deadlines and nothing shorter (issue 11 on a GPU
+host: a fresh engine's first lookup and a large save marked a healthy node down after an
+internal 1 s connect timeout). A proxy makes the path to a real daemon slow the way a busy
+host does (tests/cluster/slowproxy.py)."""
+
+from __future__ import annotations
+
+import pytest
+from cluster.slowproxy import SlowProxy
+from storeutil import make_blocks
+
+from kvstore.client import ClientConfig
+from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.keys import Namespace
+from kvstore.results import Status
+
+NS = Namespace("cluster-test", "uint8", 4)
+# connect_timeout_s is shorter than the slow HELLO on purpose: the call's deadline must rule
+CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0, connect_timeout_s=0.5, probe_interval_s=0.1)
+
+
+@pytest.fixture
+async def slow_node(start_daemon):
+    """One real daemon behind a proxy whose HELLO answer takes 0.8 s."""
+    d = start_daemon(use_disk=False)
+    p = await SlowProxy(d.addr, hello_delay_s=0.8).start()
+    yield p
+    await p.close()
+
+
+async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_node):
+    blocks = make_blocks(6, 4096, seed=1, ns=NS)
+    w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
+    assert all(r.status.ok for r in await w.put(blocks, 5.0))
+    await w.close()
+    c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))  # a fresh engine's client
+    assert await c.lookup_prefix([h.key for h, _ in blocks], 2.0) == 6
+    assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
+    await c.close()
+
+
+async def test_cluster_start_opens_connections_off_the_request_path(slow_node):
+    blocks = make_blocks(4, 4096, seed=2, ns=NS)
+    w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
+    assert all(r.status.ok for r in await w.put(blocks, 5.0))
+    await w.close()
+    c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
+    await c.start(wait_s=5.0)  # membership + connections, each HELLO'd (0.8 s each, in parallel)
+    # a deadline shorter than one HELLO: only an already open connection can answer in time
+    assert await c.lookup_prefix([h.key for h, _ in blocks], 0.4) == 4
+    bufs = [bytearray(4096) for _ in blocks]
+    res = await c.get_into([h.key for h, _ in blocks], bufs, None, 0.4)
+    assert [r.status for r in res] == [Status.HIT] * 4
+    assert [bytes(b) for b in bufs] == [p for _, p in blocks]
+    await c.close()
+
+
+async def test_cluster_save_that_outlives_a_short_internal_timeout_is_stored_and_node_stays_up(slow_node):
+    c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
+    blocks = make_blocks(16, 256 * 1024, seed=3, ns=NS)  # a 4 MiB save batch
+    report = await c.put_report(blocks, 10.0)
+    assert report.dropped == 0 and report.stored == 16, report
+    assert all(r.status is Status.STORED for r in report.results)
+    assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
+    await c.close()
