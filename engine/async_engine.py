@@ -200,15 +200,18 @@ class AsyncEngine:
         t.add_done_callback(self._bg.discard)
 
     async def _lookup(self, seq: Sequence) -> None:
+        t0 = time.perf_counter()
         try:
             hit = await asyncio.wait_for(self.connector.lookup(seq.prompt_tokens), self.lookup_timeout_s)
         except Exception as exc:  # a slow or failing store is a miss, never an error
             log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
             hit = 0
+        self.engine.timeline.observe("lookup", time.perf_counter() - t0)
         self._events.append(("lookup", seq, int(hit)))
         self._kick()
 
     async def _load(self, seq: Sequence, first: int, pages: list[int]) -> None:
+        t0 = time.perf_counter()
         req = ConnectorRequest(seq.request_id, tuple(seq.tokens), tuple(seq.page_table), first)
         try:
             n = await self.connector.load(req, pages)
@@ -217,7 +220,7 @@ class AsyncEngine:
             n = 0
         if n < len(pages) * self.engine.config.page_size:
             self.load_failures += 1
-        self._events.append(("loaded", seq, first, n))
+        self._events.append(("loaded", seq, first, n, t0))
         self._kick()
 
     async def _save(self, sid: int, seq_id: str, tokens: tuple[int, ...], pages: list[int]) -> None:
@@ -242,8 +245,9 @@ class AsyncEngine:
                     seq.external_hit_tokens = hit
                     sch.add(seq)
             elif kind == "loaded":
-                _, seq, first, n = ev
+                _, seq, first, n, t0 = ev
                 sch.finish_load(seq, first, n)
+                self.engine.timeline.observe("load", time.perf_counter() - t0)
                 if seq.request_id not in self._queues:  # aborted while loading
                     self.engine.abort(seq.request_id)
             elif kind == "saved":
@@ -304,14 +308,19 @@ class AsyncEngine:
                 continue
             before = eng.steps
             t0 = time.perf_counter()
+            marks: list[float] = []  # when the step began and ended on its thread
             try:
-                outs = await loop.run_in_executor(self._pool, eng.step)
+                outs = await loop.run_in_executor(self._pool, _timed_step, eng, marks)
             except Exception as exc:  # a bug in a step: fail the live requests, keep serving
                 log.exception("event=step_failed")
                 for rid, q in list(self._queues.items()):
                     q.put_nowait(exc)
                     self._events.append(("abort", rid))
                 continue
+            if len(marks) == 2:
+                tl = eng.timeline
+                tl.observe("to_thread", marks[0] - t0)
+                tl.observe("from_thread", time.perf_counter() - marks[1])
             prefill, decode = eng.last_step_tokens
             if self.connector is not None and eng.steps != before and prefill and not decode:
                 observe = getattr(self.connector, "observe_prefill", None)
@@ -327,3 +336,12 @@ class AsyncEngine:
                     waiter.cancel()
             else:
                 await asyncio.sleep(0)  # let HTTP handlers and connector tasks run
+
+
+def _timed_step(eng: LLMEngine, marks: list[float]):
+    """``eng.step()`` on the step thread, noting when it began and ended (the hand-offs)."""
+    marks.append(time.perf_counter())
+    try:
+        return eng.step()
+    finally:
+        marks.append(time.perf_counter())

@@ -48,9 +48,17 @@ class BlockManager:
     def pages_needed(self, have: int, num_tokens: int) -> int:
         return max(0, -(-num_tokens // self.page_size) - have)
 
-    def match_prefix(self, tokens: Sequence[int], max_pages: int) -> list[int]:
+    def prompt_keys(self, tokens: Sequence[int]) -> list[BlockKey]:
+        """Keys of every full page of ``tokens`` in one batched pass ([] without a cache)."""
+        return self.namespace.block_keys(tokens) if self.namespace is not None else []
+
+    def match_prefix(
+        self, tokens: Sequence[int], max_pages: int, known: Sequence[BlockKey] = ()
+    ) -> list[int]:
         """Cached pages holding the longest prefix of ``tokens`` (at most ``max_pages`` pages).
-        Takes no references. A key hit whose stored tokens differ is a miss."""
+        ``known`` holds keys of its first pages already computed (:meth:`prompt_keys`); the
+        rest are hashed here. Takes no references. A key hit whose stored tokens differ is a
+        miss."""
         if self.namespace is None or max_pages <= 0:
             return []
         ps = self.page_size
@@ -58,7 +66,7 @@ class BlockManager:
         parent = self.namespace.id
         for i in range(min(max_pages, len(tokens) // ps)):
             block = tuple(tokens[i * ps : (i + 1) * ps])
-            key = self.namespace.next_key(parent, block)
+            key = known[i] if i < len(known) else self.namespace.next_key(parent, block)
             page = self.cache.get(key)
             if page is None or self.page_tokens[page] != block:
                 break
@@ -115,11 +123,17 @@ class BlockManager:
                     self.free_pages.append(p)
 
     def register(
-        self, tokens: Sequence[int], page_table: Sequence[int], keys: list[BlockKey], num_computed: int
+        self,
+        tokens: Sequence[int],
+        page_table: Sequence[int],
+        keys: list[BlockKey],
+        num_computed: int,
+        known: Sequence[BlockKey] = (),
     ) -> None:
         """Name every newly full, computed page of a sequence in the prefix cache. ``keys``
-        is the sequence's key list, extended in place. A key already cached (another
-        sequence computed the same prefix) leaves this page unnamed; it is freed normally."""
+        is the sequence's key list, extended in place; ``known`` keys of its first pages
+        already computed (not hashed again). A key already cached (another sequence computed
+        the same prefix) leaves this page unnamed; it is freed normally."""
         if self.namespace is None:
             return
         ps = self.page_size
@@ -127,7 +141,7 @@ class BlockManager:
         parent = keys[-1] if keys else self.namespace.id
         for i in range(len(keys), full):
             block = tuple(tokens[i * ps : (i + 1) * ps])
-            key = self.namespace.next_key(parent, block)
+            key = known[i] if i < len(known) else self.namespace.next_key(parent, block)
             keys.append(key)
             parent = key
             page = page_table[i]

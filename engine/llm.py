@@ -21,6 +21,7 @@ from engine.runner import ModelRunner
 from engine.sampling import sample
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence, Status
+from engine.timeline import Timeline
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,7 +116,8 @@ class LLMEngine:
         )
         ns = self.namespace(cfg.page_size) if cfg.enable_prefix_cache and self.model_dir else None
         self.bm = BlockManager(num_pages, cfg.page_size, ns)
-        self.scheduler = Scheduler(self.bm, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        self.timeline = Timeline()
+        self.scheduler = Scheduler(self.bm, cfg.max_num_batched_tokens, cfg.max_num_seqs, self.timeline)
         self.transfer = KVTransfer(self.kv)
         self.runner = ModelRunner(self.model, self.kv, self.backend, cfg.device, self.transfer)
         self.eos_ids = set(mc.eos_token_ids)
@@ -172,6 +174,9 @@ class LLMEngine:
         if rid in self.requests:
             raise RequestError(f"duplicate request id {rid!r}", "request_id")
         seq = Sequence(rid, list(prompt_tokens), params)
+        if self.bm.namespace is not None:
+            with self.timeline.phase("hash"):  # once per request, batched
+                seq.prompt_keys = self.bm.prompt_keys(seq.prompt_tokens)
         if not params.greedy:
             g = torch.Generator()
             g.manual_seed(
@@ -196,15 +201,18 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         """Schedule, run the model once, sample, apply stop rules. Returns one output per
         token generated this step."""
-        batch = self.scheduler.schedule()
+        tl = self.timeline
+        with tl.phase("schedule"):
+            batch = self.scheduler.schedule()
         if not batch.items:
             return []
         n_decode = sum(1 for seq, n in batch.items if n == 1 and seq.num_computed >= seq.num_prompt)
         self.last_step_tokens = (batch.num_tokens - n_decode, n_decode)  # (prefill, decode)
-        to_sample, logits = self.runner.run(batch.items)
+        with tl.phase("compute"):
+            to_sample, logits = self.runner.run(batch.items)
         for seq, n in batch.items:
             seq.num_computed += n
-            self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed)
+            self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed, seq.prompt_keys)
             if self.save_block_tokens and not seq.saved and seq.num_computed >= seq.num_prompt:
                 self._hold_for_save(seq)
         self.steps += 1
@@ -213,7 +221,8 @@ class LLMEngine:
         if self.record_logits is not None:
             for i, seq in enumerate(to_sample):
                 self.record_logits.setdefault(seq.request_id, []).append(logits[i].clone())
-        tokens = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
+        with tl.phase("sample"):
+            tokens = sample(logits, [s.params for s in to_sample], [s.generator for s in to_sample])
         outs = []
         for seq, tok in zip(to_sample, tokens):
             seq.tokens.append(tok)
@@ -290,6 +299,8 @@ class LLMEngine:
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
         saved = (self.steps, self.last_step_tokens, self.bm.hit_tokens_total, self.save_block_tokens)
         self.save_block_tokens = 0  # nothing of the warm-up goes to a connector
+        timeline = self.timeline
+        self.timeline = self.scheduler.timeline = Timeline()  # the warm-up is no request's time
         try:
             for _ in range(2):  # the second one runs over the first one's cached pages
                 seq = self.add_request(prompt, params, f"warm-up-{uuid.uuid4().hex}")
@@ -298,6 +309,7 @@ class LLMEngine:
                 self.release(seq.request_id)
         finally:
             self.steps, self.last_step_tokens, self.bm.hit_tokens_total, self.save_block_tokens = saved
+            self.timeline = self.scheduler.timeline = timeline
             self.bm.reset_cache()
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:

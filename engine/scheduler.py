@@ -14,11 +14,13 @@ loaded is recomputed, so a failed load is never an error.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
 from engine.sequence import Sequence, Status
+from engine.timeline import Timeline
 
 
 @dataclass
@@ -32,8 +34,15 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, bm: BlockManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        bm: BlockManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        timeline: Timeline | None = None,
+    ) -> None:
         self.bm = bm
+        self.timeline = timeline or Timeline()
         self.max_tokens, self.max_seqs = max_num_batched_tokens, max_num_seqs
         self.connector_block_pages = 0  # pages per connector block; 0: no connector
         self.waiting: deque[Sequence] = deque()
@@ -43,7 +52,13 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        seq.queued_at = time.perf_counter()
         self.waiting.append(seq)
+
+    def _admitted(self, seq: Sequence) -> None:
+        if seq.queued_at is not None:  # the first admission after add (not after preemption)
+            self.timeline.observe("queue", time.perf_counter() - seq.queued_at)
+            seq.queued_at = None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.loading)
@@ -81,7 +96,7 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_seqs:
             seq = self.waiting[0]
-            hit = bm.match_prefix(seq.tokens, self._max_hit_pages(seq))
+            hit = bm.match_prefix(seq.tokens, self._max_hit_pages(seq), seq.prompt_keys)
             hit_tokens = len(hit) * bm.page_size
             bp = self.connector_block_pages
             ext = 0
@@ -101,6 +116,7 @@ class Scheduler:
                 seq.num_computed = hit_tokens
                 bm.hit_tokens_total += hit_tokens
                 seq.status = Status.LOADING
+                self._admitted(seq)
                 self.loading.append(seq)
                 self.to_load.append((seq, hit_tokens, new))
                 continue
@@ -120,6 +136,7 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = hit_tokens
             seq.status = Status.RUNNING
+            self._admitted(seq)
             self.running.append(seq)
             batch.items.append((seq, chunk))
             budget -= chunk
@@ -155,7 +172,7 @@ class Scheduler:
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = seq.num_computed
         self.bm.hit_tokens_total += loaded
-        self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed)
+        self.bm.register(seq.tokens, seq.page_table, seq.page_keys, seq.num_computed, seq.prompt_keys)
         self.loading.remove(seq)
         seq.status = Status.RUNNING
         self.running.append(seq)

@@ -50,7 +50,9 @@ class Status(enum.Enum):
 @dataclass(eq=False)
 class Sequence:
     """One request. ``tokens`` = prompt + generated; ``num_computed`` of them have K/V in the
-    pages of ``page_table``. ``page_keys[i]`` is the prefix-cache key of full page ``i``."""
+    pages of ``page_table``. ``page_keys[i]`` is the prefix-cache key of full page ``i``;
+    ``prompt_keys`` the keys of the prompt's full pages, hashed once when the request is added
+    (the prefix-cache match and registration reuse them on every step and after preemption)."""
 
     request_id: str
     prompt_tokens: list[int]
@@ -66,6 +68,8 @@ class Sequence:
     generator: object = None  # torch.Generator for seeded sampling
     seq_no: int = field(default_factory=itertools.count().__next__)
     saved: bool = False
+    prompt_keys: list = field(default_factory=list)
+    queued_at: float | None = None  # perf_counter when it entered the queue (timeline)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -209,6 +209,8 @@ def test_engine_server_with_memory_connector(tiny_model_dir):
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         assert second.usage.prompt_tokens_details.cached_tokens >= 96  # no HBM prefix cache: the connector
         assert second.choices[0].text == first.choices[0].text
+        phases = _phase_counts(base)
+        assert phases["lookup"] == 2 and phases["load"] == 1, phases  # the timeline sees the connector
         with urllib.request.urlopen(base + "/health?check_pool=true", timeout=10) as r:
             assert json.loads(r.read())["pool"] == "ok"
     finally:
@@ -257,3 +259,35 @@ def test_engine_cli_bad_connector_option_is_one_line_and_status_2(tiny_model_dir
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvengine: error:"), out.stderr
     assert "lookup_deadline_s" in lines[0]
+
+
+def _phase_counts(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('tierkv_engine_phase_seconds_count{phase="'):
+            name = line.split('"')[1]
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_engine_server_exports_the_request_timeline(client, server):
+    # issue 11 item 2: per-phase histograms on /metrics, counted for a real request
+    before = _phase_counts(server)
+    r = client.completions.create(
+        model="tiny",
+        prompt="time every phase " * 20,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.usage.completion_tokens == 4
+    after = _phase_counts(server)
+    delta = {p: after.get(p, 0) - before.get(p, 0) for p in after}
+    assert delta["hash"] == 1, "a prompt's page keys are hashed once per request"
+    assert delta["queue"] == 1
+    for per_step in ("schedule", "compute", "to_thread", "from_thread"):
+        assert delta[per_step] >= 4, (per_step, delta)  # a prefill step and three decodes at least
+    assert delta["sample"] == 4
+    assert "lookup" in after and delta["lookup"] == 0  # no connector: no lookups
