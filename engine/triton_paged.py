@@ -215,7 +215,11 @@ class PagedAttentionKernel:
         (triton 3.9: numpy has no bf16); there the operands go up to fp32."""
         if dtype == torch.float32 or (dtype == torch.bfloat16 and self._interpreted):
             return tl.float32
-        return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"the paged kernel computes in float32/float16/bfloat16, got query dtype {dtype}"
+            )
+        return tl.float16 if dtype == torch.float16 else tl.bfloat16
 
     def plan(self, meta: AttnMetadata, device) -> LaunchPlan:
         """The step's plan, built on first use and kept on ``meta`` for the other layers."""

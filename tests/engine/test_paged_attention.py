@@ -125,3 +125,33 @@ def test_triton_backend_needs_cuda_or_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="TRITON_INTERPRET"):
         make_backend("triton", "cpu", 4, 2, 64, torch.float32)
+
+
+def test_backend_registry_picks_and_refuses():
+    from engine.attention import make_backend
+    from engine.errors import ConfigError
+
+    assert make_backend("auto", "cpu", 4, 2, 64, torch.float32).name == "torch"
+    with pytest.raises(ConfigError, match="magic"):
+        make_backend("magic", "cpu", 4, 2, 64, torch.float32)
+    with pytest.raises(ConfigError, match="CUDA"):
+        make_backend("flash_attn", "cpu", 4, 2, 64, torch.bfloat16)
+
+
+def test_attention_imports_run_one_way():
+    """The backends and the kernel never import the registry (engine/attention.py): it
+    imports them, so there is no circle."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "engine"
+    files = sorted(root.glob("attention_*.py")) + [root / "triton_paged.py"]
+    assert len(files) >= 5
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            assert "engine.attention" not in names, f"{f.name} imports the registry"
