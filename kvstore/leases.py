@@ -4,6 +4,11 @@ writer.
 A *hold* is a count on a key; a held key is never evicted, overwritten or freed. A *lease*
 (a reader's) and a *reservation* (a writer's two-phase put) each carry a deadline, so a client
 that vanishes cannot pin memory forever: :meth:`LeaseTable.expired` hands back what is overdue.
+
+A lease or reservation whose bytes are moving (``moving``: a send from its slot or a receive
+into it is under way) never expires: a transfer owns its slot until its bytes have left or
+arrived. Whoever marks it moving bounds the transfer with its own deadline (the daemon closes
+the connection at ``limits.transfer_timeout_s``) and unmarks it when the transfer has ended.
 Not thread-safe: one event loop owns a table.
 """
 
@@ -58,6 +63,7 @@ class LeaseTable:
         self.leases: dict[int, Lease] = {}
         self.reservations: dict[int, Reservation] = {}
         self.reserved_keys: dict[bytes, int] = {}
+        self.moving: Counter[int] = Counter()  # lease/reservation ids with a transfer under way
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -98,8 +104,30 @@ class LeaseTable:
         self.reserved_keys.pop(r.header.key.raw, None)
         return True
 
+    def live(self, obj: Lease | Reservation) -> bool:
+        """Whether ``obj`` is still the table's: not released, aborted, committed or expired.
+        A slot is only ever read or written under a live lease or reservation (the generation
+        check of every transfer: a stale one never touches a slot that may be reused)."""
+        table = self.leases if isinstance(obj, Lease) else self.reservations
+        return table.get(obj.id) is obj
+
+    def start_moving(self, obj: Lease | Reservation) -> bool:
+        """Mark ``obj`` in transfer when it is live; False (nothing marked) when it is not."""
+        if not self.live(obj):
+            return False
+        self.moving[obj.id] += 1
+        return True
+
+    def stop_moving(self, obj: Lease | Reservation) -> None:
+        n = self.moving[obj.id] - 1
+        if n <= 0:
+            del self.moving[obj.id]
+        else:
+            self.moving[obj.id] = n
+
     def expired(self, now: float | None = None) -> tuple[list[Lease], list[Reservation]]:
+        """What is overdue and not in transfer."""
         now = time.monotonic() if now is None else now
-        leases = [x for x in self.leases.values() if x.expires <= now]
-        res = [x for x in self.reservations.values() if x.expires <= now]
+        leases = [x for x in self.leases.values() if x.expires <= now and x.id not in self.moving]
+        res = [x for x in self.reservations.values() if x.expires <= now and x.id not in self.moving]
         return leases, res

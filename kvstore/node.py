@@ -256,9 +256,12 @@ class NodeStore(NodeEviction, NodeInspection):
             results[i] = res
         return results  # type: ignore[return-value]
 
-    async def reserve(self, headers: Sequence[BlockHeader]) -> list[Reservation | Status]:
+    async def reserve(self, headers: Sequence[BlockHeader], lazy: bool = False) -> list[Reservation | Status]:
         """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise). The
-        slot is invisible to readers until :meth:`commit`; it expires after the lease TTL."""
+        slot is invisible to readers until :meth:`commit`; it expires after the lease TTL.
+        A reservation without a host slot (disk, GPU) gets a private buffer; with ``lazy`` that
+        buffer is not allocated here: its ``view`` is empty and the caller hands the payload
+        over with :meth:`attach_payload` (no memory is committed before the bytes come)."""
         self._sweep()
         out: list[Reservation | Status] = []
         for h in headers:
@@ -270,7 +273,7 @@ class NodeStore(NodeEviction, NodeInspection):
             if key in self.leases.reserved_keys or key in self.doomed:
                 out.append(Status.BUSY)
                 continue
-            r = await self._reserve_one(h)
+            r = await self._reserve_one(h, lazy)
             if r is None:
                 self.counters["put_no_space"] += 1
                 out.append(Status.NO_SPACE)
@@ -282,8 +285,9 @@ class NodeStore(NodeEviction, NodeInspection):
                 out.append(r)
         return out
 
-    async def _reserve_one(self, h: BlockHeader) -> Reservation | None:
+    async def _reserve_one(self, h: BlockHeader, lazy: bool = False) -> Reservation | None:
         hb = h.encode()
+        size = 0 if lazy else h.payload_len  # private buffers only
         rid, expires = self.leases.next_id(), self.leases.deadline(None)
         for tier in self.memory:
             if not tier.fits(h.payload_len, len(hb)):
@@ -296,12 +300,12 @@ class NodeStore(NodeEviction, NodeInspection):
                     view = tier.writable(slots[0], h.payload_len)
                     return Reservation(rid, h, hb, view, slots[0], tier.name, expires, slots=slots)
                 # a GPU slot: the bytes land in host memory and are copied up at commit
-                buf = bytearray(h.payload_len)
+                buf = bytearray(size)
                 return Reservation(
                     rid, h, hb, memoryview(buf), None, tier.name, expires, scratch=buf, slots=slots
                 )
         if self.disk is not None and h.payload_len + len(hb) <= self.disk.capacity_bytes:
-            buf = bytearray(h.payload_len)
+            buf = bytearray(size)
             return Reservation(rid, h, hb, memoryview(buf), None, None, expires, scratch=buf)
         return None
 
@@ -423,6 +427,28 @@ class NodeStore(NodeEviction, NodeInspection):
             self.leases.add_lease(lease)
             out.append(lease)
         return out
+
+    def attach_payload(self, r: Reservation, payload: bytearray) -> None:
+        """Give a lazy reservation (see :meth:`reserve`) its received payload buffer."""
+        if r.scratch is None or r.view.nbytes:
+            raise ValueError(f"reservation {r.id} is not a lazy one")
+        r.scratch, r.view = payload, memoryview(payload)
+
+    def is_live(self, held: Lease | Reservation) -> bool:
+        """Whether a lease or reservation is still in force (not released, expired, done)."""
+        return self.leases.live(held)
+
+    def begin_transfer(self, held: Sequence[Lease | Reservation]) -> list[bool]:
+        """Mark leases/reservations whose bytes are about to move (a send from the slot, a
+        receive into it): until :meth:`end_transfer` they cannot expire, so their slots are
+        not freed or reused under the transfer. Per item: False when it is no longer live
+        (released, expired, committed): its view must not be touched. The caller bounds the
+        transfer with a deadline and calls :meth:`end_transfer` for exactly the items marked."""
+        return [self.leases.start_moving(x) for x in held]
+
+    def end_transfer(self, held: Sequence[Lease | Reservation]) -> None:
+        for x in held:
+            self.leases.stop_moving(x)
 
     def release(self, leases: Sequence[Lease]) -> None:
         """End leases (idempotent). A block deleted while leased is freed at its last release."""

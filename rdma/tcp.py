@@ -32,6 +32,7 @@ from rdma.transport import RemoteDescriptor, Transport, TransportError, batches,
 _LEN = struct.Struct(">I")
 _IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 _DISCARD_CHUNK = 1 << 20
+_GROW_CHUNK = 256 << 10
 _SOCK_BUF = 4 << 20
 OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread hop costs ~50 us
 
@@ -180,6 +181,41 @@ class SocketChannel:
         await self.recv_into(buf)
         return buf
 
+    async def recv_growing(self, n: int) -> bytearray:
+        """Receive exactly ``n`` bytes into a buffer that grows as they arrive, so a peer that
+        announces a large length and sends little costs little memory (headers, payloads
+        without a slot of their own). Never offloaded."""
+        buf = bytearray()
+        while len(buf) < n:
+            try:
+                data = self.sock.recv(min(n - len(buf), _GROW_CHUNK))
+            except (BlockingIOError, InterruptedError):
+                await self._wait(write=False)
+                continue
+            except OSError as exc:
+                raise ConnectionError(f"recv failed: {exc}") from exc
+            if not data:
+                raise ConnectionError(f"peer closed the connection after {len(buf)} of {n} bytes")
+            buf += data
+            self.bytes_in += len(data)
+        return buf
+
+    async def readable(self) -> None:
+        """Wait until a byte (or EOF) can be read; at once when one is buffered already."""
+        await self._wait(write=False)
+
+    def peer_closed(self) -> bool:
+        """True when the peer has closed or reset this (idle) connection, or sent bytes no
+        request asked for: either way it cannot carry the next request. One non-blocking peek."""
+        if self.closed:
+            return True
+        try:
+            return len(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)) >= 0
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
     async def discard(self, n: int) -> None:
         """Read and drop ``n`` bytes (a payload nobody can take), in bounded chunks."""
         scratch = bytearray(min(n, _DISCARD_CHUNK))
@@ -207,7 +243,7 @@ class SocketChannel:
             )
         if hlen == 0:
             raise FrameError("bad_frame", "empty header")
-        raw = await self.recv_exact(hlen)
+        raw = await self.recv_growing(hlen)
         try:
             header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
         except Exception as exc:  # msgpack raises several unrelated types

@@ -7,12 +7,21 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from kvstore import protocol as P
+from kvstore.keys import Namespace
 
 REPO = Path(__file__).resolve().parents[1]
+_LEN = struct.Struct(">I")
 
 
 class Daemon:
@@ -102,3 +111,81 @@ def launch_daemon(wd: Path, use_disk: bool = True, **sections) -> Daemon:
             raise RuntimeError(f"daemon did not start:\n{log.read_text(errors='replace')}")
         time.sleep(0.05)
     return Daemon(proc, json.loads(port_file.read_text()), wd, log)
+
+
+# ---------------------------------------------------------------- a raw data-port peer
+# Attack tests speak the frame format by hand on blocking sockets, so they can stop reading or
+# writing in the middle of a frame (what a hostile or stalled client does).
+
+
+def frame(header: dict[str, Any], plen: int = 0) -> bytes:
+    """A frame's length prefix and header (the caller sends ``plen`` payload bytes after it)."""
+    if plen:
+        header = {**header, "plen": plen}
+    body = msgpack.packb(header, use_bin_type=True)
+    return _LEN.pack(len(body)) + body
+
+
+class RawPeer:
+    """One connection. ``rcvbuf`` shrinks the receive buffer before connecting, so a reader
+    that stops reading stalls the sender quickly."""
+
+    def __init__(self, port: int, rcvbuf: int | None = None, timeout: float = 10.0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
+        self._rid = 0
+
+    def hello(self, token: str, ns: Namespace) -> dict[str, Any]:
+        self.send(
+            frame(
+                {
+                    "op": "HELLO",
+                    "rid": 0,
+                    "v": P.PROTOCOL_VERSION,
+                    "token": token,
+                    "ns": [P.namespace_to_wire(ns)],
+                }
+            )
+        )
+        reply = self.reply()
+        assert reply.get("ok"), reply
+        return reply
+
+    def request(self, header: dict[str, Any], plen: int = 0) -> None:
+        """Send a request's header (and announce ``plen`` payload bytes, not sent here)."""
+        self._rid += 1
+        self.send(frame({**header, "rid": self._rid}, plen))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+            buf += chunk
+        return bytes(buf)
+
+    def reply(self) -> dict[str, Any]:
+        (n,) = _LEN.unpack(self.exact(4))
+        return msgpack.unpackb(self.exact(n), raw=False)
+
+    def closed_by_peer(self) -> bool:
+        """True when the daemon has closed this connection (EOF or reset; a reply frame sent
+        before closing is read and dropped)."""
+        try:
+            while True:
+                if not self.sock.recv(1 << 16):
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()

@@ -2,29 +2,40 @@
 
 Each connection is served serially (one request, one reply) by its own task; requests on
 different connections interleave on the event loop. Payloads go from the node's lease views
-to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``.
+to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``,
+on the event loop with non-blocking sockets: no shared worker pool that a stalled peer could
+hold, so a stalled peer costs only its own connection (docs/security.md).
+
+A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
+marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
+longer live), so it cannot expire and be reused underneath; each transfer has a deadline
+(``limits.transfer_timeout_s``), after which the connection is closed and only then is the
+slot given back. HELLO and idle deadlines, and caps on connections before HELLO and per
+tenant, come from ``limits`` too.
 
 Failure rules (docs/protocol.md): a bad frame or a length over ``server.max_frame`` gets an
 error reply and the connection is closed; a bad request gets an error reply, its payload is
 skipped and the connection stays usable; a node failure is an ``internal`` reply; nothing a
 client sends can crash the daemon, store a block whose checksum does not match, or touch
-another tenant's blocks (every op checks the block's namespace against the session's).
+another tenant's blocks (every op checks the block's namespace against the session's), and
+every reply about another tenant's block is the reply about an absent one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kvstore import protocol as P
+from kvstore.daemon.admission import Admission
 from kvstore.daemon.auth import OPERATOR, TokenTable
 from kvstore.daemon.descriptor_ops import DescriptorOps
-from kvstore.daemon.logs import kv
+from kvstore.daemon.logs import RateLimitedLog, kv
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
@@ -43,8 +54,14 @@ class _Fatal(Exception):
         self.code = code
 
 
+class _Stalled(ConnectionError):
+    """A transfer passed its deadline: the connection is closed without a reply (the stream
+    is mid-frame)."""
+
+
 class DataServer(DescriptorOps):
-    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests.
+    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests
+    (:meth:`revoke` then closes the connections whose token no longer holds).
     ``rdma`` (a :class:`~kvstore.daemon.slab_rdma.SlabRdma`, or None for TCP only) answers
     HELLO's RDMA offers; ``server.transport`` decides what happens to clients without one."""
 
@@ -57,17 +74,16 @@ class DataServer(DescriptorOps):
         self.sock = sock
         self.tokens = tokens
         self.metrics = metrics
+        self.limits = cfg.limits
         self.max_frame = int(cfg.server.max_frame)
         self.lease_ttl = float(cfg.node.lease_ttl_s)
         self.node_name = cfg.node.name or socket.gethostname()
         self.closing = False
+        self.admission = Admission(cfg.limits)
+        self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._conns: dict[asyncio.Task, Session] = {}
-        # payload copies of large blocks run here, so connections move bytes on several cores
-        self._copies = ThreadPoolExecutor(
-            max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
-        )
         self._accept_task: asyncio.Task | None = None
-        self._busy = 0  # requests being served now, over all connections
+        self._bad = RateLimitedLog(log)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -85,6 +101,11 @@ class DataServer(DescriptorOps):
             except OSError as exc:  # EMFILE and friends: log, back off, keep serving
                 log.warning(kv("accept_failed", error=exc))
                 await asyncio.sleep(0.1)
+                continue
+            if not self.admission.accept():
+                self.metrics.refused_connections.labels("unauthenticated").inc()
+                self._bad.info("refused_connection", why="unauthenticated_limit")
+                conn.close()
                 continue
             sess = Session(peer=f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr))
             task = loop.create_task(self._serve(conn, sess))
@@ -107,40 +128,71 @@ class DataServer(DescriptorOps):
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        self._copies.shutdown(wait=False, cancel_futures=True)
+
+    def revoke(self, table: TokenTable) -> int:
+        """Close every connection whose token ``table`` no longer maps to its tenant (SIGHUP).
+        A transfer under way is cancelled (no thread touches its slot; it is released after)."""
+        n = 0
+        for task, sess in list(self._conns.items()):
+            if sess.token is not None and table.tenant_of(sess.token) != sess.tenant:
+                task.cancel()
+                n += 1
+        if n:
+            self.metrics.refused_connections.labels("revoked").inc(n)
+        return n
 
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        # Copies go to worker threads only while another request is being served too: alone,
-        # the thread hops cost more than they win (docs/benchmarks-store.md).
-        ch = SocketChannel(conn, offload=self._copies, offload_if=lambda: self._busy > 1)
+        ch = SocketChannel(conn)
         self.metrics.connections.inc()
+        hello_by = time.monotonic() + self.limits.hello_timeout_s
         try:
             while not self.closing:
-                try:
-                    h = await ch.recv_header(P.MAX_HEADER, self.max_frame)
-                except FrameError as exc:
-                    self.metrics.protocol_errors.labels(exc.code).inc()
-                    log.info(kv("bad_frame", peer=sess.peer, code=exc.code, error=exc))
-                    await _try_send(ch, P.error_reply(0, exc.code, str(exc)))
+                h = await self._next_header(ch, sess, hello_by)
+                if h is None:
                     return
                 sess.busy = True
-                self._busy += 1
                 try:
                     if not await self._request(ch, sess, h):
                         return
                 finally:
                     sess.busy = False
-                    self._busy -= 1
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception as exc:  # never let one connection take the daemon down
             log.exception(kv("connection_failed", peer=sess.peer, error=type(exc).__name__))
         finally:
-            ch.close()
+            ch.close()  # first: no byte moves after this, so the slots can go back
             self._drop_session(sess)
+            self.admission.leave(sess.tenant)
             self.metrics.connections.dec()
+
+    async def _next_header(self, ch: SocketChannel, sess: Session, hello_by: float) -> dict | None:
+        """The next request's header, or None (the connection ends) at a deadline or a bad
+        frame. Before HELLO: a small header, all of it by the HELLO deadline. After: the first
+        byte within the idle timeout, the rest within the transfer timeout."""
+        lim = self.limits
+        kind = "hello"
+        try:
+            if sess.tenant is None:
+                cap = int(lim.max_header_unauthenticated)
+                return await asyncio.wait_for(ch.recv_header(cap, cap), max(0.0, hello_by - time.monotonic()))
+            kind = "idle"
+            await asyncio.wait_for(ch.readable(), lim.idle_timeout_s)
+            kind = "transfer"
+            return await asyncio.wait_for(
+                ch.recv_header(P.MAX_HEADER, self.max_frame), lim.transfer_timeout_s
+            )
+        except TimeoutError:
+            self.metrics.timeouts.labels(kind).inc()
+            self._bad.info("timeout", peer=sess.peer, kind=kind)
+            return None
+        except FrameError as exc:
+            self.metrics.protocol_errors.labels(exc.code).inc()
+            self._bad.info("bad_frame", peer=sess.peer, code=exc.code, error=exc)
+            await _try_send(ch, P.error_reply(0, exc.code, str(exc)))
+            return None
 
     def _drop_session(self, sess: Session) -> None:
         if sess.verbs is not None:  # first: no one-sided access to slots about to be freed
@@ -176,18 +228,23 @@ class DataServer(DescriptorOps):
                 await getattr(self, "_op_" + op.lower())(ch, sess, rid, h, plen)
             self.metrics.ops.labels(op, "ok").inc()
             self.metrics.latency.labels(op).observe(time.perf_counter() - t0)
+            if sess.tenant is not None:
+                self.tenant_stats[sess.tenant][f"ops_{op.lower()}"] += 1
             return True
         except _Fatal as exc:
             self._count_error(op, exc.code)
             if exc.code == P.AUTH:
                 self.metrics.auth_failures.labels("data").inc()
-            log.info(kv("refused", peer=sess.peer, op=op, code=exc.code, error=exc))
+            self._bad.info("refused", peer=sess.peer, op=op, code=exc.code, error=exc)
             await _try_send(ch, P.error_reply(rid, exc.code, str(exc)))
             return False
         except P.ProtocolError as exc:
             # raised before any payload byte was read or any reply byte sent: resync is safe
             self._count_error(op, exc.code)
-            await ch.discard(plen)
+            self._bad.info("bad_request", peer=sess.peer, op=op, code=exc.code, error=exc)
+            # (before HELLO the frame was at most limits.max_header_unauthenticated, and the
+            # HELLO deadline still runs: a peer cannot stay unauthenticated by erring)
+            await self._moving([], lambda _: ch.discard(plen))
             await ch.send_frame(P.error_reply(rid, exc.code, str(exc)))
             return True
         except (ConnectionError, asyncio.CancelledError):
@@ -202,6 +259,22 @@ class DataServer(DescriptorOps):
     def _count_error(self, op: str, code: str) -> None:
         self.metrics.ops.labels(op, code).inc()
         self.metrics.protocol_errors.labels(code).inc()
+
+    async def _moving(self, held, move: Callable[[list[bool]], Awaitable[Any]]) -> list[bool]:
+        """Run ``move`` (bytes to or from the slots of ``held``, leases or reservations) as one
+        transfer: the items are marked in transfer (they cannot expire meanwhile; ``move`` is
+        told which are still live and must touch only those) and the whole move has the
+        transfer deadline. Past it the move is cancelled (it runs on this loop, so nothing
+        touches a slot after that) and :class:`_Stalled` closes the connection."""
+        live = self.node.begin_transfer(held)
+        try:
+            await asyncio.wait_for(move(live), self.limits.transfer_timeout_s)
+        except TimeoutError as exc:
+            self.metrics.timeouts.labels("transfer").inc()
+            raise _Stalled("transfer deadline passed") from exc
+        finally:
+            self.node.end_transfer([x for x, ok in zip(held, live) if ok])
+        return live
 
     # ------------------------------------------------------------ ops
 
@@ -219,7 +292,12 @@ class DataServer(DescriptorOps):
             raise _Fatal(P.AUTH, "the operator token is for the admin port only")
         if hello.tenant not in (None, tenant):
             raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
-        ids = [P.namespace_from_wire(d, tenant, f"ns[{i}]").id.raw for i, d in enumerate(hello.namespaces)]
+        salt = self.tokens.salt_of(tenant)
+        ids = [P.namespace_from_wire(d, salt, f"ns[{i}]").id.raw for i, d in enumerate(hello.namespaces)]
+        if not self.admission.authenticate(sess.tenant, tenant):
+            self.metrics.refused_connections.labels("per_tenant").inc()
+            raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
+        sess.tenant, sess.token = tenant, hello.token
         if sess.verbs is not None:  # a second HELLO replaces the queue pair
             sess.verbs.destroy()
             sess.verbs = None
@@ -230,7 +308,6 @@ class DataServer(DescriptorOps):
         sess.verbs, rdma = accepted or (None, None)
         transport = "rdma" if rdma is not None else "tcp"
         self.metrics.hellos.labels(transport).inc()
-        sess.tenant = tenant
         sess.namespaces = frozenset(ids)
         log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport))
         await ch.send_frame(
@@ -239,7 +316,7 @@ class DataServer(DescriptorOps):
                 "ok": True,
                 "v": P.PROTOCOL_VERSION,
                 "tenant": tenant,
-                "salt": tenant,
+                "salt": salt,
                 "ns": ids,
                 "node": self.node_name,
                 "max_frame": self.max_frame,
@@ -269,24 +346,31 @@ class DataServer(DescriptorOps):
         caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
         leases = await self.node.lease(keys, self.lease_ttl)
         try:
-            res, views = [], []
+            res, views, sent = [], [], []
             for i, lease in enumerate(leases):
                 st = Status.HIT
                 hdr = lease.header if lease is not None else None
+                tier = lease.tier if lease is not None else None
                 if lease is None or not sess.allows(hdr):
-                    st, hdr = Status.MISS, None
+                    st, hdr, tier = Status.MISS, None, None  # another tenant's block is absent
                 elif exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
                     st = Status.MISMATCH
                 elif caps is not None and caps[i] < hdr.payload_len:
                     st = Status.BUF_TOO_SMALL
                 if st is Status.HIT:
                     views.append(lease.view)
+                    sent.append(lease)
                     self.metrics.hits.inc()
                 else:
                     self.metrics.misses.inc()
-                res.append(P.get_result_to_wire(st, hdr, lease.tier if lease is not None else None))
-            await ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
-            self.metrics.bytes_out.inc(sum(v.nbytes for v in views))
+                res.append(P.get_result_to_wire(st, hdr, tier))
+            nbytes = sum(v.nbytes for v in views)
+            await self._moving(sent, lambda _: ch.send_frame({"rid": rid, "ok": True, "res": res}, views))
+            self.metrics.bytes_out.inc(nbytes)
+            ts = self.tenant_stats[sess.tenant]
+            ts["hits"] += len(sent)
+            ts["misses"] += len(keys) - len(sent)
+            ts["bytes_out"] += nbytes
         finally:
             self.node.release([x for x in leases if x is not None])
 
@@ -295,20 +379,30 @@ class DataServer(DescriptorOps):
         if sum(x.payload_len for x in hdrs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
         allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
-        reserved = await self.node.reserve([hdrs[i] for i in allowed]) if allowed else []
+        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
         slot: dict[int, Any] = dict(zip(allowed, reserved))
+        held = [r for r in slot.values() if not isinstance(r, Status)]
         got = []
-        try:
+
+        async def receive(live: list[bool]) -> None:
+            ok = {id(r) for r, alive in zip(held, live) if alive}
             for i, x in enumerate(hdrs):
                 r = slot.get(i)
-                if r is None or isinstance(r, Status):
+                if r is None or isinstance(r, Status) or id(r) not in ok:
                     await ch.discard(x.payload_len)
+                elif r.view.nbytes < x.payload_len:  # no slot of its own: memory as bytes come
+                    self.node.attach_payload(r, await ch.recv_growing(x.payload_len))
+                    got.append(r)
                 else:
                     await ch.recv_into(r.view)
                     got.append(r)
+
+        try:
+            await self._moving(held, receive)
         except BaseException:
-            self.node.abort([r for r in slot.values() if not isinstance(r, Status)])
+            self.node.abort(held)
             raise
+        self.node.abort([r for r in held if r not in got])
         self.metrics.bytes_in.inc(plen)
         committed = dict(zip([id(r) for r in got], await self.node.commit(got))) if got else {}
         res = []
@@ -317,13 +411,26 @@ class DataServer(DescriptorOps):
             if r is None:
                 res.append([int(Status.INVALID), None, False])
             elif isinstance(r, Status):
-                res.append([int(r), None, False])
+                # EXISTS only for the tenant's own block: another tenant's key answers BUSY,
+                # the answer for a key being written (docs/security.md)
+                res.append([int(await self._own_status(sess, hdrs[i], r)), None, False])
+            elif id(r) not in committed:
+                res.append([int(Status.INVALID), None, False])
             else:
                 pr = committed[id(r)]
                 if pr.status is Status.INVALID:
                     self.metrics.checksum_failures.inc()
                 res.append([int(pr.status), pr.tier, bool(pr.durable)])
+        ts = self.tenant_stats[sess.tenant]
+        ts["bytes_in"] += plen
+        ts["puts"] += sum(1 for x in res if x[0] == int(Status.STORED))
         await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _own_status(self, sess: Session, header, st: Status) -> Status:
+        if st is not Status.EXISTS:
+            return st
+        [ns] = await self.node.namespaces([header.key])
+        return st if ns is None or ns in sess.namespaces else Status.BUSY
 
     async def _op_delete(self, ch, sess, rid, h, plen) -> None:
         keys = P.req_keys(h)
@@ -333,8 +440,18 @@ class DataServer(DescriptorOps):
         await ch.send_frame({"rid": rid, "ok": True, "res": [bool(done.get(k.raw, False)) for k in keys]})
 
     async def _op_stats(self, ch, sess, rid, h, plen) -> None:
-        stats = plain(self.node.stats())
-        stats["daemon"] = self.metrics.snapshot()
+        """With auth: the tenant's own counters only. Without: the node's (one tenant)."""
+        mine = {
+            "tenant": sess.tenant,
+            "connections": self.admission.per_tenant.get(sess.tenant, 0),
+            **self.tenant_stats[sess.tenant],
+        }
+        if self.tokens.enabled:
+            stats: dict[str, Any] = {"tenant": mine}
+        else:
+            stats = plain(self.node.stats())
+            stats["daemon"] = self.metrics.snapshot()
+            stats["tenant"] = mine
         await ch.send_frame({"rid": rid, "ok": True, "stats": stats})
 
 

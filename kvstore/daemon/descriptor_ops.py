@@ -7,8 +7,11 @@ connection whose HELLO set up a queue pair) it is the slot's address in the regi
 slab and its rkey, and the client moves the bytes one-sidedly; a block whose bytes are not in
 the slab then gets no descriptor (and no hold): the client moves it with GET/PUT instead.
 Leases and reservations live in the connection's :class:`~kvstore.daemon.session.Session` and
-end with it. Mixed into :class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``,
-``metrics``, ``lease_ttl`` and ``rdma``); event loop thread only.
+end with it; a connection holds at most ``limits.max_leases_per_conn`` of them, and a LEASE
+ttl is at most ``limits.max_lease_ttl_s``. READ and WRITE move bytes only under a live
+lease/reservation, marked in transfer for the move (``_moving``: it cannot expire meanwhile).
+Mixed into :class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``,
+``metrics``, ``limits``, ``lease_ttl``, ``rdma`` and ``_moving``); event loop thread only.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ from rdma.transport import RemoteDescriptor, TransportError
 class DescriptorOps:
     node: Any
     metrics: Any
+    limits: Any
     lease_ttl: float
     rdma: Any
+    tenant_stats: Any
+    _moving: Any
+
+    def _room_for(self, sess, n: int) -> None:
+        """bad_request when ``n`` more handles would pass the connection's limit."""
+        held = sess.held(self.node.is_live)
+        cap = self.limits.max_leases_per_conn
+        if held + n > cap:
+            raise P.bad(f"this connection holds {held} leases/reservations; at most {cap} (release some)")
 
     def _one_sided(self, sess, h) -> bool:
         """The request's ``rdma`` flag; bad_request when the connection has no queue pair."""
@@ -48,7 +61,10 @@ class DescriptorOps:
     async def _op_lease(self, ch, sess, rid, h, plen) -> None:
         keys = P.req_keys(h)
         ttl = P.req_float(h, "ttl", self.lease_ttl)
+        if ttl > self.limits.max_lease_ttl_s:
+            raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, h)
+        self._room_for(sess, len(keys))
         leases = await self.node.lease(keys, ttl)
         res, drop = [], []
         for lease in leases:
@@ -73,19 +89,34 @@ class DescriptorOps:
 
     async def _op_read(self, ch, sess, rid, h, plen) -> None:
         descs = _descs(h)
-        res, views = [], []
-        for d in descs:
-            lease = sess.live(sess.leases, d.handle)
-            ok = lease is not None and d.addr + d.length <= lease.view.nbytes
-            if ok:
-                views.append(lease.view[d.addr : d.addr + d.length])
-            res.append(ok)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
-        self.metrics.bytes_out.inc(sum(v.nbytes for v in views))
+        found = [sess.live(sess.leases, d.handle) for d in descs]
+        found = [
+            x if x is not None and d.addr + d.length <= x.view.nbytes else None for x, d in zip(found, descs)
+        ]
+        held = list({id(x): x for x in found if x is not None}.values())
+        views: list = []
+        nbytes = 0
+
+        def send(live: list[bool]):
+            nonlocal nbytes
+            ok = {id(x) for x, alive in zip(held, live) if alive}
+            res = []
+            for x, d in zip(found, descs):
+                good = x is not None and id(x) in ok
+                if good:
+                    views.append(x.view[d.addr : d.addr + d.length])
+                res.append(good)
+            nbytes = sum(v.nbytes for v in views)
+            return ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
+
+        await self._moving(held, send)
+        self.metrics.bytes_out.inc(nbytes)
+        self.tenant_stats[sess.tenant]["bytes_out"] += nbytes
 
     async def _op_reserve(self, ch, sess, rid, h, plen) -> None:
         hdrs = P.req_headers(h)
         one_sided = self._one_sided(sess, h)
+        self._room_for(sess, len(hdrs))
         allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
         got = dict(zip(allowed, await self.node.reserve([hdrs[i] for i in allowed]))) if allowed else {}
         res, inline = [], []
@@ -106,16 +137,26 @@ class DescriptorOps:
         descs = _descs(h)
         if sum(d.length for d in descs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the descriptors' lengths")
-        res = []
-        for d in descs:
-            r = sess.live(sess.reservations, d.handle)
-            if r is not None and d.addr + d.length <= r.view.nbytes:
-                await ch.recv_into(r.view[d.addr : d.addr + d.length])
-                res.append(True)
-            else:
-                await ch.discard(d.length)
-                res.append(False)
+        found = [sess.live(sess.reservations, d.handle) for d in descs]
+        found = [
+            x if x is not None and d.addr + d.length <= x.view.nbytes else None for x, d in zip(found, descs)
+        ]
+        held = list({id(x): x for x in found if x is not None}.values())
+        res: list[bool] = []
+
+        async def receive(live: list[bool]) -> None:
+            ok = {id(x) for x, alive in zip(held, live) if alive}
+            for x, d in zip(found, descs):
+                if x is not None and id(x) in ok:
+                    await ch.recv_into(x.view[d.addr : d.addr + d.length])
+                    res.append(True)
+                else:
+                    await ch.discard(d.length)
+                    res.append(False)
+
+        await self._moving(held, receive)
         self.metrics.bytes_in.inc(plen)
+        self.tenant_stats[sess.tenant]["bytes_in"] += plen
         await ch.send_frame({"rid": rid, "ok": True, "res": res})
 
     async def _op_commit(self, ch, sess, rid, h, plen) -> None:
