@@ -114,6 +114,36 @@ class ServerSection:
 @dataclass(frozen=True)
 class AuthSection:
     token_file: str = ""  # lines "token tenant"; empty: no auth, loopback only
+    # a secret shared by every node of a cluster: tenant salts are HMACs of it, so no one can
+    # compute another tenant's keys; empty with a token_file: salts are tenant names (not secret)
+    salt_secret_file: str = ""
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    """What one client may cost the daemon (docs/security.md). Every wait has a deadline: a
+    peer past one loses its connection, and only its own."""
+
+    hello_timeout_s: float = 10.0  # connect to HELLO answered; also bounds a pre-auth header
+    idle_timeout_s: float = 900.0  # an authenticated connection with no request in flight
+    transfer_timeout_s: float = 60.0  # one request's header and payload, in or out
+    max_unauthenticated: int = 64  # open connections that have not passed HELLO
+    max_conns_per_tenant: int = 256  # open authenticated connections per tenant
+    max_header_unauthenticated: Size = Size(64 * 1024)  # frame header before HELLO
+    max_leases_per_conn: int = 4096  # LEASE + RESERVE handles one connection may hold
+    max_lease_ttl_s: float = 300.0  # the longest LEASE ttl a client may ask for
+
+    def __post_init__(self) -> None:
+        for name in ("hello_timeout_s", "idle_timeout_s", "transfer_timeout_s", "max_lease_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"limits.{name}: must be > 0, got {getattr(self, name)}")
+        for name in ("max_unauthenticated", "max_conns_per_tenant", "max_leases_per_conn"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_header_unauthenticated < 256:
+            raise ConfigError(
+                f"limits.max_header_unauthenticated: at least 256 bytes (a HELLO), got {self.max_header_unauthenticated}"
+            )
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,42 @@ class ClusterSection:
     join: str = ""  # etcd://host:port/CLUSTER: register this node there (lease + keepalive)
     advertise: str = ""  # host:port clients dial; empty: server.host and the bound data port
     lease_ttl_s: int = 5  # a node that stops renewing leaves the membership after this
+    # a static cluster: every member's data address (host:port), this node's included; its
+    # repair (below) keeps the blocks it holds on their owners among them. Empty: not in a
+    # static cluster (cluster.join is the etcd way)
+    peers: tuple[str, ...] = ()
+    # etcd over TLS and with a user (docs/cluster.md): CA bundle, client certificate and key
+    # (PEM files), user name and a file holding the password; empty: plain HTTP, no auth
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+
+
+@dataclass(frozen=True)
+class RepairSection:
+    """Node-side anti-entropy (docs/cluster.md): a node in a cluster (cluster.peers or
+    cluster.join) walks its own blocks and pushes each to the owners that lack it."""
+
+    enabled: bool = True
+    replicas: int = 2  # copies the cluster keeps of every block (the clients' replicas)
+    interval_s: float = 30.0  # a full pass at least this often
+    settle_s: float = 2.0  # after a membership change, wait this long before a pass
+    max_bytes_per_s: Size = Size(64 * 1024**2)  # pushed payload bytes per second at most
+    batch_keys: int = 256  # keys per EXISTS to one owner
+    deadline_s: float = 5.0  # each call to a peer
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"repair.replicas: must be >= 1, got {self.replicas}")
+        if self.batch_keys < 1:
+            raise ConfigError(f"repair.batch_keys: must be >= 1, got {self.batch_keys}")
+        for name in ("interval_s", "deadline_s", "max_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"repair.{name}: must be > 0, got {getattr(self, name)}")
+        if self.settle_s < 0:
+            raise ConfigError(f"repair.settle_s: must be >= 0, got {self.settle_s}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +199,9 @@ class StoreConfig:
     hbm: HbmSection = field(default_factory=HbmSection)
     server: ServerSection = field(default_factory=ServerSection)
     auth: AuthSection = field(default_factory=AuthSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    repair: RepairSection = field(default_factory=RepairSection)
 
     def __post_init__(self) -> None:
         if self.disk.enabled and not self.disk.path:

@@ -51,6 +51,7 @@ BAD_REQUEST = "bad_request"  # a field is missing or mistyped; the connection st
 INTERNAL = "internal"  # the node failed; the connection stays usable
 CLOSING = "closing"  # the daemon is shutting down
 TRANSPORT = "transport"  # HELLO: the node requires RDMA and the client offered none; closed
+BUSY = "busy"  # HELLO: the tenant has as many connections open as the node allows; closed
 FATAL_CODES = frozenset({BAD_FRAME, TOO_LARGE, BAD_VERSION, AUTH, TRANSPORT})
 
 
@@ -79,7 +80,7 @@ def req_op(h: dict[str, Any]) -> tuple[str, int]:
     if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 2**64:
         raise bad(f"rid must be a u64, got {rid!r}")
     op = h.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:  # a list or map is unhashable: check the type first
         raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}")
     return op, rid
 

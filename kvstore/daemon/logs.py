@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 
 def kv(event: str, **fields: object) -> str:
@@ -29,3 +30,30 @@ def setup_logging(level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+class RateLimitedLog:
+    """At most ``burst`` lines per ``period_s`` for one noisy event (bad frames from a fuzzer
+    or an attacker); the rest are dropped and their number is logged with the next line that
+    passes. Counters, not logs, carry the volume. Loop thread only."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 10, period_s: float = 10.0) -> None:
+        self.logger = logger
+        self.burst = burst
+        self.period_s = period_s
+        self._window = 0.0
+        self._sent = 0
+        self.suppressed = 0
+
+    def info(self, event: str, **fields: object) -> None:
+        now = time.monotonic()
+        if now - self._window >= self.period_s:
+            self._window, self._sent = now, 0
+        if self._sent >= self.burst:
+            self.suppressed += 1
+            return
+        self._sent += 1
+        if self.suppressed:
+            fields = {**fields, "suppressed_before": self.suppressed}
+            self.suppressed = 0
+        self.logger.info(kv(event, **fields))

@@ -71,6 +71,18 @@ class DaemonMetrics:
             "tierkv_rdma_accept_failures", "RDMA offers the device could not connect (TCP used)", registry=r
         )
         self.connections = Gauge("tierkv_connections", "Open data-port connections", registry=r)
+        self.timeouts = Counter(
+            "tierkv_timeouts",
+            "Connections closed at a deadline (hello, idle, transfer)",
+            ["kind"],
+            registry=r,
+        )
+        self.refused_connections = Counter(
+            "tierkv_refused_connections",
+            "Connections closed at a limit (unauthenticated, per_tenant, revoked)",
+            ["why"],
+            registry=r,
+        )
         r.register(_TierCollector(stats))
 
     def render(self) -> bytes:

@@ -1,17 +1,19 @@
 """One data-port connection's state: who it is, what it may see, what it holds.
 
-A session starts unauthenticated; HELLO fills ``tenant`` and ``namespaces`` (namespace ids the
-daemon derived with the tenant's salt) and, when the client's RDMA offer was accepted,
-``verbs`` (this connection's queue pair, destroyed with the session). Leases and reservations
-taken on this connection are kept here under small integer handles (the descriptors'
-``handle``) and are released/aborted when the connection ends, so a client that dies never
-pins blocks. Loop thread only.
+A session starts unauthenticated; HELLO fills ``tenant``, ``token`` (kept so that a SIGHUP
+that revokes it can close the connection) and ``namespaces`` (namespace ids the daemon
+derived with the tenant's salt) and, when the client's RDMA offer was accepted, ``verbs``
+(this connection's queue pair, destroyed with the session). Leases and reservations taken on
+this connection are kept here under small integer handles (the descriptors' ``handle``) and
+are released/aborted when the connection ends, so a client that dies never pins blocks; at
+most ``limits.max_leases_per_conn`` of them at a time. Loop thread only.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,7 @@ class Held:
 class Session:
     peer: str
     tenant: str | None = None
+    token: str | None = None
     namespaces: frozenset[bytes] = frozenset()
     leases: dict[int, Held] = field(default_factory=dict)
     reservations: dict[int, Held] = field(default_factory=dict)
@@ -41,6 +44,14 @@ class Session:
         handle = next(self._ids)
         table[handle] = Held(obj, time.monotonic() + ttl_s)
         return handle
+
+    def held(self, node_live: Callable[[Any], bool]) -> int:
+        """How many handles this connection holds, after forgetting those the node already
+        reclaimed (expired): they no longer count against the connection's limit."""
+        for table in (self.leases, self.reservations):
+            for handle in [h for h, x in table.items() if not node_live(x.obj)]:
+                del table[handle]
+        return len(self.leases) + len(self.reservations)
 
     def live(self, table: dict[int, Held], handle: int) -> Any | None:
         held = table.get(handle)

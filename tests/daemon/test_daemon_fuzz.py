@@ -47,7 +47,13 @@ FIELDS = st.fixed_dictionaries(
         "ns": st.one_of(st.just([P.namespace_to_wire(NS)]), VALUE),
     },
 )
-OP = st.one_of(st.sampled_from(sorted(P.OPS)), st.text(max_size=8), st.integers(-(2**63), 2**63))
+OP = st.one_of(
+    st.sampled_from(sorted(P.OPS)),
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**63),
+    st.lists(SCALAR, max_size=3),  # unhashable: once an `internal` with a traceback
+    st.dictionaries(st.text(max_size=4), SCALAR, max_size=2),
+)
 
 
 def _frame(header, payload: bytes = b"") -> bytes:
@@ -185,3 +191,49 @@ async def _verify_store(d) -> None:
     assert [g.status for g in got] == [Status.HIT] * len(keys)  # the client verified every checksum
     assert c.counters["errors"] == 0
     await c.close()
+
+
+MALFORMED = [
+    {"op": ["GET"], "rid": 3},
+    {"op": {"GET": 1}, "rid": 3},
+    {"op": "GET", "rid": 3, "keys": {"a": 1}},
+    {"op": "GET", "rid": 3, "keys": [b"x" * 16], "exp": {"x": 1}},
+    {"op": "GET", "rid": 3, "keys": [b"x" * 16], "caps": [[1]]},
+    {"op": "PUT", "rid": 3, "hdrs": [[1, 2]]},
+    {"op": "LEASE", "rid": 3, "keys": [b"x" * 16], "ttl": [1]},
+    {"op": "LEASE", "rid": 3, "keys": [b"x" * 16], "rdma": "yes"},
+    {"op": "READ", "rid": 3, "descs": [{"a": 1}]},
+    {"op": "RELEASE", "rid": 3, "handles": [-1]},
+    {"op": "COMMIT", "rid": 3, "handles": {"a": 1}},
+    {"op": "HELLO", "rid": 3, "v": 1, "ns": [{"model": ["m"], "dtype": "u8", "block_tokens": "4"}]},
+    {"op": "HELLO", "rid": 3, "v": 1, "ns": [{"model": "m", "dtype": "u8", "block_tokens": [4]}]},
+    {"op": "HELLO", "rid": 3, "v": 1, "token": {"t": 1}},
+]
+
+
+def test_every_malformed_field_is_a_typed_bad_request_and_logging_is_bounded(start_daemon):
+    """Before and after HELLO, each malformed field answers bad_request or unknown_op (never
+    internal), the connection stays usable, nothing is logged as a traceback, and a flood of
+    bad frames logs a bounded number of lines (the counters carry the volume)."""
+    d = start_daemon(use_disk=False)
+    for hello in (False, True):
+        with socket.create_connection(("127.0.0.1", d.data_port), timeout=5) as s:
+            if hello:
+                s.sendall(_frame({"op": "HELLO", "rid": 1, "v": 1, "ns": [P.namespace_to_wire(NS)]}))
+                assert _reply(s)["ok"]
+            # before HELLO any well-formed op but HELLO is refused (auth) and closes the connection
+            for h in (
+                MALFORMED
+                if hello
+                else [h for h in MALFORMED if h["op"] in ("HELLO", None) or not isinstance(h["op"], str)]
+            ):
+                s.sendall(_frame(h))
+                r = _reply(s)
+                assert r["ok"] is False and r["code"] in (P.BAD_REQUEST, P.UNKNOWN_OP), (h, r)
+    for _ in range(300):
+        with socket.create_connection(("127.0.0.1", d.data_port), timeout=5) as s:
+            s.sendall(b"\0\0\0\5garbage")
+            _reply(s)
+    logs = d.logs()
+    assert "Traceback" not in logs and "internal" not in logs
+    assert logs.count("event=bad_frame") <= 30, logs.count("event=bad_frame")
