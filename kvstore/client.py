@@ -139,9 +139,20 @@ class NodeClient(DescriptorPath):
         self.hello = conn.hello
         return conn
 
+    def _pooled(self) -> Conn | None:
+        """An idle connection that can still carry a request: one the node closed meanwhile
+        (its idle timeout, a restart) is dropped here rather than failing the next request."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.ch.peer_closed():
+                return conn
+            conn.close()
+            self.counters["stale_connections"] += 1
+        return None
+
     async def _with_conn(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._open()
+            conn = self._pooled() or await self._open()
             try:
                 result = await fn(conn)
             except BaseException:
@@ -203,6 +214,23 @@ class NodeClient(DescriptorPath):
             self.up = True
             log.info("event=node_up node=%s", self.addr)
             return
+
+    async def salt(self, deadline_s: float | None = None) -> str | None:
+        """The namespace salt this node hands this client's tenant at HELLO ("" without auth),
+        connecting first when no HELLO was made yet; None when the node cannot be reached.
+        Salts are secrets derived by the node (docs/security.md): keys must be computed in
+        :meth:`tenant_namespace`, never with a salt the client made up."""
+        if self.hello is None:
+            got = await self._run("HELLO", _hello_only, deadline_s)
+            if isinstance(got, Status) or self.hello is None:
+                return None
+        salt = self.hello.get("salt")
+        return salt if isinstance(salt, str) else ""
+
+    async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
+        """``base`` salted for this client's tenant, as the node salts it; None when the node
+        cannot be reached. See :func:`tenant_namespace` for several nodes."""
+        return await tenant_namespace([self], base, deadline_s)
 
     async def close(self) -> None:
         """Close every connection and stop probing; later calls are instant misses."""
@@ -288,6 +316,28 @@ async def _chunked(
     return out
 
 
+async def _hello_only(conn: Conn) -> bool:
+    return True  # opening the connection made the HELLO
+
+
+async def tenant_namespace(
+    nodes: Sequence[NodeClient], base: Namespace, deadline_s: float | None = None
+) -> Namespace | None:
+    """``base`` salted for the clients' tenant as the nodes salt it (all nodes of a cluster
+    share the salt secret, so they agree; one that does not is logged and outvoted by the
+    first answer). None when no node answers. Without auth the salt is "" and ``base`` comes
+    back as it is."""
+    salts = await asyncio.gather(*(n.salt(deadline_s) for n in nodes))
+    known = [s for s in salts if s is not None]
+    if not known:
+        return None
+    if len(set(known)) > 1:
+        log.warning(
+            "event=salt_mismatch nodes=%d note='nodes hold different auth.salt_secret_file'", len(known)
+        )
+    return base.with_tenant(known[0]) if known[0] else base
+
+
 class StoreClient:
     """Several nodes; each key goes to one node by rendezvous hashing over the configured
     nodes (a down node's keys miss until it is back; nothing moves). Same contract as
@@ -341,6 +391,9 @@ class StoreClient:
 
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         return await self._fan(len(keys), keys, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s))
+
+    async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
+        return await tenant_namespace(self.nodes, base, deadline_s)
 
     @property
     def counters(self) -> Counter[str]:

@@ -1,15 +1,23 @@
-"""Tokens and tenants: the daemon's answer to "who is this connection?".
+"""Tokens, tenants and tenant salts: the daemon's answer to "who is this connection, and in
+which namespaces do its keys live?".
 
 The token file has one ``token tenant`` pair per line; ``#`` starts a comment. The tenant
-``*`` is the operator: it may use the admin API and is refused on the data port. Any other
-tenant name is also the tenant's namespace salt, so tenants' block keys never coincide and
-the daemon can check every block's namespace against the tenant's.
+``*`` is the operator: it may use the admin API and is refused on the data port.
+
+Each tenant's namespaces are salted (kvstore.keys.Namespace.tenant_salt), so tenants' keys
+never coincide and the daemon checks every block's namespace against the session's. With
+``auth.salt_secret_file`` the salt is ``HMAC-SHA256(secret, tenant)`` (hex, 32 characters):
+a secret handed to the tenant at HELLO, so no one can compute another tenant's keys offline
+(docs/security.md). Every node of a cluster must hold the same secret, or the same prompt
+gets different keys on different nodes. Without it the salt is the tenant's name: isolation
+of reads and writes still holds, but keys can be computed by anyone who knows the name.
 
 :class:`TokenTable` is immutable; the daemon swaps in a new one on SIGHUP (loop thread only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from dataclasses import dataclass
@@ -17,6 +25,8 @@ from dataclasses import dataclass
 from kvstore.errors import ConfigError
 
 OPERATOR = "*"
+_SALT_CONTEXT = b"tierkv tenant salt v1\x00"
+_MIN_SECRET = 16
 
 
 @dataclass(frozen=True)
@@ -26,13 +36,16 @@ class TokenTable:
     entries: tuple[tuple[str, str], ...] = ()
     enabled: bool = False
     path: str = ""
+    secret: bytes = b""  # the salt secret; empty: salts are tenant names
 
     @classmethod
-    def load(cls, path: str) -> TokenTable:
-        """Read ``path``; an empty path means auth off. Raises ConfigError naming the file and
-        line for a malformed line, a duplicate token or an unreadable file."""
+    def load(cls, path: str, secret_path: str = "") -> TokenTable:
+        """Read ``path`` (and the salt secret at ``secret_path``); an empty path means auth
+        off. Raises ConfigError naming the file and line for a malformed line, a duplicate
+        token, an unreadable file, or a secret shorter than 16 bytes."""
+        secret = _read_secret(secret_path) if secret_path else b""
         if not path:
-            return cls()
+            return cls(secret=secret)
         try:
             with open(path, encoding="utf-8") as f:
                 lines = f.read().splitlines()
@@ -56,7 +69,7 @@ class TokenTable:
                 raise ConfigError(f"auth.token_file {os.path.basename(path)}:{n}: duplicate token")
             seen.add(token)
             entries.append((token, tenant))
-        return cls(tuple(entries), True, path)
+        return cls(tuple(entries), True, path, secret)
 
     def tenant_of(self, token: str) -> str | None:
         """The tenant ``token`` authenticates, or None. Without auth every caller is tenant
@@ -69,3 +82,25 @@ class TokenTable:
             if hmac.compare_digest(tok.encode(), given):
                 found = tenant
         return found
+
+    def salt_of(self, tenant: str) -> str:
+        """The namespace salt of ``tenant``: "" for the single tenant of a daemon without auth,
+        the HMAC of the secret when there is one, else the tenant's name."""
+        if not tenant:
+            return ""
+        if not self.secret:
+            return tenant
+        return hmac.new(self.secret, _SALT_CONTEXT + tenant.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _read_secret(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"auth.salt_secret_file: cannot read {path!r}: {exc.strerror}") from exc
+    if len(secret) < _MIN_SECRET:
+        raise ConfigError(
+            f"auth.salt_secret_file: {os.path.basename(path)} holds {len(secret)} bytes; at least {_MIN_SECRET}"
+        )
+    return secret

@@ -3,7 +3,7 @@
 ``Daemon.start(cfg)`` opens the node (rebuilding the disk index), binds both ports (port 0:
 ephemeral), writes ``server.port_file`` (JSON ``{"host", "data_port", "admin_port", "pid"}``,
 atomically) and serves. SIGHUP reloads the token file (a bad file keeps the old table and is
-logged); SIGTERM/SIGINT stop accepting, let in-flight requests finish and close the node
+logged) and closes the connections whose token it no longer holds; SIGTERM/SIGINT stop accepting, let in-flight requests finish and close the node
 (which flushes the disk tier). Without ``auth.token_file`` the daemon binds to loopback only.
 Everything runs on one event loop; nothing here is thread-safe.
 """
@@ -43,6 +43,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """Bind (a busy port fails the start at once) but do not listen: until :meth:`Daemon.start`
+    calls ``listen`` a connect is refused, which clients retry, instead of hanging in a
+    backlog nobody serves while the node opens."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -51,15 +54,27 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(f"server: cannot bind {host}:{port}: {exc.strerror}") from exc
-    sock.listen(512)
     return sock
+
+
+def _raise_nofile() -> None:
+    """Lift the soft limit on open files to the hard one: the connection limits, not the
+    default 1024, decide how many clients the daemon holds."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        log.warning(kv("nofile_unchanged", error=exc))
 
 
 class Daemon:
     def __init__(self, cfg: StoreConfig) -> None:
         self.cfg = cfg
         self.node = None
-        self.tokens = TokenTable.load(cfg.auth.token_file)
+        self.tokens = TokenTable.load(cfg.auth.token_file, cfg.auth.salt_secret_file)
         self.host = cfg.server.host
         self.data: DataServer | None = None
         self.metrics: DaemonMetrics | None = None
@@ -83,6 +98,9 @@ class Daemon:
             self.host = "127.0.0.1"
         elif not self.tokens.enabled:
             log.warning(kv("no_auth", host=self.host, note="no auth.token_file: loopback only"))
+        if self.tokens.enabled and not self.tokens.secret:
+            log.warning(kv("salt_not_secret", note="no auth.salt_secret_file: tenant salts are tenant names"))
+        _raise_nofile()
         chosen = decide(cfg.server, cfg.server.transport != "tcp" and device_available())
         data_sock = _bind(self.host, cfg.server.data_port)
         try:
@@ -98,6 +116,7 @@ class Daemon:
             raise
         self.metrics = DaemonMetrics(self.node.stats)
         self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg, self.rdma)
+        data_sock.listen(512)  # only now: the node is open and can serve what connects
         self.data.start()
         self.data_port = data_sock.getsockname()[1]
         app = make_app(self.node, self.metrics, lambda: self.tokens, self.ready)
@@ -140,7 +159,7 @@ class Daemon:
     def reload_tokens(self) -> None:
         """SIGHUP: swap in the token file's current content; keep the old table on error."""
         try:
-            table = TokenTable.load(self.cfg.auth.token_file)
+            table = TokenTable.load(self.cfg.auth.token_file, self.cfg.auth.salt_secret_file)
         except ConfigError as exc:
             log.error(kv("token_reload_failed", error=exc))
             return
@@ -148,9 +167,11 @@ class Daemon:
             log.error(kv("token_reload_failed", error="auth cannot be switched on or off by reload"))
             return
         self.tokens = table
+        closed = 0
         if self.data is not None:
             self.data.tokens = table
-        log.info(kv("tokens_reloaded", entries=len(table.entries)))
+            closed = self.data.revoke(table)
+        log.info(kv("tokens_reloaded", entries=len(table.entries), connections_closed=closed))
 
     def install_signals(self) -> None:
         loop = asyncio.get_running_loop()

@@ -114,3 +114,110 @@ def test_without_tokens_the_daemon_binds_loopback_only(start_daemon):
     d = start_daemon(server={"host": "0.0.0.0"})
     assert d.ports["host"] == "127.0.0.1"
     assert "no_auth_loopback_only" in d.logs()
+
+
+# ---------------------------------------------------------------- issue 12: nothing revealed
+
+
+@pytest.fixture
+def secret_authed(start_daemon, tmp_path):
+    f = tmp_path / "tokens.txt"
+    f.write_text(TOKENS)
+    s = tmp_path / "salt.secret"
+    s.write_text("a-cluster-wide-secret-0123456789\n")
+
+    def start():
+        d = start_daemon(auth={"token_file": str(f), "salt_secret_file": str(s)})
+        d.token_file = f
+        return d
+
+    return start
+
+
+async def test_salts_are_secret_and_the_client_keys_with_them(secret_authed, ns, blocks_of):
+    d1, d2 = secret_authed(), secret_authed()
+    acme1, acme2 = client(d1, ns, "tok-acme-0001"), client(d2, ns, "tok-acme-0001")
+    globex = client(d1, ns, "tok-globex-01")
+    salt = await acme1.salt()
+    assert salt not in ("", "acme") and len(salt) == 32
+    assert await acme2.salt() == salt  # every node with the secret hands out the same salt
+    assert await globex.salt() not in (salt, "globex")
+    tns = await acme1.tenant_namespace(ns)
+    assert tns == ns.with_tenant(salt)
+    blocks = blocks_of(tns, 2, 300)
+    assert [r.status for r in await acme1.put(blocks)] == [Status.STORED] * 2
+    # keys computed with the public tenant name are not acme's: refused, not stored
+    assert [r.status for r in await acme1.put(blocks_of(ns.with_tenant("acme"), 1, 300))] == [Status.INVALID]
+    for c in (acme1, acme2, globex):
+        await c.close()
+
+
+async def test_replies_about_another_tenants_block_equal_those_about_an_absent_one(authed, ns, blocks_of):
+    from daemonutil import RawPeer
+
+    acme = client(authed, ns, "tok-acme-0001")
+    [(h, p)] = blocks_of(ns.with_tenant("acme"), 1, 500)
+    assert [r.status for r in await acme.put([(h, p)])] == [Status.STORED]
+    absent = bytes(16)
+    g = RawPeer(authed.data_port)
+    g.hello("tok-globex-01", ns)
+    replies = []
+    for key in (h.key.raw, absent):
+        for req in (
+            {"op": "GET", "keys": [key]},
+            {"op": "EXISTS", "keys": [key]},
+            {"op": "LEASE", "keys": [key]},
+            {"op": "DELETE", "keys": [key]},
+        ):
+            g.request(req)
+            r = g.reply()
+            r.pop("rid")
+            replies.append(r)
+    assert replies[:4] == replies[4:]
+    # a block globex makes under acme's key (its own namespace) is not answered EXISTS
+    from kvstore.block import make_header
+
+    [(gh, gp)] = blocks_of(ns.with_tenant("globex"), 1, 500)
+    forged = make_header(
+        key=h.key,
+        parent=gh.parent,
+        namespace=gh.namespace,
+        tokens=list(gh.tokens),
+        dtype="uint8",
+        shape=[500],
+        payload=gp,
+    )
+    g.request({"op": "PUT", "hdrs": [forged.encode()]}, plen=len(gp))
+    g.send(gp)
+    assert g.reply()["res"][0][0] != int(Status.EXISTS)
+    g.close()
+    await acme.close()
+
+
+async def test_stats_on_the_data_port_are_the_tenants_own(authed, ns, blocks_of):
+    acme = client(authed, ns, "tok-acme-0001")
+    globex = client(authed, ns, "tok-globex-01")
+    assert [r.status for r in await acme.put(blocks_of(ns.with_tenant("acme"), 3, 500))] == [
+        Status.STORED
+    ] * 3
+    mine = await globex.stats()
+    assert set(mine) == {"tenant"}
+    assert mine["tenant"]["tenant"] == "globex" and mine["tenant"].get("puts", 0) == 0
+    theirs = await acme.stats()
+    assert theirs["tenant"]["puts"] == 3
+    await acme.close()
+    await globex.close()
+
+
+async def test_a_revoked_token_loses_its_open_connections(authed, ns):
+    from daemonutil import RawPeer
+
+    held = RawPeer(authed.data_port, timeout=5)
+    held.hello("tok-acme-0001", ns)
+    other = RawPeer(authed.data_port, timeout=5)
+    other.hello("tok-globex-01", ns)
+    authed.token_file.write_text("tok-globex-01 globex\ntok-operator1 *\n")
+    authed.signal(signal.SIGHUP)
+    assert held.closed_by_peer()
+    other.request({"op": "EXISTS", "keys": [bytes(16)]})
+    assert other.reply()["tiers"] == [None]
