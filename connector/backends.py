@@ -39,6 +39,12 @@ class Backend:
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float) -> list[PutResult]:
         raise NotImplementedError
 
+    async def put_counted(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float
+    ) -> tuple[list[PutResult], int]:
+        """:meth:`put`, and how many of the stored blocks have fewer copies than wanted."""
+        return await self.put(blocks, deadline_s), 0
+
     async def get_views(
         self, keys: Sequence[BlockKey], expect: Sequence[Expect], deadline_s: float
     ) -> tuple[list[GetResult], list[Any], Callable[[], None]] | None:
@@ -165,7 +171,6 @@ class RemoteBackend(Backend):
             namespaces=(namespace,),
             op_timeout_s=max(cfg.load_deadline_s, cfg.save_deadline_s),
         )
-        self._probe_key = namespace.id
         cluster = ClusterConfig(replicas=cfg.replicas)
         if cfg.kind == "etcd":
             from kvstore.cluster.membership import MembershipError
@@ -179,20 +184,10 @@ class RemoteBackend(Backend):
             self.client = ClusterClient.static(cfg.addrs, ccfg, cluster)
 
     async def start(self, deadline_s: float) -> None:
-        """Membership, then every connection of every node's pool, opened now: a connection
-        costs a TCP handshake, HELLO (auth, tenant salt) and, with RDMA, a device probe and a
-        queue-pair exchange. Each is opened by a real one-key EXISTS (the namespace's own key,
-        never a block), ``pool_size`` at once per node."""
+        """Membership, then every connection of every node's pool, opened now (the cluster
+        client's ``start``): a connection costs a TCP handshake, HELLO (auth, tenant salt) and,
+        with RDMA, a device probe and a queue-pair exchange."""
         await self.client.start(deadline_s)
-        self.client.live_addrs()  # creates the node clients from the membership view
-        probe = [self._probe_key]
-        await asyncio.gather(
-            *(
-                n.exists(probe, deadline_s)
-                for n in list(self.client.nodes.values())
-                for _ in range(self.client.client_cfg.pool_size)
-            )
-        )
 
     async def exists(self, keys, deadline_s):
         tiers = await self.client.exists(keys, deadline_s)
@@ -203,6 +198,10 @@ class RemoteBackend(Backend):
 
     async def put(self, blocks, deadline_s):
         return await self.client.put(blocks, deadline_s)
+
+    async def put_counted(self, blocks, deadline_s):
+        report = await self.client.put_report(blocks, deadline_s)
+        return report.results, report.under_replicated
 
     async def close(self) -> None:
         await self.client.close()

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 class FlushResult:
     """Blocks handed to the saver since the previous flush: ``saved`` (stored, or already
     there), ``dropped`` (never sent: the save queue stayed full past the save deadline),
-    ``failed`` (sent, but no replica took them: error, timeout, no space), by ``causes``.
-    ``complete`` is False when the flush timed out with saves still in flight (they are in
+    ``failed`` (sent, but no replica took them: error, timeout, no space), by ``causes``;
+    ``under_replicated``: saved blocks on fewer nodes than ``replicas`` (repair adds the rest
+    later; they are hits meanwhile). ``complete`` is False when the flush timed out with saves still in flight (they are in
     none of the counts yet). True in a boolean context only when everything was saved."""
 
     saved: int
@@ -20,6 +21,7 @@ class FlushResult:
     failed: int
     complete: bool
     causes: dict[str, int] = field(default_factory=dict)
+    under_replicated: int = 0
 
     @property
     def ok(self) -> bool:
@@ -33,18 +35,20 @@ class SaveTally:
     """Counts since the last :meth:`take` (owned by the connector's event loop)."""
 
     def __init__(self) -> None:
-        self.saved = self.dropped = self.failed = 0
+        self.saved = self.dropped = self.failed = self.under_replicated = 0
         self.causes: Counter[str] = Counter()
 
     def add(self, outcome: str, cause: str = "", n: int = 1) -> None:
-        """``outcome`` is ``saved``, ``dropped`` or ``failed``."""
+        """``outcome`` is ``saved``, ``dropped``, ``failed`` or ``under_replicated``."""
         setattr(self, outcome, getattr(self, outcome) + n)
         if cause:
             self.causes[cause] += n
 
     def take(self, complete: bool) -> FlushResult:
-        r = FlushResult(self.saved, self.dropped, self.failed, complete, dict(self.causes))
-        self.saved = self.dropped = self.failed = 0
+        r = FlushResult(
+            self.saved, self.dropped, self.failed, complete, dict(self.causes), self.under_replicated
+        )
+        self.saved = self.dropped = self.failed = self.under_replicated = 0
         self.causes.clear()
         return r
 

@@ -386,7 +386,8 @@ class StoreConnector(KVConnector):
                 batch.append(q.get_nowait())
             self._inflight_saves = len(batch)
             try:
-                res = await self.backend.put(batch, self.cfg.save_deadline_s)
+                res, short = await self.backend.put_counted(batch, self.cfg.save_deadline_s)
+                self._tally.add("under_replicated", n=short)
             except Exception as exc:
                 log.warning("event=save_failed blocks=%d error=%r", len(batch), exc)
                 res = [None] * len(batch)

@@ -100,7 +100,7 @@ def test_an_engine_cap_below_the_connectors_deadline_is_refused(tiny_model, tmp_
 async def test_saves_that_outlive_an_internal_timeout_are_reported_not_silent(tiny_model, start_daemon):
     # issue 11: saves through a slow link hit a timeout shorter than save_deadline_s inside the
     # client (node marked down), and flush() still said True. Whatever the client does with a
-    # 1.2 s round trip, flush() must tell which blocks were stored, and only those are.
+    # 1.2 s round trip, flush() must account for every block and claim none it did not store.
     d = tiny_model()
     node = start_daemon()
     prompt = _prompt(150, 13)  # 9 full blocks
@@ -120,6 +120,8 @@ async def test_saves_that_outlive_an_internal_timeout_are_reported_not_silent(ti
         await direct.start()
         keys = direct.connector.ns.block_keys(prompt)
         present = await direct.connector.backend.exists(keys, 5)
-        assert sum(t is not None for t in present) == res.saved, (present, res)
+        # never claims a block it did not store (a write whose reply came after the client's
+        # own write deadline may have landed although it is reported failed: conservative)
+        assert sum(t is not None for t in present) >= res.saved, (present, res)
     finally:
         await direct.stop()
