@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
-# One prepared run on a lent GPU (docs/benchmarks.md, "GPU"): the CUDA tests, the TTFT
-# benchmark and the engine benchmark, each under its own time limit so one hang costs only
-# its own step. Logs and JSON go to OUTDIR. Wheels of packages the GPU image lacks (lmdb,
-# pytest-asyncio, ...) are installed from .whl/ when that folder exists.
+# One prepared run on a lent GPU (docs/benchmarks.md, "GPU"), at most 8 minutes: the CUDA
+# tests, then the serving cases of issue 11 (bench/gpu_serving.py: cold, hbm_hit, dram_hit,
+# remote_hit against a daemon it starts on loopback, auto_remote_hit, decode_b1, decode_b32,
+# prefill_32k, each beside a floor measured in the same run) written to OUTDIR/gpu_serving.json
+# with each case's engine timeline in OUTDIR/gpu_timeline.json. Every step has its own time
+# limit, so one hang costs only its own step; a step that fails does not stop the next.
+# Wheels of packages the GPU image lacks (lmdb, pytest-asyncio, ...) are installed from .whl/
+# when that folder exists.
 #
-#   bash bench/gpu_run.sh OUTDIR [test seconds] [ttft seconds] [engine seconds]
+#   bash bench/gpu_run.sh OUTDIR [--tiny]
+#
+# --tiny: the same steps on CPU with a tiny model and short prompts (a smoke check that the
+# script runs end to end; its numbers mean nothing and are not to be committed).
 set -u
-out=${1:?usage: bench/gpu_run.sh OUTDIR}
+out=${1:?usage: bench/gpu_run.sh OUTDIR [--tiny]}
+tiny=${2:-}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/tierkv-site .whl/*.whl && export PYTHONPATH=/tmp/tierkv-site
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-} 2>&1 | tee "$out/env.txt"
-timeout "${2:-180}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_cuda.py \
-    tests/store/test_hbm.py tests/connector/test_connector_transfer.py 2>&1 | tee "$out/cuda_tests.log"
-timeout "${3:-240}" python3 bench/gpu_ttft.py --json "$out/gpu_ttft.json" 2>&1 | tee "$out/gpu_ttft.log"
-timeout "${4:-200}" python3 bench/gpu_engine.py --json "$out/gpu_engine.json" 2>&1 | tee "$out/gpu_engine.log"
+py=${PYTHON:-python3}
+status=0
+step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUTDIR/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s)"
+    timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$out/$name.log"
+    [ "$rc" -eq 0 ] || { echo "== $name: exit $rc"; status=1; }
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi"
+  $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+  $py -c "import triton; print('triton', triton.__version__)" 2>&1 || true
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+if [ "$tiny" = "--tiny" ]; then
+    step serving 300 $py bench/gpu_serving.py --tiny --json "$out/gpu_serving.json"
+else
+    step cuda_tests 150 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
+        tests/engine/test_engine_cuda.py tests/engine/test_paged_attention.py \
+        tests/store/test_hbm.py tests/connector/test_connector_transfer.py
+    step serving 300 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
+fi
+exit $status

@@ -51,7 +51,7 @@ def tiny_config():
     )  # fmt: skip
 
 
-def build(mc, cfg: EngineConfig, url: str | None, backend=None) -> AsyncEngine:
+def build(mc, cfg: EngineConfig, url: str | None, backend=None, prefix_cache: bool = True) -> AsyncEngine:
     eng = LLMEngine.from_random(mc, cfg, seed=0)
     name = f"random-{mc.hidden_size}x{mc.num_layers}-seed0"  # random weights: a fixed fingerprint
 
@@ -60,7 +60,8 @@ def build(mc, cfg: EngineConfig, url: str | None, backend=None) -> AsyncEngine:
 
     # random weights have no folder to fingerprint, so the engine starts without its own prefix
     # cache: give it the same fixed namespace (the HBM tier is part of what is measured)
-    eng.bm.namespace = ns(cfg.page_size)
+    if prefix_cache:
+        eng.bm.namespace = ns(cfg.page_size)
     conn = None
     if url:
         ctx = ConnectorContext(cfg.page_size, eng.kv, ns, "", cfg.device, eng.transfer)

@@ -1,0 +1,258 @@
+"""The serving cases of issue 11 on one GPU, each beside a floor measured in the same run.
+A Llama-3.1-8B-shaped model with random bf16 weights, a 32K-token prompt:
+
+  cold             a fresh engine computes the prompt (floor: its matmul FLOPs at the measured
+                   bf16 matmul peak)
+  hbm_hit          the same engine again: its own prefix cache (floor: reading the weights once,
+                   at the measured device copy bandwidth — the tail's compute)
+  dram_hit         a fresh engine over an in-process ``local://`` store (pinned DRAM)
+                   (floor: KV bytes / pinned host-to-device bandwidth + the tail floor)
+  remote_hit       a fresh engine's *first request after start* against a ``kvstore serve``
+                   daemon this script starts on loopback (floor: KV bytes / loopback socket
+                   bandwidth over the connector's parallel connections + the tail floor)
+  auto_remote_hit  the same with ``policy=auto`` (floor: the cold TTFT: never slower than cold)
+  decode_b1/b32    decode tokens/s at batch 1 and 32 (floor: one weight read per step)
+  prefill_32k      one cold prefill (floor: FLOPs at the matmul peak)
+
+Writes a JSON list of rows ``{"case", "tokens", "ttft_ms", "hit_tokens", "floor_ms", "x_floor",
+"tok_s"}`` to ``--json`` and each case's engine timeline (ms per phase) beside it
+(``--timeline``). ``--tiny`` runs the same script on CPU with a tiny model and short prompts
+(a smoke check; its numbers mean nothing).
+
+    python bench/gpu_serving.py --json OUT/gpu_serving.json [--tokens 32768]
+    python bench/gpu_serving.py --tiny --json /tmp/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_engine import llama31_8b, prefill_flops  # noqa: E402
+from gpu_ttft import build, h2d_bytes_per_s, tiny_config, ttft  # noqa: E402
+from serving_floors import (  # noqa: E402
+    DaemonProcess,
+    device_copy_bytes_per_s,
+    loopback_bytes_per_s,
+    matmul_peak_tflops,
+)
+
+from connector.backends import Backend  # noqa: E402
+from connector.flush import require_saved  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.kv_cache import KVCache  # noqa: E402
+from engine.sequence import SamplingParams  # noqa: E402
+from engine.timeline import PHASES  # noqa: E402
+
+LOAD_PARALLEL = 4  # the connector's parallel GET batches (= connections used); the floor uses as many
+
+
+def _timeline_ms(aeng, before: dict[str, float]) -> dict[str, float]:
+    tl = aeng.engine.timeline
+    return {p: round((tl.total(p) - before.get(p, 0.0)) * 1000, 3) for p in PHASES}
+
+
+def _snap(aeng) -> dict[str, float]:
+    return {p: aeng.engine.timeline.total(p) for p in PHASES}
+
+
+def _row(case, tokens, ttft_ms=None, hit=None, floor_ms=None, tok_s=None, x=None) -> dict:
+    if x is None and ttft_ms is not None and floor_ms:
+        x = ttft_ms / floor_ms
+    r = dict(
+        case=case, tokens=tokens, ttft_ms=ttft_ms, hit_tokens=hit, floor_ms=floor_ms, x_floor=x, tok_s=tok_s
+    )
+    print("measured:", json.dumps(r), flush=True)
+    return r
+
+
+async def _measure(aeng, prompt, timelines: dict, case: str) -> tuple[float, int]:
+    before = _snap(aeng)
+    secs, cached, _ = await ttft(aeng, prompt)
+    timelines[case] = _timeline_ms(aeng, before)
+    return secs * 1000, cached
+
+
+async def serving(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, timelines: dict) -> None:
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(100, mc.vocab_size - 100, (n,), generator=g).tolist()
+    bt = a.block_tokens
+    full = n // bt * bt
+    kv_bytes = full * KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, cfg_dtype(cfg))
+    tail = floors["tail_ms"]
+    common = f"lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=600&block_tokens={bt}&load_parallel={LOAD_PARALLEL}"
+    root = tempfile.mkdtemp(prefix="tierkv-gpu-serving-")
+    with DaemonProcess(root, dram_bytes=int(kv_bytes * 1.25) + (256 << 20)) as daemon:
+        remote = f"kvstore://{daemon.addr}?{common}&replicas=1&save_queue_bytes={int(kv_bytes * 1.1)}"
+        # cold, then the engine's own HBM prefix cache; its saves fill the daemon
+        e1 = build(mc, cfg, remote + "&policy=always")
+        await e1.start()
+        cold_ms, _ = await _measure(e1, prompt, timelines, "cold")
+        rows.append(_row("cold", n, cold_ms, 0, floors["prefill_ms"]))
+        require_saved(await e1.connector.flush(600), "gpu_serving: saves to the daemon")
+        hbm_ms, cached = await _measure(e1, prompt, timelines, "hbm_hit")
+        rows.append(_row("hbm_hit", n, hbm_ms, cached, tail))
+        await e1.stop()
+        del e1
+        _free()
+        # fresh engines against the daemon: the first request after start must hit every block
+        bw_net = loopback_bytes_per_s(LOAD_PARALLEL, min(kv_bytes, 1 << 30))
+        floors["loopback_bytes_per_s"] = bw_net
+        for case, policy in (("remote_hit", "always"), ("auto_remote_hit", "auto")):
+            e = build(mc, cfg, remote + f"&policy={policy}", prefix_cache=False)
+            await e.start()
+            ms, cached = await _measure(e, prompt, timelines, case)
+            floor = cold_ms if policy == "auto" else kv_bytes / bw_net * 1000 + tail
+            rows.append(_row(case, n, ms, cached, floor))
+            await e.stop()
+            del e
+            _free()
+    # pinned DRAM in this process (local://): one engine computes and saves, a fresh one loads
+    local = f"local://{root}/local?{common}&policy=always&dram_capacity={int(kv_bytes * 1.25) + (256 << 20)}&disk_capacity={2 * kv_bytes + (256 << 20)}&save_queue_bytes={int(kv_bytes * 1.1)}"
+    e1 = build(mc, cfg, local, prefix_cache=False)
+    await e1.start()
+    await ttft(e1, prompt)
+    require_saved(await e1.connector.flush(600), "gpu_serving: saves to local://")
+    e2 = build(mc, cfg, local, backend=e1.connector.backend, prefix_cache=False)
+    await e2.start()
+    ms, cached = await _measure(e2, prompt, timelines, "dram_hit")
+    bw_h2d = h2d_bytes_per_s(cfg.device) or floors["copy_bytes_per_s"]
+    floors["h2d_bytes_per_s"] = bw_h2d
+    rows.append(_row("dram_hit", n, ms, cached, kv_bytes / bw_h2d * 1000 + tail))
+    e2.connector.backend = Backend()  # the shared store is closed with e1
+    await e2.stop()
+    await e1.stop()
+    del e1, e2
+    _free()
+
+
+def engine_figures(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list) -> None:
+    """Decode tokens/s at batch 1 and 32 and one cold prefill of ``n`` tokens."""
+    from engine.llm import LLMEngine
+
+    eng = LLMEngine.from_random(mc, cfg, seed=0)
+    eng.warm_up()
+    g = torch.Generator().manual_seed(2)
+    for b in (1, 32):
+        prompts = [
+            torch.randint(0, mc.vocab_size, (a.decode_prompt,), generator=g).tolist() for _ in range(b)
+        ]
+        sp = SamplingParams(max_tokens=a.decode_tokens, temperature=0, ignore_eos=True)
+        seqs = [eng.add_request(p, sp) for p in prompts]
+        while any(s.num_computed < s.num_prompt for s in seqs):
+            eng.step()
+        _sync()
+        t0 = time.perf_counter()
+        steps = eng.steps
+        while eng.has_work():
+            eng.step()
+        _sync()
+        dt = time.perf_counter() - t0
+        step_ms = dt / max(1, eng.steps - steps) * 1000
+        tok_s = b * (a.decode_tokens - 1) / dt
+        rows.append(
+            _row(f"decode_b{b}", b, None, None, floors["tail_ms"], tok_s, step_ms / floors["tail_ms"])
+        )
+    prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    eng.generate([prompt[: min(n, 512)]], one)  # no prefix cache (random engine): cold every time
+    _sync()
+    t0 = time.perf_counter()
+    eng.generate([prompt], one)
+    _sync()
+    dt = time.perf_counter() - t0
+    rows.append(_row("prefill_32k", n, dt * 1000, 0, floors["prefill_ms"], n / dt))
+    del eng
+    _free()
+
+
+def cfg_dtype(cfg: EngineConfig) -> torch.dtype:
+    return getattr(torch, cfg.torch_dtype_name())
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _free() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--block-tokens", type=int, default=256)
+    ap.add_argument("--decode-prompt", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--only", choices=["serving", "engine"], help="run one half only")
+    ap.add_argument("--tiny", action="store_true", help="tiny model on CPU: check the script runs")
+    ap.add_argument("--json", required=True, help="rows go here")
+    ap.add_argument("--timeline", help="per-case engine timelines (default: beside --json)")
+    a = ap.parse_args()
+    if not a.tiny and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device (use --tiny to smoke-test on CPU)")
+    mc = tiny_config() if a.tiny else llama31_8b()
+    device = "cpu" if a.tiny else "cuda"
+    n = min(a.tokens, 1024) if a.tiny else a.tokens
+    if a.tiny:
+        a.block_tokens, a.decode_prompt, a.decode_tokens = 64, 16, 8
+    cfg = EngineConfig(
+        device=device, kv_cache_bytes=(256 << 20) if a.tiny else (12 << 30), max_num_batched_tokens=8192,
+        max_num_seqs=32, max_model_len=n + 64,
+    )  # fmt: skip
+    dtype = cfg_dtype(cfg)
+    weight_bytes = _weight_bytes(mc, dtype)
+    peak = matmul_peak_tflops(device, dtype)
+    copy_bw = device_copy_bytes_per_s(device)
+    floors = {
+        "matmul_peak_tflops": peak,
+        "copy_bytes_per_s": copy_bw,
+        "weight_bytes": weight_bytes,
+        "tail_ms": weight_bytes / copy_bw * 1000,  # one read of the weights: a short tail's floor
+        "prefill_ms": prefill_flops(mc, n) / (peak * 1e12) * 1000,
+    }
+    print("floors:", json.dumps(floors), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    rows: list[dict] = []
+    timelines: dict[str, dict] = {}
+    try:
+        if a.only != "engine":
+            asyncio.run(serving(a, mc, cfg, n, floors, rows, timelines))
+        if a.only != "serving":
+            engine_figures(a, mc, cfg, n, floors, rows)
+    finally:  # what was measured is kept even when a later case fails
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        tpath = a.timeline or os.path.join(os.path.dirname(os.path.abspath(a.json)), "gpu_timeline.json")
+        with open(tpath, "w") as f:
+            device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+            json.dump({"device": device_name, "floors": floors, "timeline_ms": timelines}, f, indent=1)
+    print(f"{'case':16} {'tokens':>7} {'TTFT ms':>9} {'hit':>7} {'floor ms':>9} {'x floor':>8} {'tok/s':>9}")
+    for r in rows:
+        print(f"{r['case']:16} {r['tokens']:>7} {_f(r['ttft_ms']):>9} {_f(r['hit_tokens'], 0):>7} "
+              f"{_f(r['floor_ms']):>9} {_f(r['x_floor'], 2):>8} {_f(r['tok_s']):>9}")  # fmt: skip
+
+
+def _weight_bytes(mc, dtype: torch.dtype) -> int:
+    h, kv, i = mc.hidden_size, mc.num_kv_heads * mc.head_dim, mc.intermediate_size
+    per_layer = h * h * 2 + 2 * h * kv + 3 * h * i
+    return (mc.num_layers * per_layer + mc.vocab_size * h) * torch.empty((), dtype=dtype).element_size()
+
+
+def _f(v, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+if __name__ == "__main__":
+    main()
