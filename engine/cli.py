@@ -81,7 +81,7 @@ def cmd_serve(a) -> int:
         from urllib.parse import quote
 
         url += ("&" if "?" in url else "?") + "config=" + quote(a.kv_connector_config)
-    aeng = AsyncEngine.from_model(a.model, _config(a), url)
+    aeng = AsyncEngine.from_model(a.model, _config(a), url, lookup_timeout_s=a.kv_lookup_timeout_s)
     name = a.served_model_name or os.path.basename(os.path.normpath(a.model))
     app = create_app(aeng, name)
     print(
@@ -195,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="TOML",
         help="connector options from a TOML file (the URL's query overrides them); see docs/connector.md",
+    )
+    s.add_argument(
+        "--kv-lookup-timeout-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the engine's backstop on one connector lookup (default: the connector's "
+        "lookup_deadline_s + 1 s; never below it)",
     )
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--log-level", default="warning")
