@@ -167,7 +167,7 @@ class AsyncEngine:
         await self.start()
         rid = request_id or uuid.uuid4().hex
         seq = self.engine.add_request(prompt_tokens, params, rid)  # validates; queues it
-        if self.connector is not None:
+        if self.connector is not None and not self._cached_locally(seq):
             # Hold it back from the scheduler until the lookup answers (or times out).
             self.engine.scheduler.waiting.remove(seq)
             self._spawn(self._lookup(seq))
@@ -189,6 +189,18 @@ class AsyncEngine:
                 self._kick()
             else:
                 self._events.append(("release", rid))
+
+    def _cached_locally(self, seq: Sequence) -> bool:
+        """Whether the engine's own prefix cache holds every connector block the scheduler
+        could load for ``seq``: then a lookup is a round trip for nothing. Read while a step
+        may run (the prefix cache only gains entries during a step, and an eviction before
+        admission only turns the hit into recompute)."""
+        eng = self.engine
+        ps, bt = eng.config.page_size, self.connector.block_tokens
+        useful = (len(seq.prompt_tokens) - 1) // ps * ps // bt * bt  # as Scheduler caps a load
+        if useful == 0:
+            return True
+        return len(eng.bm.match_prefix(seq.tokens, useful // ps, seq.prompt_keys)) * ps >= useful
 
     def _kick(self) -> None:
         if self._wake is not None:

@@ -191,3 +191,21 @@ async def test_engine_saves_even_when_the_request_ends_at_prefill(tiny_model_dir
         assert cached == 64
     finally:
         await aeng.stop()
+
+
+async def test_engine_skips_the_lookup_when_its_own_cache_holds_every_block(tiny_model_dir):
+    # issue 11 item 2: an HBM hit paid a connector round trip for blocks it already holds
+    d = tiny_model_dir("llama-tiny")
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(6, 250, (100,), generator=g).tolist()
+    aeng = AsyncEngine.from_model(d, EngineConfig(num_pages=64), "memory://?block_tokens=32")
+    try:
+        first, _, _ = await run(aeng, prompt)
+        assert aeng.connector.lookups == 1
+        again, cached, _ = await run(aeng, prompt)
+        assert again == first and cached == 96
+        assert aeng.connector.lookups == 1, "the engine's own cache covered every full block"
+        await run(aeng, prompt + list(range(30, 70)))  # a block past the cache
+        assert aeng.connector.lookups == 2
+    finally:
+        await aeng.stop()
