@@ -8,6 +8,10 @@ lease grant/keepalive/revoke, and a streaming watch.
 
 Every call has a timeout and tries each endpoint in turn; :class:`EtcdError` names the
 endpoint and the failure (callers on the data path catch it and keep their last view).
+
+Security (:class:`EtcdSecurity`, the ``cluster.etcd_*`` keys): HTTPS with a CA bundle and a
+client certificate, and etcd's user auth (``/v3/auth/authenticate`` gives a token sent as the
+``Authorization`` header of every call; a token etcd no longer accepts is renewed once).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from kvstore.cluster.membership import MembershipError
+from kvstore.errors import ConfigError
 
 KEY_ROOT = "/tierkv/clusters"
 
@@ -45,6 +51,64 @@ class EtcdTarget:
     @property
     def prefix(self) -> str:
         return f"{KEY_ROOT}/{self.cluster}/nodes/"
+
+
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS files (PEM) and etcd user; all empty: plain HTTP without auth."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    user: str = ""
+    password_file: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("cluster.etcd_cert_file and cluster.etcd_key_file: set both or neither")
+        if bool(self.user) != bool(self.password_file):
+            raise ConfigError("cluster.etcd_user and cluster.etcd_password_file: set both or neither")
+
+    @classmethod
+    def of(cls, section: Any) -> EtcdSecurity:
+        """From a config section with the ``etcd_*`` keys (kvstore.config.ClusterSection)."""
+        return cls(
+            section.etcd_ca_file,
+            section.etcd_cert_file,
+            section.etcd_key_file,
+            section.etcd_user,
+            section.etcd_password_file,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca_file or self.cert_file)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """None for plain HTTP; ConfigError naming the key whose file cannot be used."""
+        if not self.tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cluster.etcd_ca_file: cannot use {self.ca_file!r}: {exc}") from exc
+        if self.cert_file:
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"cluster.etcd_cert_file/etcd_key_file: cannot use {self.cert_file!r}: {exc}"
+                ) from exc
+        return ctx
+
+    def password(self) -> str:
+        try:
+            with open(self.password_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"cluster.etcd_password_file: cannot read {self.password_file!r}: {exc}"
+            ) from exc
 
 
 def parse_etcd_url(url: str) -> EtcdTarget:
@@ -82,34 +146,75 @@ class EtcdClient:
     """Bound to the event loop of its first call. ``timeout_s`` bounds each unary call."""
 
     def __init__(
-        self, endpoints: tuple[str, ...], timeout_s: float = 2.0, watch_idle_s: float = 60.0
+        self,
+        endpoints: tuple[str, ...],
+        timeout_s: float = 2.0,
+        watch_idle_s: float = 60.0,
+        security: EtcdSecurity | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
         self.watch_idle_s = watch_idle_s
+        self.security = security or EtcdSecurity()
+        self._ssl = self.security.ssl_context()  # bad files fail here, at construction
+        self._password = self.security.password() if self.security.user else ""
+        self._scheme = "https" if self.security.tls else "http"
+        self._token = ""
         self._session: aiohttp.ClientSession | None = None
         self._next = 0
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
+            )
         return self._session
 
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token else {}
+
+    async def _post(self, ep: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._http().post(
+            f"{self._scheme}://{ep}/v3/{path}",
+            json=body,
+            headers=self._headers(),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        ) as r:
+            text = await r.text()
+        try:
+            doc = json.loads(text)
+        except ValueError:  # the gateway answers some refusals in plain text
+            raise EtcdError(f"etcd {ep} {path}: HTTP {r.status}: {text.strip()[:200]}") from None
+        if r.status != 200 or "error" in doc:
+            raise EtcdError(f"etcd {ep} {path}: {doc.get('message') or doc.get('error') or r.status}")
+        return doc
+
+    async def _authenticate(self, ep: str) -> None:
+        doc = await self._post(
+            ep, "auth/authenticate", {"name": self.security.user, "password": self._password}
+        )
+        self._token = str(doc.get("token", ""))
+
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers."""
+        """POST ``body`` to ``/v3/<path>`` on the first endpoint that answers (authenticating
+        first when a user is configured and no token is held, or etcd refused the token)."""
         last: Exception | None = None
         for i in range(len(self.endpoints)):
             ep = self.endpoints[(self._next + i) % len(self.endpoints)]
             try:
-                async with self._http().post(
-                    f"http://{ep}/v3/{path}", json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-                ) as r:
-                    doc = await r.json(content_type=None)
-                if r.status != 200 or "error" in doc:
-                    raise EtcdError(f"etcd {ep} {path}: {doc.get('message') or doc.get('error') or r.status}")
+                for attempt in (0, 1):
+                    if self.security.user and not self._token:
+                        await self._authenticate(ep)
+                    try:
+                        doc = await self._post(ep, path, body)
+                        break
+                    except EtcdError as exc:
+                        if attempt or not self.security.user or "token" not in str(exc).lower():
+                            raise
+                        self._token = ""  # expired or revoked: authenticate again, once
                 self._next = (self._next + i) % len(self.endpoints)
                 return doc
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            except (aiohttp.ClientError, TimeoutError, ValueError, EtcdError) as exc:
                 last = exc
         raise EtcdError(f"etcd {','.join(self.endpoints)} {path}: {type(last).__name__}: {last}")
 
@@ -151,10 +256,13 @@ class EtcdClient:
             }
         }
         ep = self.endpoints[self._next % len(self.endpoints)]
+        if self.security.user and not self._token:
+            await self.call("kv/range", {"key": b64(prefix), "limit": "1"})  # authenticates first
         try:
             async with self._http().post(
-                f"http://{ep}/v3/watch",
+                f"{self._scheme}://{ep}/v3/watch",
                 json=body,
+                headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     connect=self.timeout_s,

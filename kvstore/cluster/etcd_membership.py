@@ -13,7 +13,14 @@ import asyncio
 import logging
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, EtcdWatchIdle, parse_etcd_url
+from kvstore.cluster.etcd import (
+    EtcdClient,
+    EtcdError,
+    EtcdSecurity,
+    EtcdTarget,
+    EtcdWatchIdle,
+    parse_etcd_url,
+)
 from kvstore.cluster.membership import Member, Membership, MembershipError
 
 log = logging.getLogger("kvstore.cluster")
@@ -26,10 +33,11 @@ class EtcdMembership(Membership):
         timeout_s: float = 2.0,
         max_backoff_s: float = 2.0,
         watch_idle_s: float = 60.0,
+        security: EtcdSecurity | None = None,
     ) -> None:
         super().__init__()
         self.target = parse_etcd_url(target) if isinstance(target, str) else target
-        self.client = EtcdClient(self.target.endpoints, timeout_s, watch_idle_s)
+        self.client = EtcdClient(self.target.endpoints, timeout_s, watch_idle_s, security)
         self.max_backoff_s = max_backoff_s
         self.counters: Counter[str] = Counter()
         self.synced = asyncio.Event()

@@ -7,7 +7,7 @@ restarted past the TTL, or it expired) it registers again with a new one. ``stop
 the lease so the node leaves at once. etcd trouble is logged, never fatal to the daemon: the
 node keeps serving whoever already knows it.
 
-:func:`serve_joined` runs the daemon (kvstore/daemon/server.py) with registration around it.
+:func:`kvstore.cluster.member.serve_member` runs the daemon with registration around it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import socket
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, parse_etcd_url
+from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdSecurity, EtcdTarget, parse_etcd_url
 from kvstore.cluster.membership import Member, MembershipError
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
@@ -26,13 +26,15 @@ log = logging.getLogger("kvstore.cluster")
 
 
 class Registration:
-    def __init__(self, target: EtcdTarget, member: Member, ttl_s: int = 5) -> None:
+    def __init__(
+        self, target: EtcdTarget, member: Member, ttl_s: int = 5, security: EtcdSecurity | None = None
+    ) -> None:
         if ttl_s < 2:
             raise ConfigError(f"cluster.lease_ttl_s must be >= 2, got {ttl_s}")
         self.target = target
         self.member = member
         self.ttl_s = ttl_s
-        self.client = EtcdClient(target.endpoints, timeout_s=max(1.0, ttl_s / 3))
+        self.client = EtcdClient(target.endpoints, timeout_s=max(1.0, ttl_s / 3), security=security)
         self.lease = 0
         self.counters: Counter[str] = Counter()
         self.registered = asyncio.Event()
@@ -105,20 +107,3 @@ def target_of(cfg: StoreConfig) -> EtcdTarget:
         return parse_etcd_url(cfg.cluster.join)
     except MembershipError as exc:
         raise ConfigError(f"cluster.join: {exc}") from exc
-
-
-async def serve_joined(cfg: StoreConfig) -> None:
-    """Like ``kvstore.daemon.server.serve``, registered in etcd while it serves."""
-    from kvstore.daemon.server import Daemon
-
-    target = target_of(cfg)  # a bad URL fails before anything is opened
-    daemon = await Daemon.start(cfg)
-    daemon.install_signals()
-    reg = Registration(
-        target, member_of(cfg, daemon.host, daemon.data_port, daemon.admin_port), cfg.cluster.lease_ttl_s
-    )
-    await reg.start()
-    try:
-        await daemon.run_until_stopped()
-    finally:
-        await reg.stop()

@@ -52,10 +52,10 @@ def run_serve(args: argparse.Namespace) -> int:
         if getattr(args, "join", None):
             sets["cluster.join"] = args.join
         cfg = load_store_config(args.config, sets)
-        if cfg.cluster.join:
-            from kvstore.cluster.register import serve_joined
+        if cfg.cluster.join or cfg.cluster.peers:  # a member: registration and repair around it
+            from kvstore.cluster.member import serve_member
 
-            asyncio.run(serve_joined(cfg))
+            asyncio.run(serve_member(cfg))
         else:
             asyncio.run(serve(cfg))
     except TierKVError as exc:  # bad config, token file, tier path or device: say which, exit 2

@@ -8,6 +8,8 @@ from kvstore.inspect.output import human_size
 
 STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evictions",
   "checksum_failures", "bytes_in", "bytes_out", "pinned", "leases_active",
+  "repair": null | {"passes", "blocks_checked", "copies_missing", "copies_pushed", "bytes_pushed",
+  "push_failures", "owners_unreachable"},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures"}}, "raw": <the node's /v1/stats document>}]}
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
@@ -23,6 +25,24 @@ def register(sub) -> None:
         STATS_JSON,
     )
     p.set_defaults(func=runner("kvstore stats", stats))
+
+
+REPAIR_FIELDS = (
+    "passes",
+    "blocks_checked",
+    "copies_missing",
+    "copies_pushed",
+    "bytes_pushed",
+    "push_failures",
+    "owners_unreachable",
+)
+
+
+def _repair(daemon: dict) -> dict | None:
+    """A cluster member's anti-entropy totals (kvstore/cluster/repair.py), None elsewhere."""
+    if f"tierkv_repair_{REPAIR_FIELDS[0]}_total" not in daemon:
+        return None
+    return {f: int(daemon.get(f"tierkv_repair_{f}_total", 0)) for f in REPAIR_FIELDS}
 
 
 def _ratio(n: float, total: float) -> float | None:
@@ -59,6 +79,7 @@ def summarize(url: str, raw: dict) -> dict:
         "bytes_out": int(daemon.get("tierkv_bytes_out_total", 0)),
         "pinned": node.get("pinned", 0),
         "leases_active": node.get("leases_active", 0),
+        "repair": _repair(daemon),
         "tiers": tiers,
         "raw": raw,
     }
@@ -126,4 +147,21 @@ async def stats(ctx: Context) -> int:
         "OUT",
     ]
     ctx.out.table(None, cols, rows, right=set(cols[2:]))
+    repairs = [(s, s["repair"]) for s in nodes if s["repair"] is not None]
+    if repairs:  # cluster members: how far anti-entropy got (copies missing vs pushed)
+        rcols = ["NODE", "PASSES", "CHECKED", "MISSING", "PUSHED", "BYTES", "FAILED", "UNREACHABLE"]
+        rrows = [
+            [
+                node_label(s["node"]),
+                str(r["passes"]),
+                str(r["blocks_checked"]),
+                str(r["copies_missing"]),
+                str(r["copies_pushed"]),
+                human_size(r["bytes_pushed"]),
+                str(r["push_failures"]),
+                str(r["owners_unreachable"]),
+            ]
+            for s, r in repairs
+        ]
+        ctx.out.table("repair", rcols, rrows, right=set(rcols[1:]))
     return 0

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from cluster.etcd_tls import TlsFiles
 
 ETCD_MISSING = "etcd is not installed (Debian: etcd-server; `make test` installs it when run as root)"
 
@@ -25,9 +28,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class Etcd:
-    def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, workdir: Path, host: str = "127.0.0.1", tls: TlsFiles | None = None) -> None:
+        """``tls``: serve HTTPS only and require a client certificate signed by ``tls.ca``."""
         self.workdir = workdir
         self.host = host
+        self.tls = tls
         self.client_port = free_port(host)
         self.peer_port = free_port(host)
         self.proc: subprocess.Popen | None = None
@@ -43,7 +48,18 @@ class Etcd:
         exe = shutil.which("etcd")
         if exe is None:
             raise RuntimeError(ETCD_MISSING)  # callers skip first (etcd_missing)
-        c, p = f"http://{self.endpoint}", f"http://{self.host}:{self.peer_port}"
+        scheme = "https" if self.tls else "http"
+        c, p = f"{scheme}://{self.endpoint}", f"http://{self.host}:{self.peer_port}"
+        tls_args = (
+            [
+                f"--cert-file={self.tls.server_cert}",
+                f"--key-file={self.tls.server_key}",
+                f"--trusted-ca-file={self.tls.ca}",
+                "--client-cert-auth",
+            ]
+            if self.tls
+            else []
+        )
         log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [
@@ -55,6 +71,7 @@ class Etcd:
                 f"--listen-peer-urls={p}",
                 f"--initial-advertise-peer-urls={p}",
                 f"--initial-cluster=t={p}",
+                *tls_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -63,7 +80,7 @@ class Etcd:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:
-                with urllib.request.urlopen(f"{c}/health", timeout=1) as r:
+                with urllib.request.urlopen(f"{c}/health", timeout=1, context=self.ssl_context()) as r:
                     if b"true" in r.read():
                         return
             except OSError:
@@ -72,6 +89,14 @@ class Etcd:
                 break
             time.sleep(0.05)
         raise RuntimeError(f"etcd did not start: {(self.workdir / 'etcd.log').read_text(errors='replace')}")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context for the test itself (CA + client certificate), None without TLS."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=str(self.tls.ca))
+        ctx.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return ctx
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -23,6 +23,7 @@ from kvstore.client import ClientConfig
 from kvstore.keys import Namespace
 
 TOKEN, TENANT = "tok-cluster-test-0001", "acme"
+OPERATOR_TOKEN = "tok-cluster-operator-0001"  # the nodes' repair reaches its peers with it
 NS = Namespace("cluster-test", "uint8", 4)
 TENANT_NS = NS.with_tenant(TENANT)  # the node salts keys with the token's tenant
 
@@ -44,7 +45,7 @@ class Cluster:
         self.daemons: list[NsDaemon] = []
         self.etcd: Etcd | None = None
         self.token_file = workdir / "tokens"
-        self.token_file.write_text(f"{TOKEN} {TENANT}\n")
+        self.token_file.write_text(f"{TOKEN} {TENANT}\n{OPERATOR_TOKEN} *\n")
 
     def client_cfg(self, **kw) -> ClientConfig:
         base = dict(token=TOKEN, tenant=TENANT, namespaces=(NS,), connect_timeout_s=0.5, probe_interval_s=0.1)

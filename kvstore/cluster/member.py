@@ -1,0 +1,83 @@
+"""``kvstore serve`` for a cluster member: the daemon (kvstore/daemon/server.py) with, around
+it, its etcd registration (``cluster.join``) and its anti-entropy repair (``repair.*``,
+kvstore/cluster/repair.py) over the static ``cluster.peers`` or the etcd membership.
+
+Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the repair is
+stopped first, then the registration is revoked. A configuration that cannot work (auth on
+and no operator token for the repair's peer sessions, a bad peer address) is a ConfigError
+before anything serves.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvstore.cluster.membership import Membership, MembershipError, StaticMembership
+from kvstore.config import StoreConfig
+from kvstore.errors import ConfigError
+
+log = logging.getLogger("kvstore.cluster")
+
+
+def operator_token(cfg: StoreConfig) -> str:
+    """The token a node's repair presents to its peers: the first operator (``*``) entry of
+    ``auth.token_file`` ("" without auth). ConfigError when auth is on and there is none."""
+    if not cfg.auth.token_file:
+        return ""
+    from kvstore.daemon.auth import OPERATOR, TokenTable
+
+    for token, tenant in TokenTable.load(cfg.auth.token_file).entries:
+        if tenant == OPERATOR:
+            return token
+    raise ConfigError(
+        "repair.enabled: auth.token_file has no operator ('*') token for the repair's peer "
+        "sessions (add one, or set repair.enabled = false)"
+    )
+
+
+def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
+    """The members the repair places blocks over: etcd's (``cluster.join``) or the static
+    ``cluster.peers`` (this node's address added when missing)."""
+    if cfg.cluster.join:
+        from kvstore.cluster.etcd import EtcdSecurity
+        from kvstore.cluster.etcd_membership import EtcdMembership
+        from kvstore.cluster.register import target_of
+
+        return EtcdMembership(target_of(cfg), security=EtcdSecurity.of(cfg.cluster))
+    peers = list(cfg.cluster.peers)
+    if self_addr not in peers:
+        peers.append(self_addr)
+    try:
+        return StaticMembership(peers)
+    except MembershipError as exc:
+        raise ConfigError(f"cluster.peers: {exc}") from exc
+
+
+async def serve_member(cfg: StoreConfig) -> None:
+    """Like ``kvstore.daemon.server.serve``, as a registered and self-repairing member."""
+    from kvstore.cluster.etcd import EtcdSecurity
+    from kvstore.cluster.register import Registration, member_of, target_of
+    from kvstore.cluster.repair import Repair
+    from kvstore.daemon.server import Daemon
+
+    target = target_of(cfg) if cfg.cluster.join else None  # a bad URL fails before anything opens
+    token = operator_token(cfg) if cfg.repair.enabled else ""
+    daemon = await Daemon.start(cfg)
+    daemon.install_signals()
+    me = member_of(cfg, daemon.host, daemon.data_port, daemon.admin_port)
+    reg = repair = None
+    try:
+        if target is not None:
+            reg = Registration(target, me, cfg.cluster.lease_ttl_s, EtcdSecurity.of(cfg.cluster))
+            await reg.start()
+        if cfg.repair.enabled:
+            repair = Repair(daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.repair, token)
+            repair.register_metrics(daemon.metrics.registry)
+            await repair.start()
+            log.info("event=repair_started node=%s replicas=%d", me.addr, cfg.repair.replicas)
+        await daemon.run_until_stopped()
+    finally:
+        if repair is not None:
+            await repair.close()
+        if reg is not None:
+            await reg.stop()

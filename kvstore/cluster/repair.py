@@ -1,0 +1,231 @@
+"""Node-side anti-entropy repair: after a join, a replacement or a permanent leave, every
+block gets its ``replicas`` copies back (docs/cluster.md says why node-side).
+
+Contract: :class:`Repair` runs inside a daemon that is a cluster member. Each pass walks the
+node's own blocks in batches; per block it computes the owners (rendezvous over the current
+members, as clients place it), asks every other owner with one batched EXISTS per owner, and
+pushes the block to the reachable owners that lack it. Exactly one holder pushes a block:
+the first owner (in rendezvous order) that holds it, or, when no owner holds it, every
+non-owner that does (a write redirected past a failed owner). Unreachable owners are skipped
+in this pass (their node client probes them). A pass runs after each membership change
+(``settle_s`` later) and at least every ``interval_s`` (a static member that came back empty
+is found by the next pass).
+
+It never starves serving: one batch in flight, pushed payload bytes at most
+``max_bytes_per_s`` (a token bucket), and every peer call under ``deadline_s``. Failures are
+counted, never raised. Peers are reached as *peer sessions* (``tenant="*"``: with the
+operator token when auth is on), which see every tenant's blocks for EXISTS and PUT.
+Progress: :meth:`stats` and ``tierkv_repair_*`` counters on the daemon's registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from kvstore.client import ClientConfig, NodeClient
+from kvstore.cluster.membership import Membership
+from kvstore.cluster.placement import Node, rank
+from kvstore.config import RepairSection
+from kvstore.keys import BlockKey
+
+log = logging.getLogger("kvstore.cluster.repair")
+PEER_TENANT = "*"  # a HELLO asking for a peer session (docs/protocol.md)
+
+
+class Repair:
+    """Bound to the daemon's event loop. ``node``: the daemon's NodeStore; ``self_addr``:
+    this node's member address; ``token``: the operator token ("" without auth)."""
+
+    def __init__(
+        self, node: Any, self_addr: str, membership: Membership, cfg: RepairSection, token: str = ""
+    ) -> None:
+        self.node = node
+        self.self_addr = self_addr
+        self.membership = membership
+        self.cfg = cfg
+        self.peer_cfg = ClientConfig(
+            token=token, tenant=PEER_TENANT, pool_size=2, op_timeout_s=cfg.deadline_s, connect_timeout_s=1.0
+        )
+        self.peers: dict[str, NodeClient] = {}
+        self.counters: Counter[str] = Counter()
+        self.last_pass: dict[str, float] = {}
+        self._task: asyncio.Task | None = None
+        self._bucket = 0.0
+        self._bucket_t = time.monotonic()
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await asyncio.gather(*(p.close() for p in self.peers.values()))
+        await self.membership.close()
+
+    async def _run(self) -> None:
+        await self.membership.start(self.cfg.deadline_s)
+        seen = -1
+        while not self._closed:
+            if self.membership.version != seen:
+                seen = self.membership.version
+                await asyncio.sleep(self.cfg.settle_s)  # let a burst of joins/leaves settle
+                seen = self.membership.version
+            try:
+                await self.sweep()
+            except Exception as exc:  # a pass must never take the daemon down
+                self.counters["passes_failed"] += 1
+                log.exception("event=repair_pass_failed error=%r", exc)
+            await self.membership.wait_changed(seen, self.cfg.interval_s)
+
+    # ------------------------------------------------------------ one pass
+
+    def _keys(self) -> list[bytes]:
+        keys: set[bytes] = set()
+        for t in self.node.tiers:
+            keys.update(t.keys())
+        return sorted(keys)
+
+    def _peer(self, addr: str) -> NodeClient:
+        p = self.peers.get(addr)
+        if p is None:
+            p = self.peers[addr] = NodeClient(addr, self.peer_cfg)
+        return p
+
+    async def sweep(self) -> dict[str, int]:
+        """One full pass over this node's blocks; returns this pass's counts."""
+        view = [m.node for m in self.membership.members]
+        ids = {n.id for n in view}
+        for gone in set(self.peers) - ids:
+            await self.peers.pop(gone).close()
+        done: Counter[str] = Counter()
+        t0 = time.monotonic()
+        if self.self_addr not in ids or len(view) < 2:
+            self.counters["passes_skipped"] += 1
+            return dict(done)
+        for batch in _batches(self._keys(), self.cfg.batch_keys):
+            if self._closed:
+                break
+            done.update(await self._repair_batch(batch, view))
+            await asyncio.sleep(0)  # serving traffic runs between batches
+        self.counters.update(done)
+        self.counters["passes"] += 1
+        self.last_pass = {"seconds": round(time.monotonic() - t0, 3), "finished": time.time(), **done}
+        if done["copies_missing"]:
+            log.info("event=repair_pass %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
+        return dict(done)
+
+    async def _repair_batch(self, batch: list[bytes], view: list[Node]) -> Counter[str]:
+        c: Counter[str] = Counter(blocks_checked=len(batch))
+        owners = {k: [n.id for n in rank(k, view, self.cfg.replicas)[: self.cfg.replicas]] for k in batch}
+        ask: dict[str, list[bytes]] = {}
+        for k, os_ in owners.items():
+            for a in os_:
+                if a != self.self_addr:
+                    ask.setdefault(a, []).append(k)
+        answers = await asyncio.gather(
+            *(self._peer(a).exists([BlockKey(k) for k in ks], self.cfg.deadline_s) for a, ks in ask.items())
+        )
+        held: dict[tuple[str, bytes], bool] = {}
+        for (a, ks), tiers in zip(ask.items(), answers):
+            up = self._peer(a).up
+            for k, t in zip(ks, tiers):
+                held[(a, k)] = t is not None if up else None  # None: unknown (unreachable)
+        pushes: dict[str, list[bytes]] = {}
+        for k, os_ in owners.items():
+            holders = [a for a in os_ if a == self.self_addr or held.get((a, k))]
+            first = holders[0] if holders else None
+            if first is not None and first != self.self_addr:
+                continue  # an owner ranked before us holds it: that one pushes
+            for a in os_:
+                if a != self.self_addr and held.get((a, k)) is False:
+                    pushes.setdefault(a, []).append(k)
+                    c["copies_missing"] += 1
+                elif a != self.self_addr and held.get((a, k)) is None:
+                    c["owners_unreachable"] += 1
+        for addr, ks in pushes.items():
+            c.update(await self._push(addr, ks))
+        return c
+
+    async def _push(self, addr: str, keys: list[bytes]) -> Counter[str]:
+        """Copy ``keys`` out of this node (a lease, released at once) and PUT them to ``addr``."""
+        c: Counter[str] = Counter()
+        leases = await self.node.lease([BlockKey(k) for k in keys], self.cfg.deadline_s)
+        try:
+            blocks = [(x.header, bytes(x.view)) for x in leases if x is not None]
+        finally:
+            self.node.release([x for x in leases if x is not None])
+        c["copies_vanished"] += len(keys) - len(blocks)  # evicted or deleted since the walk
+        for part in _batches(blocks, 16):
+            nbytes = sum(h.payload_len for h, _ in part)
+            await self._pace(nbytes)
+            res = await self._peer(addr).put(part, self.cfg.deadline_s)
+            ok = sum(1 for r in res if r.status.ok)
+            c["copies_pushed"] += ok
+            c["push_failures"] += len(res) - ok
+            c["bytes_pushed"] += sum(h.payload_len for (h, _), r in zip(part, res) if r.status.ok)
+        return c
+
+    async def _pace(self, nbytes: int) -> None:
+        """Token bucket: wait until ``nbytes`` fit under ``max_bytes_per_s`` (burst: 1 s)."""
+        rate = float(self.cfg.max_bytes_per_s)
+        now = time.monotonic()
+        self._bucket = min(rate, self._bucket + (now - self._bucket_t) * rate)
+        self._bucket_t = now
+        self._bucket -= nbytes
+        if self._bucket < 0:
+            await asyncio.sleep(-self._bucket / rate)
+
+    # ------------------------------------------------------------ progress
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since start and the last finished pass (JSON-able)."""
+        return {"totals": dict(self.counters), "last_pass": dict(self.last_pass)}
+
+    def register_metrics(self, registry: Any) -> None:
+        """Export the totals as ``tierkv_repair_<name>_total`` counters on ``registry`` (a
+        prometheus_client CollectorRegistry: the daemon's, so they show on /metrics and in
+        ``/v1/stats`` and ``kvstore stats``)."""
+        registry.register(_RepairCollector(self))
+
+
+class _RepairCollector:
+    NAMES = (
+        "passes",
+        "blocks_checked",
+        "copies_missing",
+        "copies_pushed",
+        "bytes_pushed",
+        "push_failures",
+        "owners_unreachable",
+    )
+
+    def __init__(self, repair: Repair) -> None:
+        self.repair = repair
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        for name in self.NAMES:
+            fam = CounterMetricFamily(
+                f"tierkv_repair_{name}", f"Anti-entropy repair: {name.replace('_', ' ')}"
+            )
+            fam.add_metric([], self.repair.counters[name])
+            yield fam
+
+
+def _batches(items: list, n: int) -> Iterator[list]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]

@@ -1,0 +1,137 @@
+"""Anti-entropy repair (node-side, kvstore/cluster/repair.py): a node replaced by an empty one
+gets its copies back from the others, so a second failure after the repair costs no hit.
+
+Three daemons in a static cluster (``cluster.peers``) with replicas=2; one is killed with
+kill -9, its disk wiped, and it is started again empty on the same address."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster.cluster_etcd import free_port
+from storeutil import make_blocks
+
+from kvstore.client import ClientConfig, NodeClient
+from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.cluster.repair import PEER_TENANT
+from kvstore.keys import Namespace
+from kvstore.results import Status
+
+NS = Namespace("cluster-test", "uint8", 4)
+FAST = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=0.5, probe_interval_s=0.1)
+NBYTES = 32 * 1024
+PEER_SESSIONS_MISSING = (
+    "the daemon refuses peer sessions (HELLO tenant '*'), which node-side repair pushes through "
+    "(docs/cluster.md: the data-port change it needs)"
+)
+
+
+async def peer_sessions_refused(addr: str) -> str:
+    n = NodeClient(addr, ClientConfig(tenant=PEER_TENANT, op_timeout_s=2.0))
+    ok = await n.stats(2.0) is not None
+    await n.close()
+    return "" if ok else PEER_SESSIONS_MISSING
+
+
+async def copies(addrs: list[str], keys) -> list[int]:
+    """How many of ``addrs`` hold each key."""
+    out = [0] * len(keys)
+    for a in addrs:
+        n = NodeClient(a, FAST)
+        for i, t in enumerate(await n.exists(keys, 5.0)):
+            out[i] += t is not None
+        await n.close()
+    return out
+
+
+async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_failure_costs_nothing(
+    start_daemon, tmp_path
+):
+    ports = [free_port() for _ in range(3)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    member = {
+        "cluster": {"peers": addrs},
+        "repair": {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64},
+    }
+
+    def node(i: int):
+        return start_daemon(workdir=tmp_path / f"n{i}", server={"data_port": ports[i]}, **member)
+
+    ds = [node(i) for i in range(3)]
+    why = await peer_sessions_refused(addrs[0])
+    if why:
+        pytest.skip(why)
+    c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
+    blocks = make_blocks(150, NBYTES, seed=5, ns=NS)
+    keys = [h.key for h, _ in blocks]
+    assert (await c.put_report(blocks, 10.0)).copies == [2] * len(blocks)
+    await c.close()
+
+    ds[0].kill9()
+    shutil.rmtree(tmp_path / "n0" / "disk")
+    held_before = sum(x == 2 for x in await copies(addrs[1:], keys))
+    assert held_before < len(blocks)  # the survivors lack what node 0 held: it must come back
+    ds[0] = node(0)  # the replacement: empty, same address
+    end = time.monotonic() + 30
+    while (got := await copies(addrs, keys)) != [2] * len(blocks):
+        assert time.monotonic() < end, f"{sum(x == 2 for x in got)} of {len(blocks)} blocks have 2 copies"
+        await asyncio.sleep(0.25)
+    assert sum(x > 0 for x in await copies(addrs[:1], keys)) > 0  # the new node took its share
+
+    ds[1].kill9()  # a second failure after the repair: every block still has a copy
+    c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
+    bufs = [bytearray(NBYTES) for _ in blocks]
+    res = await c.get_into(keys, bufs, None, 5.0)
+    assert all(r.status is Status.HIT for r in res), [
+        r.status.name for r in res if r.status is not Status.HIT
+    ][:5]
+    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
+    await c.close()
+
+
+def _kvstore(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvstore.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_cluster_repair_progress_shows_in_kvstore_stats(start_daemon):
+    port, dead = free_port(), free_port()  # the second member never comes up: unreachable
+    d = start_daemon(
+        use_disk=False,
+        server={"data_port": port},
+        cluster={"peers": [f"127.0.0.1:{port}", f"127.0.0.1:{dead}"]},
+        repair={"interval_s": 0.2, "settle_s": 0.0},
+    )
+    n = NodeClient(d.addr, FAST)
+    assert all(r.status.ok for r in await n.put(make_blocks(20, 4096, seed=8, ns=NS), 5.0))
+    await n.close()
+    end = time.monotonic() + 10
+    while True:
+        r = _kvstore("stats", "--node", d.admin, "--json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)["nodes"][0]["repair"]
+        if rep["passes"] >= 2 and rep["blocks_checked"] >= 20:
+            break
+        assert time.monotonic() < end, rep
+        await asyncio.sleep(0.2)
+    assert rep["owners_unreachable"] > 0 and rep["copies_pushed"] == 0
+    text = _kvstore("stats", "--node", d.admin)
+    assert text.returncode == 0 and "UNREACHABLE" in text.stdout
+
+
+def test_cluster_repair_with_auth_needs_an_operator_token(tmp_path):
+    (tmp_path / "tokens").write_text("tenant-token-0001 acme\n")
+    cfg = tmp_path / "n.toml"
+    cfg.write_text(
+        f'[disk]\nenabled = false\n[auth]\ntoken_file = "{tmp_path / "tokens"}"\n'
+        '[cluster]\npeers = ["127.0.0.1:7001", "127.0.0.1:7002"]\n'
+    )
+    r = _kvstore("serve", "--config", str(cfg))
+    assert r.returncode == 2 and "repair.enabled" in r.stderr and "operator" in r.stderr, r.stderr
