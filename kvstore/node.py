@@ -13,6 +13,7 @@ called from the event loop that opened the node; none blocks it on disk I/O.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections import Counter
@@ -74,7 +75,9 @@ class NodeStore(NodeEviction, NodeInspection):
             memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
         if cfg.dram.capacity:
             size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
-            arena = HostArena(size, cfg.dram.pin, cfg.dram.prefault)
+            # in a thread: prefaulting or pinning a large arena takes seconds, and the daemon's
+            # loop answers /readyz (503) meanwhile
+            arena = await asyncio.to_thread(HostArena, size, cfg.dram.pin, cfg.dram.prefault)
             memory.append(MemoryTier("dram", arena, cfg.dram.slab_size))
         disk = None
         if cfg.disk.enabled:

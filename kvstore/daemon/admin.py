@@ -47,9 +47,22 @@ def _info(info) -> dict[str, Any]:
     }
 
 
-def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], ready: Callable[[], bool]):
-    """Build the admin application. ``tokens`` returns the current table (SIGHUP swaps it);
-    ``ready`` says whether the data port serves."""
+def make_app(
+    node_of: Callable[[], Any],
+    metrics: DaemonMetrics,
+    tokens: Callable[[], TokenTable],
+    ready: Callable[[], bool],
+):
+    """Build the admin application. ``node_of`` returns the NodeStore, or None while the
+    daemon is still opening it (then every route but ``/healthz`` and ``/readyz`` answers
+    503); ``tokens`` returns the current table (SIGHUP swaps it); ``ready`` says whether the
+    data port serves (``/readyz`` 200, else 503)."""
+
+    @web.middleware
+    async def starting(request: web.Request, handler):
+        if node_of() is None and request.path not in _OPEN:
+            raise web.HTTPServiceUnavailable(text="the node is still opening")
+        return await handler(request)
 
     @web.middleware
     async def auth(request: web.Request, handler):
@@ -77,7 +90,7 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def stats(request):
-        out = plain(node.stats())
+        out = plain(node_of().stats())
         out["daemon"] = metrics.snapshot()
         return web.json_response(out)
 
@@ -94,13 +107,13 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
             raise web.HTTPBadRequest(text=f"limit: must be in [1, {_MAX_LIMIT}]")
         if tier not in (None, "hbm", "dram", "disk"):
             raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
-        items = await node.list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
+        items = await node_of().list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
         nxt = items[-1].key.hex if len(items) == limit else None
         return web.json_response({"blocks": [_info(i) for i in items], "next": nxt})
 
     async def block(request):
         key = _key(request.match_info["key"], "key")
-        d = await node.describe(key)
+        d = await node_of().describe(key)
         if d is None:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         hdr, info = d
@@ -120,7 +133,7 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
 
     async def delete(request):
         key = _key(request.match_info["key"], "key")
-        (ok,) = await node.delete([key])
+        (ok,) = await node_of().delete([key])
         log.info(kv("admin_delete", key=key.hex, deleted=ok))
         if not ok:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored (or is leased)")
@@ -129,14 +142,14 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
     async def pin(request):
         key = _key(request.match_info["key"], "key")
         if request.method == "DELETE":
-            (ok,) = await node.unpin([key])
+            (ok,) = await node_of().unpin([key])
         else:
-            (ok,) = await node.pin([key])
+            (ok,) = await node_of().pin([key])
         if not ok:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         return web.json_response({"pinned": request.method != "DELETE"})
 
-    app = web.Application(middlewares=[auth])
+    app = web.Application(middlewares=[auth, starting])
     app.add_routes(
         [
             web.get("/healthz", healthz),
@@ -150,5 +163,5 @@ def make_app(node, metrics: DaemonMetrics, tokens: Callable[[], TokenTable], rea
             web.delete("/v1/blocks/{key}/pin", pin),
         ]
     )
-    add_inspect_routes(app, node)  # verify, lookup, evict by namespace (kvstore/daemon/admin_inspect.py)
+    add_inspect_routes(app, node_of)  # verify, lookup, evict by namespace (kvstore/daemon/admin_inspect.py)
     return app

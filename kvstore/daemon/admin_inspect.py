@@ -74,8 +74,9 @@ def _page(node, doc: dict[str, Any]) -> tuple[list[BlockKey], dict[str, Any]]:
     return [BlockKey(k) for k in keys], {"total": len(stored), "keys": len(keys), "next": nxt}
 
 
-def add_inspect_routes(app: web.Application, node) -> None:
-    """Register the inspection routes on ``app`` (a NodeStore ``node``; loop thread only)."""
+def add_inspect_routes(app: web.Application, node_of) -> None:
+    """Register the inspection routes on ``app`` (``node_of()``: the NodeStore; the app
+    answers 503 before these run while it is None; loop thread only)."""
 
     async def verify(request: web.Request) -> web.Response:
         doc = await _body(request)
@@ -86,10 +87,10 @@ def add_inspect_routes(app: web.Application, node) -> None:
         if doc.get("keys") is not None:
             keys = _keys(doc["keys"], "keys")
         elif doc.get("limit") is not None:
-            keys, page = _page(node, doc)
+            keys, page = _page(node_of(), doc)
         else:
             keys = None
-        out = {**await node.verify(keys, repair=repair), **page}
+        out = {**await node_of().verify(keys, repair=repair), **page}
         if out["corrupt"]:
             log.warning(kv("admin_verify", corrupt=len(out["corrupt"]), dropped=out["dropped"]))
         return web.json_response(out)
@@ -97,13 +98,13 @@ def add_inspect_routes(app: web.Application, node) -> None:
     async def lookup(request: web.Request) -> web.Response:
         doc = await _body(request)
         keys = _keys(doc.get("keys"), "keys")
-        tops = await node.contains(keys)
+        tops = await node_of().contains(keys)
         rows = []
         for key, top in zip(keys, tops):
             row: dict[str, Any] = {"key": key.hex, "tier": top, "tiers": [], "payload_len": None}
             row["pinned"] = False
             if top is not None:
-                d = await node.describe(key)
+                d = await node_of().describe(key)
                 if d is not None:
                     _, info = d
                     row.update(tiers=list(info.tiers), payload_len=info.payload_len, pinned=info.pinned)
@@ -119,11 +120,11 @@ def add_inspect_routes(app: web.Application, node) -> None:
             ns = BlockKey.from_hex(ns_hex)
         except KeyFormatError as exc:
             raise web.HTTPBadRequest(text=f"namespace: {exc}") from exc
-        infos = await node.list_blocks(namespace=ns, limit=sys.maxsize)
+        infos = await node_of().list_blocks(namespace=ns, limit=sys.maxsize)
         keys = [i.key for i in infos]
         deleted = 0
         for off in range(0, len(keys), _DELETE_CHUNK):
-            deleted += sum(await node.delete(keys[off : off + _DELETE_CHUNK]))
+            deleted += sum(await node_of().delete(keys[off : off + _DELETE_CHUNK]))
         log.info(kv("admin_evict", namespace=ns.hex, deleted=deleted))
         return web.json_response({"deleted": deleted})
 

@@ -1,7 +1,8 @@
 """The daemon: a NodeStore behind a data port and an admin port, until SIGTERM.
 
-``Daemon.start(cfg)`` opens the node (rebuilding the disk index), binds both ports (port 0:
-ephemeral), writes ``server.port_file`` (JSON ``{"host", "data_port", "admin_port", "pid"}``,
+``Daemon.start(cfg)`` binds the data port (a busy port fails at once), starts the admin port
+(``/readyz`` 503), opens the node (rebuilding the disk index), only then listens on the data
+port (before, a connect is refused rather than left hanging; port 0: ephemeral), writes ``server.port_file`` (JSON ``{"host", "data_port", "admin_port", "pid"}``,
 atomically) and serves. SIGHUP reloads the token file (a bad file keeps the old table and is
 logged) and closes the connections whose token it no longer holds; SIGTERM/SIGINT stop accepting, let in-flight requests finish and close the node
 (which flushes the disk tier). Without ``auth.token_file`` the daemon binds to loopback only.
@@ -103,28 +104,24 @@ class Daemon:
         _raise_nofile()
         chosen = decide(cfg.server, cfg.server.transport != "tcp" and device_available())
         data_sock = _bind(self.host, cfg.server.data_port)
+        # the admin port first: /healthz answers and /readyz says 503 while the node opens
+        # (prefaulting or pinning a large arena, rebuilding the disk index can take seconds)
+        self.metrics = DaemonMetrics(lambda: self.node.stats() if self.node is not None else {})
         try:
+            await self._start_admin()
             self.node = await NodeStore.open(cfg)
-        except BaseException:
-            data_sock.close()
-            raise
-        try:
             self.rdma = start_rdma(cfg.server, chosen, self.node.dram_buffer)
         except BaseException:
             data_sock.close()
-            await self.node.close()
+            if self.node is not None:
+                await self.node.close()
+            if self._runner is not None:
+                await self._runner.cleanup()
             raise
-        self.metrics = DaemonMetrics(self.node.stats)
         self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg, self.rdma)
         data_sock.listen(512)  # only now: the node is open and can serve what connects
         self.data.start()
         self.data_port = data_sock.getsockname()[1]
-        app = make_app(self.node, self.metrics, lambda: self.tokens, self.ready)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, cfg.server.admin_port, backlog=128)
-        await site.start()
-        self.admin_port = site._server.sockets[0].getsockname()[1]
         self._write_port_file()
         log.info(
             kv(
@@ -138,7 +135,17 @@ class Daemon:
         )
         return self
 
+    async def _start_admin(self) -> None:
+        app = make_app(lambda: self.node, self.metrics, lambda: self.tokens, self.ready)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.cfg.server.admin_port, backlog=128)
+        await site.start()
+        self.admin_port = site._server.sockets[0].getsockname()[1]
+        log.info(kv("admin_listening", host=self.host, admin_port=self.admin_port))
+
     def ready(self) -> bool:
+        """True once the data port listens on an open node, until shutdown begins."""
         return self.data is not None and not self.data.closing
 
     def _write_port_file(self) -> None:

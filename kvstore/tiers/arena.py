@@ -38,12 +38,13 @@ class HostArena:
             self.view = memoryview(self._tensor.numpy()).cast("B")
         else:
             # A fresh page costs a fault on first write (~0.2 GB/s against ~5 GB/s once mapped);
-            # MAP_POPULATE takes that cost once, at start.
-            flags = (
-                mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if prefault else 0)
-            )
-            self._mmap = mmap.mmap(-1, size, flags=flags)
+            # prefault takes that cost once, at start: chunk by chunk, not with MAP_POPULATE,
+            # whose single call holds the process's memory-map lock for seconds and so stalls
+            # every other thread (the daemon's loop answering /readyz) until it ends.
+            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             self.view = memoryview(self._mmap)
+            if prefault:
+                _touch(self.view)
 
     @property
     def address(self) -> int:
@@ -73,6 +74,14 @@ class HostArena:
             pass  # a lease or reservation still exports a slice; GC frees the mapping later
         self._mmap = None
         self._tensor = None
+
+
+def _touch(view: memoryview, chunk: int = 32 << 20) -> None:
+    """Fault in every page of a fresh anonymous mapping by writing zeros, a chunk at a time."""
+    zeros = bytes(min(chunk, view.nbytes))
+    for off in range(0, view.nbytes, chunk):
+        n = min(chunk, view.nbytes - off)
+        view[off : off + n] = zeros[:n] if n < len(zeros) else zeros
 
 
 class CudaArena:

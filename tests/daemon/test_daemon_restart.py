@@ -130,3 +130,71 @@ def test_sigterm_finishes_the_request_in_flight(start_daemon, ns, blocks_of):
     assert read_reply(s) is None, "then the connection is closed"
     assert d.proc.wait(30) == 0
     assert "event=stopped" in d.logs()
+
+
+def test_during_a_slow_start_connects_are_refused_and_readyz_says_503(tmp_path):
+    """A daemon that prefaults 2 GiB of DRAM takes a while to open its node: meanwhile a
+    connect to the data port is refused at once (never left hanging in a backlog), /readyz
+    answers 503, and then 200 once the port serves."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    from daemonutil import REPO
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    data_port, admin_port = free_port(), free_port()
+    (tmp_path / "node.toml").write_text(
+        '[dram]\ncapacity = "2GiB"\nslab_size = "4MiB"\nprefault = true\npin = "false"\n'
+        "[disk]\nenabled = false\n"
+        f'[server]\ndata_port = {data_port}\nadmin_port = {admin_port}\nport_file = "{tmp_path / "ports.json"}"\n'
+    )
+    with open(tmp_path / "daemon.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(tmp_path / "node.toml")],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    refused, not_ready, hung = 0, 0, 0
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ports.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=2):
+                    pass
+            except urllib.error.HTTPError as exc:
+                not_ready += exc.code == 503
+            except OSError:
+                pass  # the admin port is not up yet
+            s = socket.socket()
+            s.settimeout(2)
+            try:
+                s.connect(("127.0.0.1", data_port))
+                if not (tmp_path / "ports.json").exists():
+                    s.sendall(b"\0\0\0\1\x80")  # a connect accepted before serving must still be answered
+                    try:
+                        hung += not s.recv(1)
+                    except TimeoutError:
+                        hung += 1
+            except ConnectionRefusedError:
+                refused += 1
+            finally:
+                s.close()
+            time.sleep(0.02)
+        assert json.loads((tmp_path / "ports.json").read_text())["data_port"] == data_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=2) as r:
+            assert r.status == 200
+        assert refused >= 1 and not_ready >= 1 and hung == 0, (refused, not_ready, hung)
+    finally:
+        proc.terminate()
+        proc.wait(30)
