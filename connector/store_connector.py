@@ -42,6 +42,7 @@ log = logging.getLogger("tierkv.connector")
 
 _KNOWN_STORED_MAX = 1 << 16
 _RECENT_LOOKUPS_MAX = 1024
+_GATHER_BYTES = 64 << 20  # a save copies out up to this much per hop to a worker thread (CUDA)
 
 
 class StoreConnector(KVConnector):
@@ -337,6 +338,7 @@ class StoreConnector(KVConnector):
         self._start_saver()
         deadline = time.monotonic() + self.cfg.save_deadline_s
         parent = self.ns.id
+        gathered: dict[int, torch.Tensor] = {}
         for j, key in enumerate(keys):
             if key.raw not in self._stored:
                 # Bounded in bytes: wait for the saver to make room (the engine holds these
@@ -355,11 +357,9 @@ class StoreConnector(KVConnector):
                     self.metrics.dropped_saves.labels("queue_full").inc(n_drop)
                     self._tally.add("dropped", "queue_full", n_drop)
                     break
-                pages = page_ids[j * ppb : (j + 1) * ppb]
-                if self.transfer.cuda:  # on the copy stream, off the event loop
-                    block = await asyncio.to_thread(self.transfer.gather, pages)
-                else:
-                    block = self.transfer.gather(pages)
+                if j not in gathered:
+                    gathered = await self._gather_from(j, keys, page_ids)
+                block = gathered.pop(j)
                 payload = block.view(torch.uint8).reshape(-1).numpy()
                 h = make_header(
                     key=key,
@@ -377,6 +377,21 @@ class StoreConnector(KVConnector):
                     await asyncio.sleep(0)  # long prompts: let the saver and the engine loop run
             parent = key
         self.metrics.save_queue.set(self._queue.qsize())
+
+    async def _gather_from(
+        self, j: int, keys: list[BlockKey], page_ids: Sequence[int]
+    ) -> dict[int, torch.Tensor]:
+        """Copy out block ``j`` and the next not-yet-stored blocks, up to _GATHER_BYTES (at
+        least one block): on CUDA in one hop to a worker thread (the copies block their
+        thread), not one hop per block."""
+        ppb = self.pages_per_block
+        most = max(1, _GATHER_BYTES // self.block_bytes)
+        idx = [i for i in range(j, len(keys)) if i == j or keys[i].raw not in self._stored][:most]
+
+        def gather() -> dict[int, torch.Tensor]:
+            return {i: self.transfer.gather(page_ids[i * ppb : (i + 1) * ppb]) for i in idx}
+
+        return await asyncio.to_thread(gather) if self.transfer.cuda else gather()
 
     async def _save_loop(self) -> None:
         q = self._queue
