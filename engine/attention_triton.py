@@ -41,6 +41,11 @@ class TritonAttention:
         q = q.contiguous()
         return self.kernel(q, k_cache, v_cache, meta, torch.empty_like(q))
 
+    def decode_plans(self, batch: int, max_context: int, device) -> dict:
+        """Fixed per-step plans for decode-only steps of ``batch`` sequences (CUDA graphs):
+        entries for ``AttnMetadata.plans``."""
+        return {self.kernel.plan_key: self.kernel.decode_plan(batch, max_context, device)}
+
 
 def create(
     device: str, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype

@@ -1,6 +1,7 @@
 """The KV cache tensors and the page <-> block-buffer copies the connector uses.
 
-One tensor ``data: [layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim]``. Layer
+One tensor ``data: [layers, 2 (k, v), num_pages + 1, page_size, kv_heads, head_dim]`` (the
+last page is scratch, see ``scratch_page``). Layer
 ``l``'s caches are the views ``data[l, 0]`` / ``data[l, 1]`` (``[num_pages, page_size,
 kv_heads, head_dim]``, the layout flash-attn's paged API expects). A block of ``n`` pages
 moves as one contiguous buffer ``[layers, 2, n * page_size, kv_heads, head_dim]`` (the
@@ -29,8 +30,11 @@ class KVCache:
     ) -> None:
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        # One page more than the pool: the scratch page (index ``num_pages``), never handed
+        # out, where the padding rows of a fixed-size decode batch (CUDA graphs) write their K/V.
+        self.scratch_page = num_pages
         self.data = torch.zeros(
-            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
+            (num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim), dtype=dtype, device=device
         )
 
     @staticmethod
@@ -50,8 +54,9 @@ class KVCache:
 
     @classmethod
     def pages_for_budget(cls, budget_bytes: int, **shape) -> int:
-        """How many pages fit in ``budget_bytes``; ConfigError if fewer than 2."""
-        n = budget_bytes // cls.bytes_per_page(**shape)
+        """How many pages fit in ``budget_bytes`` beside the scratch page; ConfigError if
+        fewer than 2."""
+        n = budget_bytes // cls.bytes_per_page(**shape) - 1
         if n < 2:
             raise ConfigError(f"kv_cache_bytes {budget_bytes} holds only {n} pages; raise it")
         return int(n)

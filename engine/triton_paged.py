@@ -85,13 +85,7 @@ def plan_step(
         for s in range(0, ql, block_m):
             seqs.append(i)
             starts.append(s)
-    programs = len(seqs) * num_kv_heads
-    splits = 1
-    if programs < cfg.target_programs:
-        splits = min(-(-cfg.target_programs // programs), max(1, meta.max_context_len // cfg.min_split_keys))
-    per = -(-meta.max_context_len // splits)
-    split_len = -(-per // cfg.block_n) * cfg.block_n
-    splits = -(-meta.max_context_len // split_len)  # rounding may leave fewer non-empty parts
+    splits, split_len = _split_keys(len(seqs) * num_kv_heads, meta.max_context_len, cfg)
     return LaunchPlan(
         tile_seq=torch.tensor(seqs, dtype=torch.int32, device=device),
         tile_start=torch.tensor(starts, dtype=torch.int32, device=device),
@@ -99,6 +93,32 @@ def plan_step(
         splits=splits,
         split_len=split_len,
     )
+
+
+def plan_decode(
+    batch: int, num_kv_heads: int, max_context: int, cfg: PagedKernelConfig, device
+) -> LaunchPlan:
+    """A plan for any decode-only step of ``batch`` sequences of at most ``max_context``
+    tokens: fixed tensors and splits, so it can be captured once in a CUDA graph and replayed
+    for every step of that batch size (splits past a sequence's end exit at once)."""
+    splits, split_len = _split_keys(batch * num_kv_heads, max_context, cfg)
+    return LaunchPlan(
+        tile_seq=torch.arange(batch, dtype=torch.int32, device=device),
+        tile_start=torch.zeros(batch, dtype=torch.int32, device=device),
+        block_m=1,
+        splits=splits,
+        split_len=split_len,
+    )
+
+
+def _split_keys(programs: int, max_context: int, cfg: PagedKernelConfig) -> tuple[int, int]:
+    """(splits, keys per split): split while programs < target, each split >= min_split_keys."""
+    splits = 1
+    if programs < cfg.target_programs:
+        splits = min(-(-cfg.target_programs // programs), max(1, max_context // cfg.min_split_keys))
+    per = -(-max_context // splits)
+    split_len = -(-per // cfg.block_n) * cfg.block_n
+    return -(-max_context // split_len), split_len  # rounding may leave fewer non-empty parts
 
 
 def build_kernel():
@@ -221,13 +241,23 @@ class PagedAttentionKernel:
             )
         return tl.float16 if dtype == torch.float16 else tl.bfloat16
 
+    @property
+    def plan_key(self) -> tuple:
+        """Where this kernel's plan lives in ``AttnMetadata.plans``."""
+        return ("triton_paged", id(self))
+
     def plan(self, meta: AttnMetadata, device) -> LaunchPlan:
-        """The step's plan, built on first use and kept on ``meta`` for the other layers."""
-        key = ("triton_paged", id(self))
-        plan = meta.plans.get(key)
+        """The step's plan: one put in ``meta.plans`` beforehand (a CUDA graph's fixed plan),
+        else built on first use and kept there for the other layers."""
+        plan = meta.plans.get(self.plan_key)
         if plan is None:
-            plan = meta.plans[key] = plan_step(meta, self.num_kv_heads, self.group, self.cfg, device)
+            plan = meta.plans[self.plan_key] = plan_step(
+                meta, self.num_kv_heads, self.group, self.cfg, device
+            )
         return plan
+
+    def decode_plan(self, batch: int, max_context: int, device) -> LaunchPlan:
+        return plan_decode(batch, self.num_kv_heads, max_context, self.cfg, device)
 
     def __call__(
         self,
@@ -266,7 +296,7 @@ class PagedAttentionKernel:
             dst.stride(0), dst.stride(1), dst.stride(2) if split else 0,
             lse.stride(0) if split else 0, lse.stride(1) if split else 0,
             GROUP=self.group, GROUP_P2=gp2, BLOCK_M=p.block_m, ROWS=rows, BLOCK_N=self.cfg.block_n,
-            PAGE=meta.page_size, D=d, D_P2=_pow2(d), SPLIT=split, HAS_SCALE=has_scale,
+            PAGE=meta.page_size, D=d, D_P2=max(16, _pow2(d)), SPLIT=split, HAS_SCALE=has_scale,
             DOT_DTYPE=self._dot_dtype(q.dtype), DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=self.cfg.num_warps, num_stages=self.cfg.num_stages,
         )  # fmt: skip
