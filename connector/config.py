@@ -25,7 +25,7 @@ class ConnectorConfig:
     kind: Literal["kvstore", "local", "etcd"]
     target: str  # "host:port,..." | PATH | "host:port/CLUSTER"
     block_tokens: int = 0  # 0: the engine's page size
-    lookup_deadline_s: float = 0.2  # under one prefill chunk; the engine's own cap is 0.5 s
+    lookup_deadline_s: float = 0.2  # under one prefill chunk; the engine waits for it (+1 s backstop)
     load_deadline_s: float = 2.0
     save_deadline_s: float = 5.0
     policy: Literal["auto", "always", "never"] = "auto"
