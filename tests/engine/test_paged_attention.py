@@ -155,3 +155,23 @@ def test_attention_imports_run_one_way():
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             assert "engine.attention" not in names, f"{f.name} imports the registry"
+
+
+def test_paged_kernel_fp8_pages(device):
+    """float8_e4m3 pages with per-KV-head scales (issue 15's layout): the kernel equals the
+    torch reference over the dequantized pages."""
+    from engine.triton_paged import PagedAttentionKernel, PagedKernelConfig
+
+    heads, kv_heads, d, ps = 8, 2, 64, 16
+    q, _, _, kc, vc, meta, tables = make_case(device, torch.float32, heads, kv_heads, d, ps, MIXED, seed=4)
+    ks = kc.abs().amax(dim=(0, 1, 3)) / 448.0  # e4m3's largest normal
+    vs = vc.abs().amax(dim=(0, 1, 3)) / 448.0
+    k8 = (kc / ks[:, None]).to(torch.float8_e4m3fn)
+    v8 = (vc / vs[:, None]).to(torch.float8_e4m3fn)
+    kd, vd = k8.float() * ks[:, None], v8.float() * vs[:, None]
+    kn = kd.view(-1, kv_heads, d)[meta.slot_mapping]
+    vn = vd.view(-1, kv_heads, d)[meta.slot_mapping]
+    ref = reference(q, kn, vn, kd, vd, meta, tables, heads, kv_heads, d)
+    kern = PagedAttentionKernel(heads, kv_heads, d, PagedKernelConfig())
+    got = kern(q, k8, v8, meta, torch.empty_like(q), ks, vs)
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
