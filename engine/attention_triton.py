@@ -14,7 +14,8 @@ import torch
 
 from engine.attention_meta import AttnMetadata, store_kv
 from engine.errors import ConfigError
-from engine.triton_paged import PagedAttentionKernel, PagedKernelConfig
+from engine.triton_paged import PagedAttentionKernel
+from engine.triton_plan import PagedKernelConfig
 
 
 class TritonAttention:

@@ -68,7 +68,7 @@ MIXED = [(1, 1), (1, 50), (1, 23), (5, 42), (9, 9), (3, 4)]
     ids=["gqa1-d64-p16", "gqa4-d64-p5", "gqa8-d128-p8", "gqa8-d64-p32"],
 )
 def test_paged_kernel_matches_torch_fp32(device, heads, kv_heads, d, ps):
-    from engine.triton_paged import PagedKernelConfig
+    from engine.triton_plan import PagedKernelConfig
 
     case = make_case(device, torch.float32, heads, kv_heads, d, ps, MIXED)
     ref = reference(*case, heads, kv_heads, d)
@@ -81,7 +81,7 @@ def test_paged_kernel_matches_torch_fp32(device, heads, kv_heads, d, ps):
 def test_paged_kernel_split_k_matches_torch(device):
     """Split-K: a decode and a short tail over long contexts, cut into several key ranges
     (some of them past a sequence's end or beyond a row's causal limit)."""
-    from engine.triton_paged import PagedKernelConfig, plan_step
+    from engine.triton_plan import PagedKernelConfig, plan_step
 
     heads, kv_heads, d, ps = 8, 2, 64, 16
     batch = [(1, 200), (1, 7), (4, 150)]
@@ -106,7 +106,8 @@ def test_paged_kernel_half_precision(device, dtype):
 def test_paged_kernel_kv_scales(device):
     """Per-KV-head scales (the hook for quantized pages): pages holding K/s_k and V/s_v with
     scales s_k, s_v give the attention of the unscaled K/V."""
-    from engine.triton_paged import PagedAttentionKernel, PagedKernelConfig
+    from engine.triton_paged import PagedAttentionKernel
+    from engine.triton_plan import PagedKernelConfig
 
     heads, kv_heads, d, ps = 8, 2, 64, 8
     q, k_new, v_new, kc, vc, meta, tables = make_case(device, torch.float32, heads, kv_heads, d, ps, MIXED)
@@ -145,7 +146,7 @@ def test_attention_imports_run_one_way():
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2] / "engine"
-    files = sorted(root.glob("attention_*.py")) + [root / "triton_paged.py"]
+    files = sorted(root.glob("attention_*.py")) + [root / "triton_paged.py", root / "triton_plan.py"]
     assert len(files) >= 5
     for f in files:
         for node in ast.walk(ast.parse(f.read_text())):
@@ -160,7 +161,8 @@ def test_attention_imports_run_one_way():
 def test_paged_kernel_fp8_pages(device):
     """float8_e4m3 pages with per-KV-head scales (issue 15's layout): the kernel equals the
     torch reference over the dequantized pages."""
-    from engine.triton_paged import PagedAttentionKernel, PagedKernelConfig
+    from engine.triton_paged import PagedAttentionKernel
+    from engine.triton_plan import PagedKernelConfig
 
     heads, kv_heads, d, ps = 8, 2, 64, 16
     q, _, _, kc, vc, meta, tables = make_case(device, torch.float32, heads, kv_heads, d, ps, MIXED, seed=4)
