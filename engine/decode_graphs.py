@@ -77,6 +77,12 @@ class DecodeGraphs:
         self.steps = 0  # decode steps this path ran (tests, metrics)
         self.capture_failures = 0
 
+    def capture_all(self) -> None:
+        """Capture every bucket now (at start, off the request path); a no-op without capture."""
+        for bb in self.cfg.buckets:
+            if self.cfg.capture and bb not in self._graphs and self.capture_failures == 0:
+                self._capture(bb)
+
     def bucket(self, batch: int) -> int | None:
         return next((b for b in self.cfg.buckets if b >= batch), None)
 
