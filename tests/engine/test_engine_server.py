@@ -291,3 +291,18 @@ def test_engine_server_exports_the_request_timeline(client, server):
         assert delta[per_step] >= 4, (per_step, delta)  # a prefill step and three decodes at least
     assert delta["sample"] == 4
     assert "lookup" in after and delta["lookup"] == 0  # no connector: no lookups
+
+
+def test_engine_cli_lookup_backstop_below_the_connectors_deadline_is_refused(tiny_model_dir):
+    # the engine's own lookup cap may only sit above the connector's deadline (issue 11)
+    d = tiny_model_dir("llama-tiny")
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "serve", "--model", d, "--device", "cpu", "--port", "0"]
+        + ["--kv-connector", "memory://?block_tokens=16", "--kv-lookup-timeout-s", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr  # memory:// keeps the interface's default 1 s deadline
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "lookup_timeout_s 0.5 is below" in lines[0], out.stderr
