@@ -229,7 +229,7 @@ class Conn:
             desc = RemoteDescriptor.from_wire(raw) if raw is not None else None
         except TransportError as exc:
             raise P.bad(str(exc)) from exc
-        if rdma and desc is not None and not self.slab.holds(desc):
+        if rdma and desc is not None and not self.slab.contains(desc):  # its key is a window's
             raise P.bad(f"descriptor {raw!r} is outside the node's registered slab")
         return desc
 

@@ -141,6 +141,11 @@ class Region:
             raise TransportError(f"bytes [{offset}, {offset + length}) are outside a region of {self.length}")
         return RemoteDescriptor(handle, self.addr + offset, length, self.rkey)
 
+    def contains(self, desc: RemoteDescriptor) -> bool:
+        """True when ``desc`` names bytes inside this region, whatever its key (a node's
+        descriptors carry per-lease window keys, not the region's own: rdma/windows.py)."""
+        return self.addr <= desc.addr and desc.addr + desc.length <= self.addr + self.length
+
     def holds(self, desc: RemoteDescriptor) -> bool:
         """True when ``desc`` names bytes inside this region, under its key."""
         return (

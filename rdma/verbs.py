@@ -120,6 +120,7 @@ class VerbsDevice:
         self.name, self.port, self.gid_index = name, port, gid_index
         self.registrations = Registrations()
         self._mrs: list[Any] = []
+        self._mr_at: dict[int, Any] = {}
         self._qps: list[VerbsTransport] = []
 
     @classmethod
@@ -144,17 +145,29 @@ class VerbsDevice:
             raise TransportError(f"cannot open RDMA device {name or names[0]}: {exc}") from exc
         return cls(pv, ctx, pd, name or names[0], port, gid_index)
 
-    def register(self, buf) -> Region:
+    def register(self, buf, remote: bool = True) -> Region:
         """Register ``buf`` (writable, contiguous) for local use and remote READ/WRITE; the
-        returned Region is what a peer needs (address, length, rkey). TransportError on failure."""
+        returned Region is what a peer needs (address, length, rkey). With ``remote=False``
+        the region's own rkey grants no remote access at all: peers reach its bytes only
+        through memory windows bound per lease (rdma/windows.py). TransportError on failure."""
         addr, length = buffer_address(buf)
+        e = self._pv.enums
+        access = _access(e) if remote else e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND
         try:
-            mr = self._pv.mr.MR(self.pd, length, _access(self._pv.enums), address=addr)
+            mr = self._pv.mr.MR(self.pd, length, access, address=addr)
         except Exception as exc:
             raise TransportError(f"cannot register {length} bytes with {self.name}: {exc}") from exc
         self._mrs.append(mr)
+        self._mr_at[addr] = mr
         self.registrations.add(addr, length, mr.lkey)
         return Region(addr, length, mr.rkey)
+
+    def mr_for(self, region: Region):
+        """The memory region object registered as ``region`` (for binding windows)."""
+        mr = self._mr_at.get(region.addr)
+        if mr is None:
+            raise TransportError(f"region {region.addr:#x} is not registered with {self.name}")
+        return mr
 
     def queue_pair(self) -> VerbsTransport:
         """A new CQ + RC QP on this device (one per connection); ``.info`` is what to send."""
@@ -180,6 +193,7 @@ class VerbsDevice:
         for mr in self._mrs:
             mr.close()
         self._mrs.clear()
+        self._mr_at.clear()
         self.registrations.clear()
         for obj in (self.pd, self.ctx):
             obj.close()

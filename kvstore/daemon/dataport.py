@@ -42,6 +42,7 @@ from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.results import Status
 from rdma.tcp import FrameError, SocketChannel
 from rdma.transport import TransportError
+from rdma.windows import Windows
 
 log = logging.getLogger("kvstore.daemon.data")
 
@@ -83,13 +84,25 @@ class DataServer(DescriptorOps):
         self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._conns: dict[asyncio.Task, Session] = {}
         self._accept_task: asyncio.Task | None = None
+        self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
         self.sock.setblocking(False)
-        self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
+        loop = asyncio.get_running_loop()
+        self._accept_task = loop.create_task(self._accept_loop())
+        if self.rdma is not None:
+            self._window_task = loop.create_task(self._window_sweeper())
+
+    async def _window_sweeper(self) -> None:
+        """Once a second: revoke one-sided holds past their deadline on idle connections too."""
+        while not self.closing:
+            await asyncio.sleep(1.0)
+            for sess in list(self._conns.values()):
+                if sess.windows is not None and len(sess.windows):
+                    self._expire_windows(sess)
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,8 +128,9 @@ class DataServer(DescriptorOps):
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, let in-flight requests finish (up to ``grace_s``), close idle ones."""
         self.closing = True
-        if self._accept_task:
-            self._accept_task.cancel()
+        for t in (self._accept_task, self._window_task):
+            if t is not None:
+                t.cancel()
         self.sock.close()
         for task, sess in list(self._conns.items()):
             if not sess.busy:
@@ -195,9 +209,14 @@ class DataServer(DescriptorOps):
             return None
 
     def _drop_session(self, sess: Session) -> None:
-        if sess.verbs is not None:  # first: no one-sided access to slots about to be freed
+        # first: no one-sided access to slots about to be freed
+        for table in (sess.leases, sess.reservations):
+            for held in table.values():
+                self._unwindow(sess, held)
+        if sess.verbs is not None:
             sess.verbs.destroy()
             sess.verbs = None
+            sess.windows = None
         try:
             if sess.leases:
                 self.node.release([h.obj for h in sess.leases.values()])
@@ -215,6 +234,7 @@ class DataServer(DescriptorOps):
         op = "?"
         t0 = time.perf_counter()
         try:
+            self._expire_windows(sess)
             op, rid = P.req_op(h)
             if op == "HELLO":
                 if plen:
@@ -298,14 +318,18 @@ class DataServer(DescriptorOps):
             self.metrics.refused_connections.labels("per_tenant").inc()
             raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
         sess.tenant, sess.token = tenant, hello.token
-        if sess.verbs is not None:  # a second HELLO replaces the queue pair
+        if sess.verbs is not None:  # a second HELLO replaces the queue pair (and its windows)
+            for table in (sess.leases, sess.reservations):
+                for held in table.values():
+                    self._unwindow(sess, held)
             sess.verbs.destroy()
-            sess.verbs = None
+            sess.verbs = sess.windows = None
         try:
             accepted = accept_offer(self.rdma, self.transport_mode, hello.rdma, sess.peer, self.metrics)
         except TransportError as exc:
             raise _Fatal(P.TRANSPORT, str(exc)) from exc
         sess.verbs, rdma = accepted or (None, None)
+        sess.windows = Windows(sess.verbs) if sess.verbs is not None else None
         transport = "rdma" if rdma is not None else "tcp"
         self.metrics.hellos.labels(transport).inc()
         sess.namespaces = frozenset(ids)

@@ -4,7 +4,10 @@ These are the RDMA-shaped halves of GET and PUT (docs/protocol.md): the node han
 descriptors of leased or reserved slots. By default a descriptor is an offset in the held
 payload and the READ/WRITE ops move the bytes over TCP. With ``rdma: true`` (only on a
 connection whose HELLO set up a queue pair) it is the slot's address in the registered DRAM
-slab and its rkey, and the client moves the bytes one-sidedly; a block whose bytes are not in
+slab and the rkey of a memory window bound to exactly those bytes on this connection's queue
+pair (rdma/windows.py; the slab's own key grants nothing remotely), revoked at RELEASE,
+COMMIT, the hold's deadline or the end of the connection, before the slot is let go; the
+client moves the bytes one-sidedly; a block whose bytes are not in
 the slab then gets no descriptor (and no hold): the client moves it with GET/PUT instead.
 Leases and reservations live in the connection's :class:`~kvstore.daemon.session.Session` and
 end with it; a connection holds at most ``limits.max_leases_per_conn`` of them, and a LEASE
@@ -16,6 +19,7 @@ Mixed into :class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kvstore import protocol as P
@@ -32,6 +36,7 @@ class DescriptorOps:
     rdma: Any
     tenant_stats: Any
     _moving: Any
+    _bad: Any
 
     def _room_for(self, sess, n: int) -> None:
         """bad_request when ``n`` more handles would pass the connection's limit."""
@@ -47,16 +52,47 @@ class DescriptorOps:
             raise P.bad("rdma: this connection has no RDMA queue pair (HELLO set none up)")
         return want
 
-    def _describe(self, sess, table, held, ttl, one_sided: bool) -> RemoteDescriptor | None:
+    async def _describe(
+        self, sess, table, held, ttl, one_sided: bool, write: bool = False
+    ) -> RemoteDescriptor | None:
         """Hold ``held`` (a Lease or Reservation) under a new handle and describe its bytes: an
-        offset descriptor (TCP), or with ``one_sided`` its place in the registered slab; None,
-        holding nothing, when one-sided access was asked for and the bytes are not in the slab."""
+        offset descriptor (TCP), or with ``one_sided`` their address in the registered slab and
+        the rkey of a memory window bound to exactly them (read access for a lease, write for
+        a reservation) on this connection's queue pair; None, holding nothing, when one-sided
+        access was asked for and the bytes are not in the slab or the window cannot be bound
+        (the client then moves them inline)."""
         if not one_sided:
             return RemoteDescriptor(sess.hold(table, held, ttl), 0, held.header.payload_len)
         place = slab_descriptor(self.rdma.slab, 0, held)
-        if place is None:
+        if place is None or sess.windows is None:
             return None
-        return RemoteDescriptor(sess.hold(table, held, ttl), place.addr, place.length, place.rkey)
+        try:
+            rkey = await sess.windows.grant(self.rdma.slab, place.addr, place.length, write)
+        except TransportError as exc:
+            self.metrics.rdma_accept_failures.inc()
+            self._bad.info("window_failed", peer=sess.peer, error=exc)
+            return None
+        self.node.begin_transfer([held])  # a window is a transfer: no expiry under it
+        return RemoteDescriptor(sess.hold(table, held, ttl, rkey), place.addr, place.length, rkey)
+
+    def _unwindow(self, sess, held) -> None:
+        """Revoke ``held``'s memory window (if any) before its slot may go anywhere."""
+        if held.grant is not None:
+            if sess.windows is not None:
+                sess.windows.revoke(held.grant)
+            self.node.end_transfer([held.obj])
+            held.grant = None
+
+    def _expire_windows(self, sess) -> None:
+        """Revoke and give back one-sided holds past their deadline (the node does not expire
+        them: they are marked in transfer while their window exists)."""
+        for table, handle, held in sess.overdue_grants(time.monotonic()):
+            self._unwindow(sess, held)
+            del table[handle]
+            if table is sess.leases:
+                self.node.release([held.obj])
+            else:
+                self.node.abort([held.obj])
 
     async def _op_lease(self, ch, sess, rid, h, plen) -> None:
         keys = P.req_keys(h)
@@ -73,7 +109,7 @@ class DescriptorOps:
                     drop.append(lease)
                 res.append([int(Status.MISS), None, None, None])
                 continue
-            desc = self._describe(sess, sess.leases, lease, ttl, one_sided)
+            desc = await self._describe(sess, sess.leases, lease, ttl, one_sided)
             if desc is None:
                 drop.append(lease)  # not in the slab: the client GETs it inline
             res.append([int(Status.HIT), lease.header.encode(), lease.tier, desc.to_wire() if desc else None])
@@ -84,6 +120,9 @@ class DescriptorOps:
     async def _op_release(self, ch, sess, rid, h, plen) -> None:
         handles = P.req_ints(h, "handles")
         found = [sess.leases.pop(x, None) for x in handles]
+        for f in found:
+            if f is not None:
+                self._unwindow(sess, f)
         self.node.release([f.obj for f in found if f is not None])
         await ch.send_frame({"rid": rid, "ok": True, "res": [f is not None for f in found]})
 
@@ -125,7 +164,7 @@ class DescriptorOps:
             if r is None or isinstance(r, Status):
                 res.append([int(r if r is not None else Status.INVALID), None])
                 continue
-            desc = self._describe(sess, sess.reservations, r, self.lease_ttl, one_sided)
+            desc = await self._describe(sess, sess.reservations, r, self.lease_ttl, one_sided, write=True)
             if desc is None:
                 inline.append(r)  # not in the slab: the client PUTs it inline
             res.append([None, desc.to_wire() if desc else None])
@@ -162,6 +201,9 @@ class DescriptorOps:
     async def _op_commit(self, ch, sess, rid, h, plen) -> None:
         handles = P.req_ints(h, "handles")
         found = [sess.reservations.pop(x, None) for x in handles]
+        for f in found:
+            if f is not None:
+                self._unwindow(sess, f)  # no remote write lands after the checksum is taken
         live = [f.obj for f in found if f is not None]
         done = dict(zip([id(r) for r in live], await self.node.commit(live))) if live else {}
         res = []

@@ -1,5 +1,10 @@
 """One data-port connection's state: who it is, what it may see, what it holds.
 
+A one-sided hold (``grant``: the rkey of a memory window bound to its bytes) is marked in
+transfer at the node for as long as the window exists, so the node never expires it: the
+daemon revokes the window first (RELEASE, COMMIT, its deadline, the end of the connection) and
+only then lets the slot go.
+
 A session starts unauthenticated; HELLO fills ``tenant``, ``token`` (kept so that a SIGHUP
 that revokes it can close the connection) and ``namespaces`` (namespace ids the daemon
 derived with the tenant's salt) and, when the client's RDMA offer was accepted, ``verbs``
@@ -22,6 +27,7 @@ from typing import Any
 class Held:
     obj: Any  # a NodeStore Lease or Reservation
     deadline: float  # monotonic; a lease past it may have been reclaimed by the node
+    grant: int | None = None  # rkey of the memory window bound to its bytes (one-sided RDMA)
 
 
 @dataclass
@@ -33,6 +39,7 @@ class Session:
     leases: dict[int, Held] = field(default_factory=dict)
     reservations: dict[int, Held] = field(default_factory=dict)
     verbs: Any = None  # rdma.verbs.VerbsTransport connected to the client's queue pair, or None
+    windows: Any = None  # rdma.windows.Windows bound on ``verbs`` (per-lease remote access)
     busy: bool = False
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
@@ -40,10 +47,19 @@ class Session:
         """True when ``header``'s namespace is one this tenant declared (and the daemon salted)."""
         return header is not None and header.namespace.raw in self.namespaces
 
-    def hold(self, table: dict[int, Held], obj: Any, ttl_s: float) -> int:
+    def hold(self, table: dict[int, Held], obj: Any, ttl_s: float, grant: int | None = None) -> int:
         handle = next(self._ids)
-        table[handle] = Held(obj, time.monotonic() + ttl_s)
+        table[handle] = Held(obj, time.monotonic() + ttl_s, grant)
         return handle
+
+    def overdue_grants(self, now: float) -> list[tuple[dict[int, Held], int, Held]]:
+        """Holds with a memory window whose deadline has passed (the daemon revokes them)."""
+        return [
+            (table, handle, held)
+            for table in (self.leases, self.reservations)
+            for handle, held in table.items()
+            if held.grant is not None and held.deadline < now
+        ]
 
     def held(self, node_live: Callable[[Any], bool]) -> int:
         """How many handles this connection holds, after forgetting those the node already

@@ -11,7 +11,9 @@ the key, before anything is served. Per connection (:meth:`SlabRdma.accept`), a 
 offer in HELLO gets a new QP connected to it and the reply's ``rdma`` map.
 
 :func:`slab_descriptor` is device-free: the RDMA address of a lease's or reservation's bytes
-is the slab's registered base plus the slot's offset in the DRAM arena. Loop thread only.
+is the slab's registered base plus the slot's offset in the DRAM arena. The slab is registered
+without remote access: a peer reaches a slot only through the memory window the daemon binds
+to it per lease (rdma/windows.py, kvstore/daemon/descriptor_ops.py). Loop thread only.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def _open(server_cfg, slab) -> SlabRdma:  # pragma: no cover - needs a verbs dev
 
     device = VerbsDevice.open(server_cfg.rdma_device or None, gid_index=server_cfg.rdma_gid_index)
     try:
-        region = device.register(slab)
+        region = device.register(slab, remote=False)  # reached only through per-lease windows
     except BaseException:
         device.close()
         raise
