@@ -25,14 +25,15 @@ class ModelRunner:
         device: str,
         transfer: KVTransfer,
         decode_graphs: DecodeGraphConfig | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
-        """``decode_graphs``: run decode-only steps on static buffers (engine/decode_graphs.py).
-        None: CUDA graphs on CUDA with a backend that has fixed decode plans (Triton), off
-        otherwise."""
+        """``decode_graphs``: run decode-only steps on static buffers (engine/decode_graphs.py)
+        as configured. Without it, ``cuda_graphs`` turns on CUDA graphs where they apply: a
+        CUDA KV cache and a backend with fixed decode plans (Triton); off everywhere else."""
         self.model, self.kv, self.backend, self.device = model, kv, backend, device
         self.transfer = transfer  # connector loads still copying: each layer waits for its part
         self._layers = kv.layers()
-        if decode_graphs is None and kv.data.is_cuda and hasattr(backend, "decode_plans"):
+        if decode_graphs is None and cuda_graphs and kv.data.is_cuda and hasattr(backend, "decode_plans"):
             max_context = min(model.rope_cos.shape[0], kv.num_pages * kv.page_size)
             decode_graphs = DecodeGraphConfig(GRAPH_MAX_BATCH, max_context, capture=True)
         self.graphs = DecodeGraphs(model, kv, backend, decode_graphs) if decode_graphs else None

@@ -23,9 +23,10 @@ def _generate(d: str, device: str, backend: str, engines: list, graphs):
     eng = LLMEngine(d, EngineConfig(num_pages=64, device=device, dtype="float32", attention_backend=backend))
     engines.append(eng)
     if graphs is not None:
-        eng.runner = ModelRunner(eng.model, eng.kv, eng.backend, device, eng.transfer, graphs or None)
-        if graphs is False:
-            eng.runner.graphs = None
+        cfg = graphs or None
+        eng.runner = ModelRunner(
+            eng.model, eng.kv, eng.backend, device, eng.transfer, cfg, cuda_graphs=bool(graphs)
+        )
     eng.record_logits = {}
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(6, 262, (n,), generator=g).tolist() for n in (3, 20, 7, 33, 12)]
