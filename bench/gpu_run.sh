@@ -41,7 +41,7 @@ if [ "$tiny" = "--tiny" ]; then
     step serving 300 $py bench/gpu_serving.py --tiny --json "$out/gpu_serving.json"
 else
     step cuda_tests 150 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
-        tests/engine/test_engine_cuda.py tests/engine/test_paged_attention.py \
+        tests/engine/test_engine_cuda.py tests/engine/test_paged_attention*.py \
         tests/store/test_hbm.py tests/connector/test_connector_transfer.py
     step serving 300 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
 fi
