@@ -57,18 +57,18 @@ async def test_a_lookup_slower_than_half_a_second_hits_under_a_2s_deadline(tiny_
 
 
 async def test_the_first_request_after_start_pays_no_connection_setup(tiny_model, start_daemon):
-    # A fresh connection costs one round trip (HELLO) before its first EXISTS: with a 0.6 s link
-    # a lookup that opens its connection needs >= 1.2 s, one on a connection opened at start
-    # 0.6 s. The 1.1 s deadline leaves no room for set-up on the request path.
+    # A fresh connection costs one round trip (HELLO) before its first EXISTS: with a 1 s link
+    # a lookup that opens its connection needs >= 2 s, one on a connection opened at start
+    # 1 s. The 1.9 s deadline leaves no room for set-up on the request path.
     d = tiny_model()
     node = start_daemon()
     prompt = _prompt(150, 12)
     ref = reference(d, prompt)
     await _store(d, node.addr, prompt)
-    link = SlowLink(node.addr, delay_s=0.6)
+    link = SlowLink(node.addr, delay_s=1.0)
     b = make_engine(
         d,
-        f"kvstore://{link.addr}?lookup_deadline_s=1.1&load_deadline_s=20&policy=always",
+        f"kvstore://{link.addr}?lookup_deadline_s=1.9&load_deadline_s=20&policy=always",
         enable_prefix_cache=False,
     )
     try:
