@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from kvstore.cluster.readrepair import Repairer
 from kvstore.cluster.reads import ClusterReads
 from kvstore.cluster.writes import ClusterWrites, PutReport
 from kvstore.keys import BlockKey
+from kvstore.results import Status
 
 log = logging.getLogger("kvstore.cluster")
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
@@ -53,7 +55,15 @@ class ClusterConfig:
     lookahead: int = 1  # nodes past the owners that lookups and reads also ask
     hedge: float = 0.5  # share of the time left one read round may take when a fallback exists
     probe_interval_s: float = 0.5
-    probe_deadline_s: float = 0.25  # a down node must answer a probe this fast to be used again
+    probe_deadline_s: float = 0.25  # a suspect node's probe (all rounds) must finish this fast
+    probe_rounds: int = 3  # EXISTS calls per probe, each of probe_keys keys (~70 KiB for 4096)
+    probe_keys: int = 4096
+    eject_base_s: float = 1.0  # an ejected node stays out this long, doubled per re-ejection
+    eject_max_s: float = 30.0
+    flap_window_s: float = 60.0  # ejections this close together count as one flapping node
+    outlier_factor: float = 5.0  # latency over this many times the others' median: ejected
+    hedge_factor: float = 4.0  # a read waits this many times the node's expected time ...
+    hedge_floor_s: float = 0.05  # ... but at least this long, before going to the next replica
     read_repair: bool = True  # copy a block read from a non-owner to the owners that missed it
     repair_max_blocks: int = 256  # repairs in flight at most; more are skipped (counted)
     connect_timeout_s: float = 3.0  # a connection's set-up at most (each call's deadline bounds it too)
@@ -68,6 +78,10 @@ class ClusterConfig:
             raise ValueError(f"lookahead must be >= 0, got {self.lookahead}")
         if not 0 < self.hedge <= 1:
             raise ValueError(f"hedge must be in (0, 1], got {self.hedge}")
+        if not 1 <= self.probe_keys <= 4096 or self.probe_rounds < 1:
+            raise ValueError(
+                f"probe_keys must be in [1, 4096] and probe_rounds >= 1, got {self.probe_keys}, {self.probe_rounds}"
+            )
         if self.write_chunk_bytes < 1:
             raise ValueError(f"write_chunk_bytes must be >= 1, got {self.write_chunk_bytes}")
         for name in (
@@ -76,6 +90,12 @@ class ClusterConfig:
             "connect_timeout_s",
             "write_floor_s",
             "write_min_bytes_per_s",
+            "eject_base_s",
+            "eject_max_s",
+            "flap_window_s",
+            "outlier_factor",
+            "hedge_factor",
+            "hedge_floor_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -98,7 +118,7 @@ class ClusterClient(ClusterReads, ClusterWrites):
         self._node_cfg = dataclasses.replace(self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s)
         self.nodes: dict[str, NodeClient] = {}
         self._weights: dict[str, Node] = {}
-        self.health = Health(self.nodes, self.cfg.probe_interval_s, self.cfg.probe_deadline_s)
+        self.health = Health(self.nodes, self.cfg)
         self._seen = -1
         self._view: list[Node] = []
         self._view_key: tuple = ()
@@ -107,6 +127,7 @@ class ClusterClient(ClusterReads, ClusterWrites):
         self._started = False
         self._closed = False
         self._warming: set[asyncio.Task] = set()
+        self._stragglers: set[asyncio.Future] = set()  # lookups' late node calls, left to finish
         self._warm_joiners = False  # set by start(connect=True)
         self._warmed: set[str] = set()  # members whose connections were opened once
         self.repairer = Repairer(self.nodes, self.healthy, self.cfg.repair_max_blocks)
@@ -199,11 +220,19 @@ class ClusterClient(ClusterReads, ClusterWrites):
             self._ranks[key.raw] = ids
         return ids
 
-    async def _fan(self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable]):
+    async def _timed(self, addr: str, op: str, aw: Awaitable):
+        """Await one node call and feed its time (and GET payload bytes) to health."""
+        t0 = time.monotonic()
+        res = await aw
+        nbytes = sum(r.header.payload_len for r in res if r.status is Status.HIT) if op == "get" else 0
+        self.health.observe(addr, time.monotonic() - t0, nbytes, op)
+        return res
+
+    async def _fan(
+        self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable], op: str = ""
+    ):
         addrs = list(groups)
-        results = await asyncio.gather(*(call(self.nodes[a], groups[a]) for a in addrs))
-        for a in addrs:
-            self.health.after_call(a)
+        results = await asyncio.gather(*(self._timed(a, op, call(self.nodes[a], groups[a])) for a in addrs))
         return zip(addrs, results)
 
     # ---------------------------------------------------------------- lookups
@@ -226,13 +255,35 @@ class ClusterClient(ClusterReads, ClusterWrites):
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
-        for _addr, tiers in await self._fan(
-            groups,
-            lambda n, idx: n.exists(keys if len(idx) == len(keys) else [keys[i] for i in idx], deadline_s),
-        ):
-            for i, t in zip(groups[_addr], tiers):
-                if t is not None and (out[i] is None or _TIER_ORDER.get(t, 9) < _TIER_ORDER.get(out[i], 9)):
-                    out[i] = t
+        tasks = {
+            asyncio.ensure_future(
+                self._timed(
+                    a,
+                    "exists",
+                    self.nodes[a].exists(
+                        keys if len(idx) == len(keys) else [keys[i] for i in idx], deadline_s
+                    ),
+                )
+            ): a
+            for a, idx in groups.items()
+        }
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                for i, tier in zip(groups[tasks[t]], t.result()):
+                    if tier is not None and (
+                        out[i] is None or _TIER_ORDER.get(tier, 9) < _TIER_ORDER.get(out[i], 9)
+                    ):
+                        out[i] = tier
+            if pending and all(t is not None for t in out):
+                # every key was found: a late node cannot change the answer. Its call goes on in
+                # the background (bounded by the deadline) and its time still feeds health.
+                self._own_counters["lookups_answered_early"] += 1
+                for t in pending:
+                    self._stragglers.add(t)
+                    t.add_done_callback(self._stragglers.discard)
+                break
         return out
 
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
@@ -250,7 +301,9 @@ class ClusterClient(ClusterReads, ClusterWrites):
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
-        for addr, res in await self._fan(groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s)):
+        for addr, res in await self._fan(
+            groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s), "delete"
+        ):
             for i, ok in zip(groups[addr], res):
                 out[i] = out[i] or ok
         return out
@@ -280,7 +333,7 @@ class ClusterClient(ClusterReads, ClusterWrites):
     async def close(self) -> None:
         """Stop probing and watching; close every node client. Later calls are misses."""
         self._closed = True
-        for t in self._warming:
+        for t in (*self._warming, *self._stragglers):
             t.cancel()
         self.health.close()
         self.repairer.close()

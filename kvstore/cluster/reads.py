@@ -2,18 +2,29 @@
 
 Contract: ``get_into`` fills each caller buffer from the first candidate node (owners, then
 ``lookahead`` nodes further in rendezvous order) that has the block whole and verified; never
-raises for a node problem. A key that misses on a node, or whose node fails, goes to the next
-candidate in a following round while the deadline lasts. A round that can still fall back
-waits at most ``hedge`` of the time left, so one dead or slow node costs at most part of one
-deadline. A block found past its owners is offered to read repair (kvstore/cluster/readrepair.py).
+raises for a node problem. Bytes of a buffer whose result is not HIT are unspecified.
+
+- Rounds: each pending key goes to its next healthy candidate; a key that misses there (or
+  whose node fails) goes to the next candidate in a following round while the deadline lasts.
+- Hedging: a node's read that passes ``hedge_factor`` times its expected time
+  (kvstore/cluster/health.py; at least ``hedge_floor_s``; ``hedge`` of the time left before
+  there are estimates) is sent again to each key's next candidate, into private buffers.
+  Whichever answers first wins: when the hedge has every key, the late read is cancelled (its
+  connection closed, never half-copied into the caller's buffers), the private copies move
+  into the caller's buffers and the late node is ejected; when the first read finishes
+  first, it is used and the hedge is cancelled. The late node is never timed out by the
+  hedge, so lateness alone does not count as a failure of the node client.
+- Read repair: a block found past its owners is offered to kvstore/cluster/readrepair.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from kvstore.client_conn import byte_view
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
 
@@ -26,8 +37,7 @@ class ClusterReads:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """Fill ``bufs[i]`` with block ``keys[i]`` from the first candidate that has it whole
-        and verified; see the module docstring for rounds and hedging."""
+        """Fill ``bufs[i]`` with block ``keys[i]``; see the module docstring."""
         if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         exp = list(expect) if expect is not None else [None] * len(keys)
@@ -42,10 +52,7 @@ class ClusterReads:
         pending = list(range(len(keys)))
         end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
         first = True
-        while pending:
-            left = end - time.monotonic()
-            if left <= 0:
-                break
+        while pending and end - time.monotonic() > 0:
             groups: dict[str, list[int]] = {}
             for i in pending:
                 while pos[i] < len(cands[i]) and not self.healthy(cands[i][pos[i]]):
@@ -54,26 +61,104 @@ class ClusterReads:
                     groups.setdefault(cands[i][pos[i]], []).append(i)
             if not groups:
                 break
-            fallback = any(pos[i] + 1 < len(cands[i]) for i in pending)
-            budget = left * self.cfg.hedge if fallback else left
             if not first:
                 self._own_counters["read_fallback_rounds"] += 1
             first = False
+            answers: dict[int, tuple[str, GetResult]] = {}
+            req = _Req(keys, bufs, exp, cands, pos, end)
+            await asyncio.gather(*(self._read_group(a, idx, req, answers) for a, idx in groups.items()))
             pending = []
-            for addr, res in await self._fan(
-                groups,
-                lambda n, idx, b=budget: n.get_into(
-                    [keys[i] for i in idx], [bufs[i] for i in idx], [exp[i] for i in idx], b
-                ),
-            ):
-                for i, r in zip(groups[addr], res):
-                    out[i] = r
-                    pos[i] += 1
-                    owner = addr in cands[i][: self.cfg.replicas]
-                    if r.status is Status.MISS and owner:
-                        missed.setdefault(i, []).append(addr)
-                    elif r.status is Status.HIT and i in missed and not owner and self.cfg.read_repair:
-                        self.repairer.offer(missed[i], r.header, bufs[i])
-                    if r.status is not Status.HIT and r.status is not Status.BUF_TOO_SMALL:
-                        pending.append(i)
+            for i, (addr, r) in answers.items():
+                out[i] = r
+                pos[i] = max(pos[i], cands[i].index(addr)) + 1
+                owner = addr in cands[i][: self.cfg.replicas]
+                if r.status is Status.MISS and owner:
+                    missed.setdefault(i, []).append(addr)
+                elif r.status is Status.HIT and i in missed and not owner and self.cfg.read_repair:
+                    self.repairer.offer(missed[i], r.header, bufs[i])
+                if r.status is not Status.HIT and r.status is not Status.BUF_TOO_SMALL:
+                    pending.append(i)
         return out
+
+    def _hedge_after(self, addr: str, nbytes: int, left: float) -> float:
+        exp_s = self.health.expected(addr, nbytes)
+        if exp_s is None:
+            return left * self.cfg.hedge
+        return min(left, max(self.cfg.hedge_floor_s, self.cfg.hedge_factor * exp_s))
+
+    async def _read_group(self, addr: str, idx: list[int], q: _Req, answers: dict) -> None:
+        """Read ``idx`` from ``addr``, hedged to the keys' next candidates when it is late."""
+        t0 = time.monotonic()
+        node = self.nodes[addr]
+        prim = asyncio.ensure_future(
+            node.get_into(
+                [q.keys[i] for i in idx], [q.bufs[i] for i in idx], [q.exp[i] for i in idx], q.left()
+            )
+        )
+        alt: dict[str, list[int]] = {}
+        for i in idx:
+            nxt = next((a for a in q.cands[i][q.pos[i] + 1 :] if a != addr and self.healthy(a)), None)
+            if nxt is not None:
+                alt.setdefault(nxt, []).append(i)
+        nbytes = sum(_cap(q.bufs[i]) for i in idx)
+        if alt:
+            await asyncio.wait({prim}, timeout=self._hedge_after(addr, nbytes, q.left()))
+        if prim.done() or not alt:
+            self._take(addr, idx, await prim, answers, t0)
+            return
+        self._own_counters["reads_hedged"] += sum(len(v) for v in alt.values())
+        tmp = {i: bytearray(_cap(q.bufs[i])) for ks in alt.values() for i in ks}
+        alts = {
+            asyncio.ensure_future(
+                self.nodes[b].get_into(
+                    [q.keys[i] for i in ks], [tmp[i] for i in ks], [q.exp[i] for i in ks], q.left()
+                )
+            ): (b, ks)
+            for b, ks in alt.items()
+        }
+        waiting = set(alts)
+        while waiting and not prim.done():
+            _, waiting = await asyncio.wait({prim, *waiting}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.discard(prim)
+        won: dict[int, tuple[str, GetResult]] = {}
+        for t, (b, ks) in alts.items():
+            if t.done() and not t.cancelled():
+                self.health.observe(b, time.monotonic() - t0, 0, "hedge")
+                won.update({i: (b, r) for i, r in zip(ks, t.result()) if r.status is Status.HIT})
+        if not prim.done() and len(won) == len(idx):  # the hedge has it all: stop the late read
+            prim.cancel()
+            await asyncio.gather(prim, return_exceptions=True)
+            self._own_counters["hedges_won"] += 1
+            self.health.late(addr, time.monotonic() - t0)
+            res = [GetResult(Status.MISS)] * len(idx)
+        else:
+            res = await prim  # bounded by the deadline given to it
+            self._take(addr, idx, res, answers, t0)
+        for t in waiting:
+            t.cancel()
+        for i, r in zip(idx, res):
+            if r.status is not Status.HIT and i in won:
+                b, rr = won[i]
+                byte_view(q.bufs[i])[: rr.header.payload_len] = tmp[i][: rr.header.payload_len]
+                answers[i] = (b, rr)
+
+    def _take(self, addr: str, idx: list[int], res: list[GetResult], answers: dict, t0: float) -> None:
+        nbytes = sum(r.header.payload_len for r in res if r.status is Status.HIT)
+        self.health.observe(addr, time.monotonic() - t0, nbytes, "get")
+        for i, r in zip(idx, res):
+            answers[i] = (addr, r)
+
+
+class _Req:
+    """One get_into call's inputs, shared by its per-node reads."""
+
+    def __init__(self, keys, bufs, exp, cands, pos, end: float) -> None:
+        self.keys, self.bufs, self.exp, self.cands, self.pos, self.end = keys, bufs, exp, cands, pos, end
+
+    def left(self) -> float:
+        return max(self.end - time.monotonic(), 1e-3)
+
+
+def _cap(buf: Any) -> int:
+    """A buffer's size in bytes (an upper bound of the payload read into it)."""
+    return byte_view(buf).nbytes

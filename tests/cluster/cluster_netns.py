@@ -104,6 +104,14 @@ class Net:
         sh("ip", "netns", "exec", h.ns, "tc", "qdisc", "replace", "dev", h.peer, *tbf)
         return "tbf"
 
+    def shape(self, h: Host, rate: str, burst: str) -> None:
+        """A token bucket (tc tbf) on both directions of ``h``'s link: ``rate`` on average,
+        ``burst`` bytes at full speed once the bucket refilled (what a congested or policed
+        link does; a small probe fits in the burst)."""
+        tbf = ("root", "tbf", "rate", rate, "burst", burst, "latency", "60s")
+        sh("tc", "qdisc", "replace", "dev", h.veth, *tbf)
+        sh("ip", "netns", "exec", h.ns, "tc", "qdisc", "replace", "dev", h.peer, *tbf)
+
     def heal(self, h: Host) -> None:
         sh("tc", "qdisc", "del", "dev", h.veth, "root", check=False)
         sh("ip", "netns", "exec", h.ns, "tc", "qdisc", "del", "dev", h.peer, "root", check=False)

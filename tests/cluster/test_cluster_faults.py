@@ -175,13 +175,10 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
         for p in stored:
             assert await load.read(p) == BLOCKS
             out_after.append(slow.addr not in c.live_addrs())
-    if kind == "netem":
-        assert all(out_after)  # every packet is late, probes too: it stays out
-    else:
-        # tbf lets a burst of one packet through once its bucket refilled, so a probe may
-        # bring the node back for a moment; it must still be marked down, and no read may cost
-        # more than one deadline (below)
-        assert any(out_after)
+    # every packet is late (netem), or the bucket lets only a small burst through (tbf): a
+    # probe moves more than a burst (kvstore/cluster/health.py), so the node stays out
+    assert all(out_after), out_after
+    assert c.counters["marked_up"] == 0
     assert not load.failed
     print(f"slowest request with a slow node: {load.slowest:.3f} s (deadline {deadline} s)")
     assert load.slowest <= deadline + 0.3, load.slowest  # one deadline, once
