@@ -183,6 +183,16 @@ class BlockManager:
                 bad = [p for p in range(self.num_pages) if counts[p] != self.refcount[p]][:8]
                 raise PoolIntegrityError(f"refcounts disagree with live page tables at pages {bad}")
 
+    def forget(self, keys: Iterable[BlockKey]) -> None:
+        """Drop these keys' unreferenced cached pages (they become free); others stay."""
+        for key in keys:
+            p = self.cache.get(key)
+            if p is not None and p in self.lru:
+                del self.cache[key]
+                del self.lru[p]
+                self.page_key[p] = self.page_tokens[p] = None
+                self.free_pages.append(p)
+
     def reset_cache(self) -> None:
         """Forget every cached (unreferenced) page: they become free."""
         for p in list(self.lru):

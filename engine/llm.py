@@ -288,7 +288,8 @@ class LLMEngine:
         """Pay one-time costs at start, not on the first request: a tiny prefill, the same
         prompt again over its cached prefix, and decode steps (CUDA context and library set-up,
         kernel compilation and autotuning, allocator growth). Call only while no request is
-        live; afterwards the pool, the prefix cache and the counters are as before."""
+        live; afterwards the counters and the timeline are as before and the pages it cached
+        are free again (in a full pool it may have evicted older cached pages)."""
         if self.requests or self.scheduler.has_work():
             raise RuntimeError("warm_up() with requests in flight")
         ps = self.config.page_size
@@ -300,6 +301,7 @@ class LLMEngine:
         saved = (self.steps, self.last_step_tokens, self.bm.hit_tokens_total, self.save_block_tokens)
         self.save_block_tokens = 0  # nothing of the warm-up goes to a connector
         timeline = self.timeline
+        cached_before = set(self.bm.cache)
         self.timeline = self.scheduler.timeline = Timeline()  # the warm-up is no request's time
         try:
             for _ in range(2):  # the second one runs over the first one's cached pages
@@ -310,7 +312,7 @@ class LLMEngine:
         finally:
             self.steps, self.last_step_tokens, self.bm.hit_tokens_total, self.save_block_tokens = saved
             self.timeline = self.scheduler.timeline = timeline
-            self.bm.reset_cache()
+            self.bm.forget([k for k in list(self.bm.cache) if k not in cached_before])
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
         """Raise PoolIntegrityError unless the page pool is consistent with live requests."""

@@ -249,3 +249,19 @@ def test_engine_random_schedules_equal_running_alone(
     for s, p, k in seqs.values():
         assert s.output_tokens == ref(p, k)
     assert eng.bm.num_used == 0
+
+
+def test_engine_warm_up_leaves_no_trace(tiny_model_dir, engines):
+    # AsyncEngine.start runs it (issue 11: nothing slow on the first request)
+    eng = LLMEngine(tiny_model_dir("llama-tiny"), EngineConfig(num_pages=48))
+    engines.append(eng)
+    prompt = list(range(10, 60))
+    first = eng.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    cached, steps, hits = dict(eng.bm.cache), eng.steps, eng.bm.hit_tokens_total
+    eng.release(first.request_id)
+    eng.warm_up()
+    assert eng.bm.cache == cached and eng.steps == steps and eng.bm.hit_tokens_total == hits
+    assert eng.timeline.count("compute") == steps  # the warm-up's steps are not in the timeline
+    assert not eng.requests and not eng.scheduler.has_work()
+    again = eng.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert again.output_tokens == first.output_tokens and again.num_cached_tokens == 48
