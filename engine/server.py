@@ -202,7 +202,8 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            ids = tok.encode(prompt)
+            with aeng.engine.timeline.phase("tokenize"):
+                ids = tok.encode(prompt)
         elif (
             isinstance(prompt, list)
             and prompt
@@ -232,7 +233,8 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
                 raise ApiError(400, "message 'content' must be a string", "messages")
             clean.append({"role": m["role"], "content": content})
         try:
-            ids = tok.apply_chat_template(clean)
+            with aeng.engine.timeline.phase("tokenize"):
+                ids = tok.apply_chat_template(clean)
         except Exception as exc:  # a template may raise_exception() on bad roles
             raise ApiError(400, f"chat template rejected the messages: {exc}", "messages") from exc
         return await _run(body, ids, chat=True)

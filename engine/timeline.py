@@ -3,6 +3,7 @@ histogram with a ``phase`` label (``tierkv_engine_phase_seconds``), in a registr
 that the server exports on ``/metrics``.
 
 Phases (seconds; per request unless noted):
+  tokenize     the server turning a prompt or chat messages into token ids (on the event loop)
   lookup       the connector's lookup, as the engine waited for it (hashing inside it included)
   hash         computing a prompt's page keys for the engine's prefix cache (once per request)
   queue        from entering the scheduler's queue (after the lookup) to admission
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, Histogram
 
 PHASES = (
+    "tokenize",
     "lookup",
     "hash",
     "queue",

@@ -286,6 +286,7 @@ def test_engine_server_exports_the_request_timeline(client, server):
     after = _phase_counts(server)
     delta = {p: after.get(p, 0) - before.get(p, 0) for p in after}
     assert delta["hash"] == 1, "a prompt's page keys are hashed once per request"
+    assert delta["tokenize"] == 1
     assert delta["queue"] == 1
     for per_step in ("schedule", "compute", "to_thread", "from_thread"):
         assert delta[per_step] >= 4, (per_step, delta)  # a prefill step and three decodes at least
