@@ -109,19 +109,18 @@ class AsyncEngine:
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         """Start the loop. The first call also pays every one-time cost here rather than on
-        the first request: the engine's warm-up (EngineConfig.warm_up) on the step thread and
-        the connector's ``start()`` (connections, buffers) on this loop, concurrently."""
+        the first request: the connector's ``start()`` (store, connections, buffers) on this
+        loop, then the engine's warm-up (EngineConfig.warm_up) on the step thread. One after
+        the other: the warm-up captures CUDA graphs, and a capture fails when another thread
+        allocates or page-locks memory meanwhile (as opening a local store does)."""
         if self._task is not None:
             return
         async with self._start_lock:  # concurrent first requests wait for one warm-up
             if not self._started:
-                loop = asyncio.get_running_loop()
-                jobs = []
-                if self.engine.config.warm_up:
-                    jobs.append(loop.run_in_executor(self._pool, self.engine.warm_up))
                 if self.connector is not None:
-                    jobs.append(self.connector.start())
-                await asyncio.gather(*jobs)
+                    await self.connector.start()
+                if self.engine.config.warm_up:
+                    await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.warm_up)
                 self._started = True
             if self._task is None:
                 self._wake = asyncio.Event()

@@ -287,7 +287,8 @@ class LLMEngine:
     def warm_up(self) -> None:
         """Pay one-time costs at start, not on the first request: a tiny prefill, the same
         prompt again over its cached prefix, and decode steps (CUDA context and library set-up,
-        kernel compilation and autotuning, allocator growth). Call only while no request is
+        kernel compilation and autotuning, allocator growth), then the capture of every
+        decode-graph bucket (CUDA graphs, engine/decode_graphs.py). Call only while no request is
         live; afterwards the counters and the timeline are as before and the pages it cached
         are free again (in a full pool it may have evicted older cached pages)."""
         if self.requests or self.scheduler.has_work():
@@ -313,6 +314,8 @@ class LLMEngine:
             self.steps, self.last_step_tokens, self.bm.hit_tokens_total, self.save_block_tokens = saved
             self.timeline = self.scheduler.timeline = timeline
             self.bm.forget([k for k in list(self.bm.cache) if k not in cached_before])
+        if self.runner.graphs is not None:
+            self.runner.graphs.capture_all()  # a no-op where graphs are not captured (CPU)
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
         """Raise PoolIntegrityError unless the page pool is consistent with live requests."""
