@@ -1,7 +1,8 @@
 """The flash-attn backend: where the page size is a multiple of 256 tokens (flash-attn 2's
 documented paged-KV requirement), every step is one ``flash_attn_varlen_func`` call over the
 whole ragged batch with ``block_table``: K/V are read in place from the pages, causal aligned
-lower-right (flash-attn >= 2.1), GQA native. Other page sizes run the Triton paged kernel.
+lower-right (flash-attn >= 2.1), GQA native. Other page sizes, and pages in another dtype than
+the model's (``--kv-cache-dtype``, fp8 included), run the Triton paged kernel.
 
 NEVER RAN: flash-attn is not installed on the machines this was written and tested on (it
 builds from source with nvcc); written against flash-attn 2.6's documented API.
@@ -37,10 +38,14 @@ class FlashAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMetadata,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
-        if meta.page_size % 256:
-            return self._fallback.forward(q, k, v, k_cache, v_cache, meta)
+        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
+        per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]. Pages in another dtype
+        than the query's (fp8: flash-attn 2 has no fp8 KV path) go to the Triton kernel."""
+        if meta.page_size % 256 or k_cache.dtype != q.dtype or k_scale is not None:
+            return self._fallback.forward(q, k, v, k_cache, v_cache, meta, k_scale, v_scale)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         cu_k = meta.plans.get(self.name)
         if cu_k is None:  # once per step, shared by every layer

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.kv_dtype import FP8_MAX
+
 
 @dataclass
 class AttnMetadata:
@@ -93,12 +95,37 @@ def build_metadata(
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write the new tokens' K/V ([T, kv_heads, head_dim]) into their cache slots."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, v)
+    """Write the new tokens' K/V ([T, kv_heads, head_dim]) into their cache slots, converted to
+    the cache's dtype (fp8: divided by the per-KV-head scales and saturated, see
+    engine/kv_dtype.py)."""
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        kv_heads, head_dim = x.shape[1], x.shape[2]
+        q = quantize(x, scale, cache.dtype)
+        if cache.element_size() == 1:  # index_copy_ has no fp8 kernels: move the bytes
+            cache, q = cache.view(torch.uint8), q.view(torch.uint8)
+        cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, q)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x [T, kv_heads, D]`` as stored in a cache of ``dtype`` (``scale [kv_heads]`` for fp8)."""
+    if scale is None:
+        return x.to(dtype)
+    return (x.float() / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(dtype)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Stored ``x [..., kv_heads, D]`` back in the compute ``dtype`` (times ``scale [kv_heads]``)."""
+    if scale is None:
+        return x.to(dtype)
+    return x.to(dtype) * scale.to(dtype)[:, None]
 
 
 def seq_slots(meta: AttnMetadata, i: int, n: int) -> torch.Tensor:

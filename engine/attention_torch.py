@@ -3,6 +3,11 @@ reference every other backend is tested against; also the CUDA fallback.
 
 Decode steps run as one padded, masked SDPA call for the whole batch; prefill chunks run one
 call per sequence (with no cached prefix the fresh K/V are used directly, causal).
+
+Pages in another dtype than the query's (``--kv-cache-dtype``: fp8 with per-KV-head scales, or
+bf16/fp16/fp32) are dequantized to the query dtype as they are gathered, and a prefill without
+a cached prefix then reads its own K/V back from the pages too: every step attends over the
+values the pages hold, so a prefix-cache or connector hit sees exactly what the cold run saw.
 """
 
 from __future__ import annotations
@@ -12,9 +17,22 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from engine.attention_meta import AttnMetadata, seq_slots, store_kv
+from engine.attention_meta import AttnMetadata, dequantize, seq_slots, store_kv
 
 _CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class _Pages:
+    """One layer's K or V pages as flat slots; indexing gathers slots in the compute dtype."""
+
+    def __init__(self, cache: torch.Tensor, scale, dtype: torch.dtype, heads: int, head_dim: int) -> None:
+        self.flat = cache.view(-1, heads, head_dim)
+        self.scale, self.dtype = scale, dtype
+        self.converts = cache.dtype != dtype or scale is not None
+
+    def __getitem__(self, slots: torch.Tensor) -> torch.Tensor:
+        x = self.flat[slots]
+        return dequantize(x, self.scale, self.dtype) if self.converts else x
 
 
 class TorchAttention:
@@ -34,11 +52,14 @@ class TorchAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMetadata,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        kf = k_cache.view(-1, self.num_kv_heads, self.head_dim)
-        vf = v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
+        per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]."""
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        kf = _Pages(k_cache, k_scale, q.dtype, self.num_kv_heads, self.head_dim)
+        vf = _Pages(v_cache, v_scale, q.dtype, self.num_kv_heads, self.head_dim)
         if meta.is_decode_only:
             return self._decode(q, kf, vf, meta)
         out = torch.empty_like(q)
@@ -52,7 +73,11 @@ class TorchAttention:
                 continue
             qi = q[start : start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
             if ql == cl:  # no cached prefix: attend to the fresh K/V, plain causal
-                ki, vi = k[start : start + ql], v[start : start + ql]
+                if kf.converts:  # ... as the pages hold them
+                    slots = seq_slots(meta, i, cl)
+                    ki, vi = kf[slots], vf[slots]
+                else:
+                    ki, vi = k[start : start + ql], v[start : start + ql]
                 mask, causal = None, ql > 1
             else:
                 slots = seq_slots(meta, i, cl)
@@ -71,9 +96,7 @@ class TorchAttention:
             start += ql
         return out
 
-    def _decode(
-        self, q: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, meta: AttnMetadata
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, kf: _Pages, vf: _Pages, meta: AttnMetadata) -> torch.Tensor:
         plan = meta.plans.get(self.name)
         if plan is None:  # once per step, shared by every layer
             n = meta.max_context_len

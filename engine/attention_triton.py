@@ -36,11 +36,15 @@ class TritonAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttnMetadata,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]. Returns [T, heads, head_dim]."""
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
+        per-KV-head scales of fp8 caches (the kernel applies them; pages of any dtype are cast
+        to the dot products' type as they are loaded). Returns [T, heads, head_dim]."""
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         q = q.contiguous()
-        return self.kernel(q, k_cache, v_cache, meta, torch.empty_like(q))
+        return self.kernel(q, k_cache, v_cache, meta, torch.empty_like(q), k_scale, v_scale)
 
     def decode_plans(self, batch: int, max_context: int, device) -> dict:
         """Fixed per-step plans for decode-only steps of ``batch`` sequences (CUDA graphs):

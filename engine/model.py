@@ -70,14 +70,20 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttnMetadata, backend) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer_kv, meta: AttnMetadata, backend) -> torch.Tensor:
+        """``layer_kv``: ``(k_cache, v_cache)`` or ``(k_cache, v_cache, k_scale, v_scale)``
+        (engine/kv_cache.py ``LayerKV``; scales for fp8 caches)."""
+        k_cache, v_cache, *scales = layer_kv
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        o = backend.forward(q, k, v, k_cache, v_cache, meta)
+        if scales and scales[0] is not None:
+            o = backend.forward(q, k, v, k_cache, v_cache, meta, *scales)
+        else:
+            o = backend.forward(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -100,8 +106,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta, backend)
+    def forward(self, x, cos, sin, layer_kv, meta, backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -135,20 +141,21 @@ class CausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list,
         meta: AttnMetadata,
         backend,
         logits_indices: torch.Tensor,
         before_layer: Callable[[int], None] | None = None,
     ) -> torch.Tensor:
-        """``before_layer(l)``, when given, runs before layer ``l`` (the KV transfer's wait
+        """``kv_caches``: per layer ``(k_cache, v_cache[, k_scale, v_scale])`` (``KVCache.layers()``).
+        ``before_layer(l)``, when given, runs before layer ``l`` (the KV transfer's wait
         for that layer's loaded pages)."""
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
-        for i, (layer, (kc, vc)) in enumerate(zip(self.model.layers, kv_caches)):
+        for i, (layer, layer_kv) in enumerate(zip(self.model.layers, kv_caches)):
             if before_layer is not None:
                 before_layer(i)
-            x = layer(x, cos, sin, kc, vc, meta, backend)
+            x = layer(x, cos, sin, layer_kv, meta, backend)
         x = self.model.norm(x[logits_indices])
         return self.lm_head(x).float()
