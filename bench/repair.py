@@ -1,0 +1,235 @@
+"""Anti-entropy repair: time to full redundancy after a node is replaced, and the hit rate
+of a second failure after the repair.
+
+Three ``kvstore serve`` daemons on loopback form a static cluster (``cluster.peers``,
+replicas=2, repair on with its default rate limit unless --rate is given). N blocks are
+written through the cluster client, then node 0 is killed with kill -9, its disk wiped and
+it is started again empty on the same address. Measured: seconds until every block has 2
+copies again (EXISTS on every node, polled every 0.2 s), the repair's push rate, the read
+latency of a client serving requests *during* the repair against the same client before the
+failure (p50/p99: the repair must not starve serving), and, after the repair, the hit rate of
+every block with node 1 killed as well. Prints a table; --json writes it.
+
+    python bench/repair.py --blocks 4000 --json .bench/repair.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvstore.block import make_header  # noqa: E402
+from kvstore.client import ClientConfig, NodeClient  # noqa: E402
+from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.cluster.repair import PEER_TENANT  # noqa: E402
+from kvstore.keys import Namespace  # noqa: E402
+
+NS = Namespace("bench-repair", "uint8", 16)
+CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(wd: Path, port: int, peers: list[str], rate: str) -> subprocess.Popen:
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "ports.json").unlink(missing_ok=True)
+    peers_toml = ", ".join(f'"{p}"' for p in peers)
+    (wd / "node.toml").write_text(
+        '[dram]\ncapacity = "512MiB"\nslab_size = "1MiB"\n'
+        f'[disk]\npath = "{wd / "disk"}"\ncapacity = "2GiB"\nsync = false\n'
+        f'[server]\ndata_port = {port}\nport_file = "{wd / "ports.json"}"\n'
+        f"[cluster]\npeers = [{peers_toml}]\n"
+        f'[repair]\nreplicas = 2\ninterval_s = 1.0\nsettle_s = 0.2\nmax_bytes_per_s = "{rate}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    with open(wd / "daemon.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvstore.cli",
+                "serve",
+                "--config",
+                str(wd / "node.toml"),
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    end = time.monotonic() + 30
+    while not (wd / "ports.json").exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError(f"daemon did not start: {(wd / 'daemon.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc
+
+
+def make_blocks(n: int, nbytes: int, seed: int):
+    rnd = random.Random(seed)
+    out, parent = [], NS.id
+    tokens = [rnd.randrange(50000) for _ in range(n * NS.block_tokens)]
+    for i, k in enumerate(NS.block_keys(tokens)):
+        payload = rnd.randbytes(nbytes)
+        h = make_header(
+            key=k,
+            parent=parent,
+            namespace=NS.id,
+            tokens=tokens[i * 16 : (i + 1) * 16],
+            dtype="uint8",
+            shape=[nbytes],
+            payload=payload,
+        )
+        out.append((h, payload))
+        parent = k
+    return out
+
+
+async def copies(addrs: list[str], keys) -> list[int]:
+    out = [0] * len(keys)
+    for a in addrs:
+        n = NodeClient(a, CFG)
+        for off in range(0, len(keys), 4096):
+            for i, t in enumerate(await n.exists(keys[off : off + 4096], 10.0)):
+                out[off + i] += t is not None
+        await n.close()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def serve_reads(
+    c: ClusterClient, blocks, nbytes: int, stop: asyncio.Event, lat: list, hits: list
+) -> None:
+    rnd = random.Random(3)
+    while not stop.is_set():
+        j = rnd.randrange(0, len(blocks) - 8)
+        part = blocks[j : j + 8]
+        bufs = [bytearray(nbytes) for _ in part]
+        t0 = time.perf_counter()
+        res = await c.get_into([h.key for h, _ in part], bufs, None, 2.0)
+        lat.append((time.perf_counter() - t0) * 1e3)
+        hits.append(sum(r.status.ok and bytes(b) == p for r, b, (_, p) in zip(res, bufs, part)) / len(part))
+        await asyncio.sleep(0.005)
+
+
+async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
+    ports = [free_port() for _ in range(3)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    procs = [start(tmp / f"n{i}", ports[i], addrs, rate) for i in range(3)]
+    try:
+        probe = NodeClient(addrs[0], ClientConfig(tenant=PEER_TENANT, op_timeout_s=2.0))
+        if await probe.stats(2.0) is None:
+            raise SystemExit("the daemons refuse peer sessions (HELLO tenant '*'): repair cannot push")
+        await probe.close()
+        blocks = make_blocks(n, nbytes, 1)
+        keys = [h.key for h, _ in blocks]
+        c = ClusterClient.static(addrs, CFG, ClusterConfig(replicas=2))
+        await c.start(5.0)
+        for off in range(0, n, 256):
+            r = await c.put_report(blocks[off : off + 256], 30.0)
+            assert r.dropped == 0 and r.under_replicated == 0, r
+        stop, base_lat, base_hits = asyncio.Event(), [], []
+        t = asyncio.create_task(serve_reads(c, blocks, nbytes, stop, base_lat, base_hits))
+        await asyncio.sleep(3.0)
+        stop.set()
+        await t
+        held = sum(x > 0 for x in await copies(addrs[:1], keys))  # what the replacement must get back
+        procs[0].kill()
+        procs[0].wait()
+        shutil.rmtree(tmp / "n0" / "disk")
+        t0 = time.monotonic()
+        procs[0] = start(tmp / "n0", ports[0], addrs, rate)
+        stop, rep_lat, rep_hits = asyncio.Event(), [], []
+        t = asyncio.create_task(serve_reads(c, blocks, nbytes, stop, rep_lat, rep_hits))
+        while (got := await copies(addrs, keys)) != [2] * n:
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError(f"not repaired in 600 s: {sum(x == 2 for x in got)} of {n}")
+            await asyncio.sleep(0.2)
+        repair_s = time.monotonic() - t0
+        stop.set()
+        await t
+        await c.close()
+        procs[1].kill()
+        procs[1].wait()
+        c = ClusterClient.static(addrs, CFG, ClusterConfig(replicas=2))
+        ok = 0
+        for off in range(0, n, 64):
+            part = blocks[off : off + 64]
+            bufs = [bytearray(nbytes) for _ in part]
+            res = await c.get_into([h.key for h, _ in part], bufs, None, 5.0)
+            ok += sum(r.status.ok and bytes(b) == p for r, b, (_, p) in zip(res, bufs, part))
+        await c.close()
+        return {
+            "blocks": n,
+            "block_bytes": nbytes,
+            "replaced_node_held": held,
+            "rate_limit": rate,
+            "repair_s": round(repair_s, 2),
+            "repair_mib_per_s": round(held * nbytes / repair_s / 2**20, 1),
+            "read_p50_ms_before": round(statistics.median(base_lat), 2),
+            "read_p99_ms_before": round(pct(base_lat, 0.99), 2),
+            "read_p50_ms_during_repair": round(statistics.median(rep_lat), 2),
+            "read_p99_ms_during_repair": round(pct(rep_lat, 0.99), 2),
+            "hit_rate_during_repair": round(statistics.mean(rep_hits), 4),
+            "hit_rate_second_failure": round(ok / n, 4),
+        }
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--blocks", type=int, default=4000)
+    ap.add_argument("--block-bytes", type=int, default=64 * 1024)
+    ap.add_argument("--rate", default="64MiB", help="repair.max_bytes_per_s of every node")
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        row = asyncio.run(run(Path(tmp), args.blocks, args.block_bytes, args.rate))
+    for k, v in row.items():
+        print(f"{k:>28}  {v}")
+    doc = {
+        "bench": "repair",
+        "nodes": 3,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "rows": [row],
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

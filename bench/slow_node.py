@@ -1,0 +1,157 @@
+"""One slow node: request latency and lookup timeouts with a node behind a token bucket.
+
+Three ``kvstore serve`` daemons on separate network namespaces (root only; the test suite's
+helpers in tests/cluster), replicas=2, 20 prompts of 8 blocks of 32 KiB. A load of requests
+(lookup of the longest prefix, then a read of the hit blocks, one at a time, deadline 1 s) runs
+for --seconds with every node healthy, then for --seconds with one node shaped by ``tc tbf rate
+2mbit burst 16kb`` (both directions). Reported per phase: p50/p99/max request latency, lookup
+timeouts (a lookup that took the whole deadline), blocks missed, readmissions of the slow node.
+The same load runs once more with a health config shaped like the old one (a one-key probe, no
+backoff, a late read given up at half the deadline) for comparison. Prints a table; --json writes it.
+
+    sudo python bench/slow_node.py --seconds 20 --json .bench/slow_node.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
+
+DEADLINE_S = 1.0
+NBYTES = 32 * 1024
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def load(c: ClusterClient, prompts, seconds: float) -> dict:
+    lat, lookup_timeouts, missed, n = [], 0, 0, 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        p = prompts[n % len(prompts)]
+        n += 1
+        keys = [h.key for h, _ in p]
+        t0 = time.perf_counter()
+        got = await c.lookup_prefix(keys, DEADLINE_S)
+        if time.perf_counter() - t0 >= DEADLINE_S * 0.95:
+            lookup_timeouts += 1
+        bufs = [bytearray(NBYTES) for _ in range(got)]
+        res = await c.get_into(keys[:got], bufs, None, DEADLINE_S)
+        lat.append((time.perf_counter() - t0) * 1e3)
+        missed += len(keys) - sum(r.status.ok for r in res)
+    return {
+        "requests": n,
+        "p50_ms": round(statistics.median(lat), 2),
+        "p99_ms": round(pct(lat, 0.99), 2),
+        "max_ms": round(max(lat), 2),
+        "lookup_timeouts": lookup_timeouts,
+        "blocks_missed": missed,
+    }
+
+
+async def phase(hosts, ds, prompts, cfg: ClusterConfig, seconds: float, name: str) -> list[dict]:
+    c = ClusterClient.static([d.addr for d in ds], hosts.client_cfg(op_timeout_s=DEADLINE_S), cfg)
+    await c.start(5.0)
+    for p in prompts:
+        assert all(r.status.ok for r in await c.put(p, 5.0))
+    base = await load(c, prompts, seconds)
+    hosts.net.shape(ds[1].host, "2mbit", "16kb")
+    before = c.counters["marked_up"]
+    slow = await load(c, prompts, seconds)
+    slow["readmitted"] = c.counters["marked_up"] - before
+    hosts.net.heal(ds[1].host)
+    await c.close()
+    return [
+        {"health": name, "phase": "baseline", **base},
+        {
+            "health": name,
+            "phase": "one node at 2mbit",
+            **slow,
+            "p99_x_baseline": round(slow["p99_ms"] / base["p99_ms"], 2),
+        },
+    ]
+
+
+async def run(tmp: Path, seconds: float) -> list[dict]:
+    from cluster.cluster_hosts import TENANT_NS, Cluster
+    from cluster.cluster_netns import cannot_make_namespaces
+    from storeutil import make_blocks
+
+    why = cannot_make_namespaces()
+    if why:
+        raise SystemExit(f"bench/slow_node.py: {why}")
+    hosts = Cluster(tmp)
+    try:
+        ds = [hosts.start_node() for _ in range(3)]
+        prompts = [make_blocks(8, NBYTES, seed=100 + i, ns=TENANT_NS) for i in range(20)]
+        rows = await phase(
+            hosts, ds, prompts, ClusterConfig(replicas=2, probe_interval_s=0.1), seconds, "data path"
+        )
+        old = ClusterConfig(
+            replicas=2,
+            probe_interval_s=0.1,
+            probe_keys=1,
+            probe_rounds=1,
+            eject_base_s=0.001,
+            flap_window_s=0.001,
+            outlier_factor=1e9,
+            hedge_factor=1e-9,  # a late read is given up at half the deadline, as before
+            hedge_floor_s=DEADLINE_S / 2,
+        )
+        rows += await phase(hosts, ds, prompts, old, seconds, "old-style (1-key probe, no backoff)")
+        return rows
+    finally:
+        hosts.teardown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = asyncio.run(run(Path(tmp), args.seconds))
+    cols = [
+        "health",
+        "phase",
+        "requests",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "lookup_timeouts",
+        "blocks_missed",
+        "readmitted",
+        "p99_x_baseline",
+    ]
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(str(r.get(k, "")) for k in cols))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "bench": "slow_node",
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "rows": rows,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
