@@ -2,9 +2,11 @@
 
 Each connection is served serially (one request, one reply) by its own task; requests on
 different connections interleave on the event loop. Payloads go from the node's lease views
-to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``,
-on the event loop with non-blocking sockets: no shared worker pool that a stalled peer could
-hold, so a stalled peer costs only its own connection (docs/security.md).
+to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``, on
+non-blocking sockets. While several requests are served at once, the kernel copies of large
+payloads run in a small thread pool, each job a non-blocking burst that returns at EAGAIN
+(rdma/tcp.py): every wait for a peer happens on the event loop, so no stalled peer can hold
+a worker, and a stalled peer costs only its own connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
@@ -25,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstore import protocol as P
@@ -83,6 +87,11 @@ class DataServer(DescriptorOps):
         self.admission = Admission(cfg.limits)
         self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._conns: dict[asyncio.Task, Session] = {}
+        # kernel copies of large payloads, as non-blocking bursts (never a wait for a peer)
+        self._copies = ThreadPoolExecutor(
+            max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
+        )
+        self._busy = 0  # requests being served now, over all connections
         self._accept_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
@@ -142,10 +151,12 @@ class DataServer(DescriptorOps):
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+        self._copies.shutdown(wait=False, cancel_futures=True)
 
     def revoke(self, table: TokenTable) -> int:
         """Close every connection whose token ``table`` no longer maps to its tenant (SIGHUP).
-        A transfer under way is cancelled (no thread touches its slot; it is released after)."""
+        A transfer under way is cancelled (a copy burst in a worker is waited for), then its
+        slots are released."""
         n = 0
         for task, sess in list(self._conns.items()):
             if sess.token is not None and table.tenant_of(sess.token) != sess.tenant:
@@ -158,7 +169,9 @@ class DataServer(DescriptorOps):
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        ch = SocketChannel(conn)
+        # Copies go to worker threads only while another request is being served too: alone,
+        # the thread hops cost more than they win (docs/benchmarks-store.md).
+        ch = SocketChannel(conn, offload=self._copies, offload_if=lambda: self._busy > 1)
         self.metrics.connections.inc()
         hello_by = time.monotonic() + self.limits.hello_timeout_s
         try:
@@ -167,11 +180,13 @@ class DataServer(DescriptorOps):
                 if h is None:
                     return
                 sess.busy = True
+                self._busy += 1
                 try:
                     if not await self._request(ch, sess, h):
                         return
                 finally:
                     sess.busy = False
+                    self._busy -= 1
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception as exc:  # never let one connection take the daemon down
@@ -284,8 +299,9 @@ class DataServer(DescriptorOps):
         """Run ``move`` (bytes to or from the slots of ``held``, leases or reservations) as one
         transfer: the items are marked in transfer (they cannot expire meanwhile; ``move`` is
         told which are still live and must touch only those) and the whole move has the
-        transfer deadline. Past it the move is cancelled (it runs on this loop, so nothing
-        touches a slot after that) and :class:`_Stalled` closes the connection."""
+        transfer deadline. Past it the move is cancelled (a copy burst in a worker thread is
+        waited for first: nothing touches a slot after that) and :class:`_Stalled` closes the
+        connection."""
         live = self.node.begin_transfer(held)
         try:
             await asyncio.wait_for(move(live), self.limits.transfer_timeout_s)
