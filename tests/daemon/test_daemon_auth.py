@@ -221,3 +221,23 @@ async def test_a_revoked_token_loses_its_open_connections(authed, ns):
     assert held.closed_by_peer()
     other.request({"op": "EXISTS", "keys": [bytes(16)]})
     assert other.reply()["tiers"] == [None]
+
+
+def test_salt_secret_file_is_checked_and_salts_are_stable(tmp_path):
+    from kvstore.daemon.auth import TokenTable
+    from kvstore.errors import ConfigError
+
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(TOKENS)
+    short = tmp_path / "short"
+    short.write_text("too-short")
+    with pytest.raises(ConfigError, match="auth.salt_secret_file"):
+        TokenTable.load(str(tokens), str(short))
+    with pytest.raises(ConfigError, match="auth.salt_secret_file"):
+        TokenTable.load(str(tokens), str(tmp_path / "missing"))
+    good = tmp_path / "secret"
+    good.write_text("0123456789abcdef0123\n")
+    a, b = TokenTable.load(str(tokens), str(good)), TokenTable.load(str(tokens), str(good))
+    assert a.salt_of("acme") == b.salt_of("acme") != a.salt_of("globex")
+    assert TokenTable.load(str(tokens)).salt_of("acme") == "acme"  # no secret: the name
+    assert TokenTable.load("").salt_of("") == ""  # no auth: one tenant, no salt

@@ -70,3 +70,26 @@ def test_sizes(text, n):
 
 def test_format_size():
     assert format_size(0) == "0B" and format_size(1536) == "1.5KiB" and format_size(3 << 30) == "3.0GiB"
+
+
+def test_limits_have_safe_defaults_and_bad_values_name_the_key(tmp_path):
+    base = {"disk.enabled": False}
+    lim = load_store_config(None, base, env={}).limits
+    assert (lim.hello_timeout_s, lim.max_unauthenticated, lim.max_header_unauthenticated) == (
+        10.0,
+        64,
+        64 << 10,
+    )
+    assert lim.max_lease_ttl_s <= 300 and lim.max_leases_per_conn >= 1
+    got = load_store_config(
+        None, {**base, "limits.idle_timeout_s": 5}, env={"TIERKV_LIMITS__MAX_CONNS_PER_TENANT": "9"}
+    )
+    assert (got.limits.idle_timeout_s, got.limits.max_conns_per_tenant) == (5.0, 9)
+    for key, bad, says in (
+        ("limits.transfer_timeout_s", 0, "limits.transfer_timeout_s"),
+        ("limits.max_unauthenticated", 0, "limits.max_unauthenticated"),
+        ("limits.max_header_unauthenticated", "100B", "limits.max_header_unauthenticated"),
+        ("limits.max_lease_ttl_s", "long", "limits.max_lease_ttl_s"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            load_store_config(None, {**base, key: bad}, env={})
