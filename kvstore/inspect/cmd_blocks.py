@@ -26,9 +26,46 @@ LS_JSON = """{"blocks": [{"key", "namespace", "num_tokens", "payload_len", "tier
   "node", "created", "last_access", "leases", "pinned"}], "count": N, "truncated": bool}
   (blocks in key order, then node order; times are epoch seconds)"""
 SHOW_JSON = """{"key", "found": bool, "namespace", "num_tokens", "payload_len",
-  "header": {"parent", "dtype", "shape", "checksum", "version"}, "tokens": [ids], "text": str|null,
+  "header": {"parent", "dtype", "shape", "checksum", "version"},
+  "kv": {"layout", "dtype", "layers", "kv_heads", "head_dim"|null, "scales": {"dtype", "per",
+  "count", "bytes"}|null, "bf16_bytes", "ratio_to_bf16"}|null, "tokens": [ids], "text": str|null,
   "replicas": [{"node", "tiers", "checksum_ok", "corrupt_tiers", "pinned", "leases", "created",
   "last_access"}]}"""
+
+
+_ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def kv_layout(dtype: str, shape: list[int], num_tokens: int) -> dict | None:
+    """What an engine's KV block payload holds, read from its header (None for a payload that
+    is not one): ``[layers, 2, tokens, kv_heads, head_dim]`` (``LKTHD``, no scales), or fp8's
+    ``[layers, 2, kv_heads, tokens * head_dim + 4]`` (``LKH(TD+f32scale)``: each head's bytes,
+    then its fp32 scale), with the bytes a bf16 block of the same shape would take."""
+    item = _ITEM.get(dtype)
+    if item is None or num_tokens < 1:
+        return None
+    if len(shape) == 5 and shape[1] == 2 and shape[2] == num_tokens:
+        layers, _, _, heads, hd = shape
+        scales = None
+    elif item == 1 and len(shape) == 4 and shape[1] == 2 and (shape[3] - 4) % num_tokens == 0:
+        layers, _, heads, row = shape
+        hd = (row - 4) // num_tokens
+        n = layers * 2 * heads
+        scales = {"dtype": "float32", "per": "layer, k/v, kv head", "count": n, "bytes": 4 * n}
+    else:
+        return None
+    bf16 = layers * 2 * num_tokens * heads * hd * 2
+    own = layers * 2 * num_tokens * heads * hd * item + (scales["bytes"] if scales else 0)
+    return {
+        "layout": "LKH(TD+f32scale)" if scales else "LKTHD",
+        "dtype": dtype,
+        "layers": layers,
+        "kv_heads": heads,
+        "head_dim": hd,
+        "scales": scales,
+        "bf16_bytes": bf16,
+        "ratio_to_bf16": round(own / bf16, 4) if bf16 else None,
+    }
 
 
 def node_label(url: str) -> str:
@@ -182,6 +219,7 @@ async def show(ctx: Context) -> int:
         "num_tokens": first["num_tokens"],
         "payload_len": first["payload_len"],
         "header": hdr,
+        "kv": kv_layout(hdr["dtype"], list(hdr["shape"] or []), first["num_tokens"]),
         "tokens": tokens,
         "text": text,
         "replicas": replicas,
@@ -193,6 +231,21 @@ async def show(ctx: Context) -> int:
     return 0
 
 
+def _kv_rows(kv: dict | None) -> list[list[str]]:
+    if kv is None:
+        return []
+    shape = f"{kv['layers']} layers x K/V x {kv['kv_heads']} KV heads x head_dim {kv['head_dim']}"
+    sc = kv["scales"]
+    scales = (
+        f"{sc['count']} {sc['dtype']} ({sc['per']}), {sc['bytes']} bytes in the payload" if sc else "none"
+    )
+    return [
+        ["KV layout", f"{kv['layout']}: {shape}"],
+        ["KV scales", scales],
+        ["vs bf16", f"{kv['ratio_to_bf16']}x of {human_size(kv['bf16_bytes'])}"],
+    ]
+
+
 def _print_show(ctx: Context, doc: dict) -> None:
     h = doc["header"]
     fields = [
@@ -202,6 +255,7 @@ def _print_show(ctx: Context, doc: dict) -> None:
         ["tokens", str(doc["num_tokens"])],
         ["payload", f"{human_size(doc['payload_len'])} ({doc['payload_len']} bytes)"],
         ["dtype / shape", f"{h['dtype']} {h['shape']}"],
+        *_kv_rows(doc["kv"]),
         ["checksum", f"xxh3_64 {h['checksum']}"],
         ["format version", str(h["version"])],
     ]
