@@ -195,6 +195,18 @@ async def test_engine_server_concurrent_streams_match_sequential(server):
     await client.close()
 
 
+def _wait_saved(base: str, deadline_s: float = 30.0) -> None:
+    """Until the engine holds no pages: a save keeps its pages referenced until it returned."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        if "\ntierkv_engine_pages_used 0.0\n" in text:
+            return
+        time.sleep(0.05)
+    pytest.fail("the background save did not finish")
+
+
 def test_engine_server_with_memory_connector(tiny_model_dir):
     openai = pytest.importorskip("openai")
     d = tiny_model_dir("llama-tiny")
@@ -204,7 +216,7 @@ def test_engine_server_with_memory_connector(tiny_model_dir):
         prompt = "the connector serves this prefix from its in-process store " * 2
         kw = dict(model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
         first = client.completions.create(**kw)
-        time.sleep(0.2)  # the save runs in the background
+        _wait_saved(base)  # the save runs in the background
         second = client.completions.create(**kw)
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         assert second.usage.prompt_tokens_details.cached_tokens >= 96  # no HBM prefix cache: the connector
