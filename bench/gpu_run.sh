@@ -3,7 +3,8 @@
 # tests, then the serving cases of issue 11 (bench/gpu_serving.py: cold, hbm_hit, dram_hit,
 # remote_hit against a daemon it starts on loopback, auto_remote_hit, decode_b1, decode_b32,
 # prefill_32k, each beside a floor measured in the same run) written to OUTDIR/gpu_serving.json
-# with each case's engine timeline in OUTDIR/gpu_timeline.json. Every step has its own time
+# with each case's engine timeline in OUTDIR/gpu_timeline.json, then the paged attention kernel
+# against gather+SDPA (bench/paged_attention.py, OUTDIR/paged_attention.json). Every step has its own time
 # limit, so one hang costs only its own step; a step that fails does not stop the next.
 # Wheels of packages the GPU image lacks (lmdb, pytest-asyncio, ...) are installed from .whl/
 # when that folder exists.
@@ -43,6 +44,7 @@ else
     step cuda_tests 150 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
         tests/engine/test_engine_cuda.py tests/engine/test_paged_attention*.py \
         tests/store/test_hbm.py tests/connector/test_connector_transfer.py
-    step serving 300 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
+    step serving 270 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
+    step paged_attention 60 $py bench/paged_attention.py --json "$out/paged_attention.json"
 fi
 exit $status
