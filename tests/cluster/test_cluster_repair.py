@@ -135,3 +135,55 @@ def test_cluster_repair_with_auth_needs_an_operator_token(tmp_path):
     )
     r = _kvstore("serve", "--config", str(cfg))
     assert r.returncode == 2 and "repair.enabled" in r.stderr and "operator" in r.stderr, r.stderr
+
+
+async def test_cluster_repair_after_an_etcd_leave_and_a_join_puts_copies_on_the_current_owners(
+    etcd, start_daemon
+):
+    from kvstore.cluster.membership import Member
+    from kvstore.cluster.placement import owners
+
+    url = etcd.url("repair")
+    member = {
+        "cluster": {"join": url, "lease_ttl_s": 2},
+        "repair": {"replicas": 2, "interval_s": 0.5, "settle_s": 0.2, "batch_keys": 64},
+    }
+    ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
+    why = await peer_sessions_refused(ds[0].addr)
+    if why:
+        pytest.skip(why)
+    c = ClusterClient.etcd(url, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
+    end = time.monotonic() + 10
+    while len(c.live_addrs()) < 3:
+        await c.start(1.0)
+        assert time.monotonic() < end
+        await asyncio.sleep(0.1)
+    blocks = make_blocks(90, NBYTES, seed=6, ns=NS)
+    keys = [h.key for h, _ in blocks]
+    assert (await c.put_report(blocks, 10.0)).copies == [2] * len(blocks)
+    await c.close()
+
+    async def on_owners(members) -> bool:
+        view = [Member(d.addr).node for d in members]
+        want = {
+            d.addr: [k for k in keys if d.addr in {n.id for n in owners(k.raw, view, 2)}] for d in members
+        }
+        for d in members:
+            n = NodeClient(d.addr, FAST)
+            tiers = await n.exists(want[d.addr], 5.0) if want[d.addr] else []
+            await n.close()
+            if not all(t is not None for t in tiers):
+                return False
+        return True
+
+    ds[2].stop()  # a permanent leave (SIGTERM revokes its lease): 2 nodes must hold everything
+    live = ds[:2]
+    end = time.monotonic() + 30
+    while not await on_owners(live):
+        assert time.monotonic() < end, "copies did not come back after the leave"
+        await asyncio.sleep(0.25)
+    live.append(start_daemon(use_disk=False, **member))  # a join: it must get what it now owns
+    end = time.monotonic() + 30
+    while not await on_owners(live):
+        assert time.monotonic() < end, "the joined node did not get its share"
+        await asyncio.sleep(0.25)
