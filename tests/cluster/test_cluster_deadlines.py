@@ -63,3 +63,19 @@ async def test_cluster_save_that_outlives_a_short_internal_timeout_is_stored_and
     assert all(r.status is Status.STORED for r in report.results)
     assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
     await c.close()
+
+
+async def test_cluster_large_save_through_a_slow_link_outlives_the_write_floor_and_is_stored(start_daemon):
+    """48 MiB to one node whose link moves 12 MB/s per connection: each 8 MiB chunk takes 0.7 s
+    (more than ``write_floor_s``), the batch over a second; the chunk deadlines grow with the bytes,
+    so nothing is dropped and the node is not marked down."""
+    d = start_daemon(use_disk=False, dram={"capacity": "256MiB", "slab_size": "4MiB"})
+    p = await SlowProxy(d.addr, rate=12e6).start()
+    c = ClusterClient.static([p.addr], CFG, ClusterConfig(replicas=1, write_floor_s=0.5))
+    await c.start(5.0)
+    blocks = make_blocks(24, 2 << 20, seed=4, ns=NS)
+    report = await c.put_report(blocks, 30.0)
+    assert (report.stored, report.dropped, report.node_failures) == (24, 0, 0), report
+    assert c.live_addrs() == [p.addr] and c.counters["node_down"] == 0
+    await c.close()
+    await p.close()
