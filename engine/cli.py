@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine.config import KV_CACHE_DTYPES
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -44,6 +46,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"])
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="what the KV pages (and stored blocks) hold: auto = the model dtype; fp8_e4m3 = half of "
+        "bf16's bytes, static per-(layer, KV head) scales calibrated at start",
+    )
 
 
 def _config(a):
@@ -65,6 +74,7 @@ def _config(a):
         dtype=a.dtype,
         enable_prefix_cache=not a.no_prefix_cache,
         attention_backend=a.attention_backend,
+        kv_cache_dtype=a.kv_cache_dtype,
     )
 
 

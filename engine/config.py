@@ -16,6 +16,9 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 ROPE_TYPES = ("default", "linear", "llama3", "dynamic")
+# --kv-cache-dtype choices; engine/kv_dtype.py maps them to torch dtypes (kept here so that
+# parsing a config does not import torch)
+KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,9 @@ class EngineConfig:
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     enable_prefix_cache: bool = True
     attention_backend: str = "auto"  # auto | torch | triton | flash_attn
+    # What the KV pages hold (engine/kv_dtype.py): auto (the compute dtype) | bf16 | fp16 |
+    # fp32 | fp8_e4m3 (static per-(layer, KV head) scales calibrated at start)
+    kv_cache_dtype: str = "auto"
     # AsyncEngine.start runs LLMEngine.warm_up (a tiny request) so the first real request does
     # not pay kernel compilation or library set-up
     warm_up: bool = True
@@ -186,6 +192,10 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):
             raise ConfigError(
                 f"attention_backend {self.attention_backend!r} not one of auto/torch/triton/flash_attn"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} not one of {'/'.join(KV_CACHE_DTYPES)}"
             )
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype {self.dtype!r} not one of float32/bfloat16/float16")

@@ -25,9 +25,9 @@ import math
 
 import torch
 
+from engine.config import KV_CACHE_DTYPES
 from engine.errors import ConfigError
 
-KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3")
 _STORAGE = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,

@@ -165,16 +165,12 @@ class KVTransfer:
     def _scatter_chunk(self, layers: range, idx: torch.Tensor, bufs: list[torch.Tensor], cuda: bool) -> None:
         kv = self.kv
         a, b = layers.start, layers.stop
-        nb, n = idx.shape
         staging = torch.empty(
-            (nb, b - a, 2, n * kv.page_size, kv.num_kv_heads, kv.head_dim),
-            dtype=kv.dtype,
-            device=kv.data.device,
+            (len(bufs), b - a, *kv.block_shape(idx.shape[1])[1:]), dtype=kv.dtype, device=kv.data.device
         )
         for k, buf in enumerate(bufs):
             staging[k].copy_(buf[a:b], non_blocking=cuda)
-        src = staging.view(nb, b - a, 2, n, kv.page_size, kv.num_kv_heads, kv.head_dim)
-        kv.data[a:b][:, :, idx] = src.permute(1, 2, 0, 3, 4, 5, 6)  # one scatter for the chunk
+        kv.scatter_staged(layers, idx, staging)  # one scatter for the chunk
 
     def last_pending(self) -> PendingLoad | None:
         """The most recent load still copying, or None. Copies run in order on one stream, so

@@ -14,6 +14,14 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError
 from engine.kv_cache import KVCache
+from engine.kv_dtype import (
+    calibrate_scales,
+    calibration_tokens,
+    dtype_name,
+    is_scaled,
+    layout_name,
+    storage_dtype,
+)
 from engine.kv_transfer import KVTransfer
 from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
 from engine.model import CausalLM, rope_table
@@ -109,8 +117,14 @@ class LLMEngine:
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
         )
-        num_pages = cfg.num_pages or KVCache.pages_for_budget(cfg.kv_cache_bytes, dtype=self.dtype, **shape)
-        self.kv = KVCache(num_pages=num_pages, dtype=self.dtype, device=cfg.device, **shape)
+        kv_dtype = storage_dtype(cfg.kv_cache_dtype, self.dtype)
+        scales = None
+        if is_scaled(kv_dtype):  # static fp8 scales, fixed now for the engine's life
+            encode = tokenizer.encode if tokenizer is not None else None
+            tokens = calibration_tokens(encode, mc.vocab_size)
+            scales = calibrate_scales(model, tokens, cfg.device, self.dtype)
+        num_pages = cfg.num_pages or KVCache.pages_for_budget(cfg.kv_cache_bytes, dtype=kv_dtype, **shape)
+        self.kv = KVCache(num_pages=num_pages, dtype=kv_dtype, device=cfg.device, scales=scales, **shape)
         self.backend = make_backend(
             cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype
         )
@@ -133,8 +147,10 @@ class LLMEngine:
         self.pending_saves: list[tuple[str, tuple[int, ...], list[int]]] = []
 
     def namespace(self, block_tokens: int):
-        """The kvstore.keys Namespace of this model: fingerprint of its folder, KV dtype, and
-        ``block_tokens`` (a multiple of the page size)."""
+        """The kvstore.keys Namespace of this model: fingerprint of its folder, the KV dtype the
+        pages hold, the layout (for a dtype other than the compute dtype: the compute dtype
+        and, for fp8, a digest of the scales; engine/kv_dtype.py) and ``block_tokens`` (a
+        multiple of the page size)."""
         from kvstore.keys import Namespace, model_fingerprint
 
         if self.model_dir is None:
@@ -144,7 +160,10 @@ class LLMEngine:
                 f"block_tokens {block_tokens} is not a multiple of page_size {self.config.page_size}"
             )
         return Namespace(
-            model_fingerprint(self.model_dir), str(self.dtype).removeprefix("torch."), block_tokens
+            model_fingerprint(self.model_dir),
+            dtype_name(self.kv.dtype),
+            block_tokens,
+            layout=layout_name(self.kv.dtype, self.dtype, self.kv.scales),
         )
 
     @property
