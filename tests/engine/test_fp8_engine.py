@@ -1,0 +1,139 @@
+"""``--kv-cache-dtype`` through the engine: fp8 (and bf16) pages written at prefill and decode,
+a hit (HBM prefix cache, the in-process connector) equal to the cold run at that dtype token
+for token, chunking that does not change a page's bytes, deterministic scales and namespaces,
+and the Triton backend reading fp8 pages like the torch one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.llm import LLMEngine
+from engine.sequence import SamplingParams
+from tests.engine.interpret import skip_unless_kernels_run
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+F8 = torch.float8_e4m3fn
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 262, (n,), generator=g).tolist()
+
+
+def _run(eng: LLMEngine, prompt: list[int]):
+    """(tokens, logits per sampled step) of one request."""
+    eng.record_logits = {}
+    seq = eng.generate([prompt], GREEDY)[0]
+    return seq.output_tokens, torch.stack(eng.record_logits[seq.request_id])
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "bf16"])
+def test_prefix_hit_equals_cold_run_at_that_dtype(tiny_model_dir, engines, kv):
+    """A prefix-cache hit reads the pages the cold run wrote; the cold run itself attended
+    over those stored values (not its fresh fp32 K/V), so both give the same logits."""
+    d = tiny_model_dir("llama-gqa4")
+    prompt = _prompt(70, 1)  # 4 full pages of 16 and a tail
+    eng = LLMEngine(d, EngineConfig(num_pages=64, kv_cache_dtype=kv))
+    engines.append(eng)
+    assert eng.kv.dtype == (F8 if kv == "fp8_e4m3" else torch.bfloat16)
+    cold, cold_logits = _run(eng, prompt)
+    hits = eng.bm.hit_tokens_total
+    hit, hit_logits = _run(eng, prompt)
+    assert eng.bm.hit_tokens_total - hits == 64
+    assert hit == cold
+    torch.testing.assert_close(hit_logits, cold_logits, rtol=1e-5, atol=1e-5)
+    # the same prompt in 13-token chunks on a fresh engine: same pages' bytes, same output
+    chunked = LLMEngine(d, EngineConfig(num_pages=64, kv_cache_dtype=kv, max_num_batched_tokens=13))
+    engines.append(chunked)
+    toks, logits = _run(chunked, prompt)
+    assert toks == cold
+    torch.testing.assert_close(logits, cold_logits, rtol=1e-5, atol=1e-5)
+    pages = eng.bm.match_prefix(prompt, 4)
+    assert torch.equal(
+        eng.kv.gather_block(pages).view(torch.uint8),
+        chunked.kv.gather_block(chunked.bm.match_prefix(prompt, 4)).view(torch.uint8),
+    )
+
+
+def test_fp8_scales_namespace_and_pool(tiny_model_dir):
+    d = tiny_model_dir("llama-gqa4")
+    auto = LLMEngine(d, EngineConfig(num_pages=8))
+    f1 = LLMEngine(d, EngineConfig(num_pages=8, kv_cache_dtype="fp8_e4m3"))
+    f2 = LLMEngine(d, EngineConfig(num_pages=8, kv_cache_dtype="fp8_e4m3"))
+    b16 = LLMEngine(d, EngineConfig(num_pages=8, kv_cache_dtype="bf16"))
+    mc = auto.model_config
+    assert tuple(f1.kv.scales.shape) == (mc.num_layers, 2, mc.num_kv_heads)
+    assert torch.equal(f1.kv.scales, f2.kv.scales), "calibration is deterministic"
+    s = f1.kv.scales
+    assert torch.equal(torch.exp2(torch.log2(s).round()), s), "scales are powers of two"
+    assert f1.namespace(16) == f2.namespace(16)
+    ns = {e.namespace(16).id for e in (auto, f1, b16)}
+    assert len(ns) == 3, "fp8, bf16 and fp32 blocks never share a namespace"
+    # auto keeps today's namespace exactly
+    from kvstore.keys import Namespace, model_fingerprint
+
+    assert auto.namespace(16) == Namespace(model_fingerprint(d), "float32", 16)
+    assert f1.namespace(16).kv_dtype == "float8_e4m3fn"
+    # a page of fp8 is a quarter of fp32's bytes and half of bf16's
+    assert f1.kv.page_bytes * 4 == auto.kv.page_bytes and f1.kv.page_bytes * 2 == b16.kv.page_bytes
+    big = LLMEngine(d, EngineConfig(kv_cache_bytes=8 << 20, kv_cache_dtype="fp8_e4m3"))
+    ref = LLMEngine(d, EngineConfig(kv_cache_bytes=8 << 20))
+    assert big.kv.num_pages + 1 == 4 * (ref.kv.num_pages + 1), "the same budget holds 4x the pages"
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="fp8")
+
+
+async def test_connector_hit_equals_cold_fp8(tiny_model_dir):
+    """Through the in-process connector (fp8 blocks with their scales): no local prefix cache,
+    so the hit comes from the connector's copy of the block buffers."""
+    d = tiny_model_dir("llama-gqa4")
+    prompt = _prompt(100, 4)
+    cfg = EngineConfig(num_pages=64, enable_prefix_cache=False, kv_cache_dtype="fp8_e4m3")
+    ref = LLMEngine(d, cfg).generate([prompt], GREEDY)[0].output_tokens
+    aeng = AsyncEngine.from_model(d, cfg, "memory://?block_tokens=32")
+    try:
+        toks = []
+        async for out in aeng.generate(prompt, GREEDY):
+            toks.append(out.token_id)
+        assert toks == ref
+        await asyncio.sleep(0.05)
+        assert aeng.connector.saved_blocks == 3
+        toks, cached = [], 0
+        async for out in aeng.generate(prompt, GREEDY):
+            toks.append(out.token_id)
+            cached = out.cached_tokens
+        assert toks == ref and cached == 96
+        aeng.check_integrity()
+    finally:
+        await aeng.stop()
+
+
+@skip_unless_kernels_run()
+def test_triton_engine_reads_fp8_pages_like_torch(tiny_model_dir, engines):
+    d = tiny_model_dir("llama-gqa4")
+    prompt = _prompt(40, 2)
+    got = {}
+    for be in ("torch", "triton"):
+        eng = LLMEngine(d, EngineConfig(num_pages=32, kv_cache_dtype="fp8_e4m3", attention_backend=be))
+        engines.append(eng)
+        got[be] = _run(eng, prompt)
+        hit = _run(eng, prompt)  # over the cached prefix
+        assert hit[0] == got[be][0]
+    assert got["triton"][0] == got["torch"][0]
+    torch.testing.assert_close(got["triton"][1], got["torch"][1], rtol=1e-4, atol=1e-4)
+
+
+def test_cli_generate_with_fp8(tiny_model_dir, capsys):
+    from engine.cli import main
+
+    d = tiny_model_dir("llama-tiny")
+    argv = ["generate", "--model", d, "--prompt", "hello there", "--max-tokens", "4"]
+    assert main([*argv, "--kv-cache-dtype", "fp8_e4m3"]) == 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--kv-cache-dtype", "int4"])
