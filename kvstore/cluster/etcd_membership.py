@@ -13,14 +13,8 @@ import asyncio
 import logging
 from collections import Counter
 
-from kvstore.cluster.etcd import (
-    EtcdClient,
-    EtcdError,
-    EtcdSecurity,
-    EtcdTarget,
-    EtcdWatchIdle,
-    parse_etcd_url,
-)
+from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, EtcdWatchIdle, parse_etcd_url
+from kvstore.cluster.etcd_security import EtcdSecurity
 from kvstore.cluster.membership import Member, Membership, MembershipError
 
 log = logging.getLogger("kvstore.cluster")

@@ -39,8 +39,8 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
     """The members the repair places blocks over: etcd's (``cluster.join``) or the static
     ``cluster.peers`` (this node's address added when missing)."""
     if cfg.cluster.join:
-        from kvstore.cluster.etcd import EtcdSecurity
         from kvstore.cluster.etcd_membership import EtcdMembership
+        from kvstore.cluster.etcd_security import EtcdSecurity
         from kvstore.cluster.register import target_of
 
         return EtcdMembership(target_of(cfg), security=EtcdSecurity.of(cfg.cluster))
@@ -55,7 +55,7 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
 
 async def serve_member(cfg: StoreConfig) -> None:
     """Like ``kvstore.daemon.server.serve``, as a registered and self-repairing member."""
-    from kvstore.cluster.etcd import EtcdSecurity
+    from kvstore.cluster.etcd_security import EtcdSecurity
     from kvstore.cluster.register import Registration, member_of, target_of
     from kvstore.cluster.repair import Repair
     from kvstore.daemon.server import Daemon

@@ -17,7 +17,8 @@ import logging
 import socket
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdSecurity, EtcdTarget, parse_etcd_url
+from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, parse_etcd_url
+from kvstore.cluster.etcd_security import EtcdSecurity
 from kvstore.cluster.membership import Member, MembershipError
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
