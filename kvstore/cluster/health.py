@@ -66,6 +66,7 @@ class Health:
         self._suspect.discard(addr)
         self.estimates.pop(addr, None)
         self._ejections.pop(addr, None)
+        self._out_until.pop(addr, None)
         t = self._probes.pop(addr, None)
         if t is not None:
             t.cancel()
