@@ -18,6 +18,12 @@ class ConnectorMetrics:
         )
         self.bytes_loaded = Counter("tierkv_connector_bytes_loaded", "KV bytes loaded", registry=r)
         self.bytes_saved = Counter("tierkv_connector_bytes_saved", "KV bytes stored", registry=r)
+        self.block_bytes = Gauge(
+            "tierkv_connector_block_bytes",
+            "Payload bytes of one block at the engine's KV dtype (fp8: K/V bytes plus scales)",
+            ["kv_dtype"],
+            registry=r,
+        )
         self.load_seconds = Histogram(
             "tierkv_connector_load_seconds",
             "Time of one request's load",

@@ -70,6 +70,7 @@ class StoreConnector(KVConnector):
         self.backend = backend or make_backend(cfg, base_ns)
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
+        self.metrics.block_bytes.labels(self.dtype_name).set(self.block_bytes)
         self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()
         self._stored: OrderedDict[bytes, None] = OrderedDict()
         self._queue: asyncio.Queue | None = None
