@@ -11,11 +11,15 @@ A Llama-3.1-8B-shaped model with random bf16 weights, a 32K-token prompt:
                    daemon this script starts on loopback (floor: KV bytes / loopback socket
                    bandwidth over the connector's parallel connections + the tail floor)
   auto_remote_hit  the same with ``policy=auto`` (floor: the cold TTFT: never slower than cold)
+  remote_hit_fp8   remote_hit with ``--kv-cache-dtype fp8_e4m3`` (issue 15): blocks of half the
+                   bytes plus scales, stored by a cold fp8 engine (floor as remote_hit, on the
+                   fp8 bytes); ``x_bf16`` = its TTFT / remote_hit's (target <= 0.6 at 32K)
+  dram_hit_fp8     dram_hit with fp8 KV (floor as dram_hit, on the fp8 bytes; ``x_bf16`` too)
   decode_b1/b32    decode tokens/s at batch 1 and 32 (floor: one weight read per step)
   prefill_32k      one cold prefill (floor: FLOPs at the matmul peak)
 
 Writes a JSON list of rows ``{"case", "tokens", "ttft_ms", "hit_tokens", "floor_ms", "x_floor",
-"tok_s"}`` to ``--json`` and each case's engine timeline (ms per phase) beside it
+"tok_s"[, "x_bf16"]}`` to ``--json`` and each case's engine timeline (ms per phase) beside it
 (``--timeline``). ``--tiny`` runs the same script on CPU with a tiny model and short prompts
 (a smoke check; its numbers mean nothing).
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -135,6 +140,62 @@ async def serving(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, ti
     _free()
 
 
+async def serving_fp8(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, timelines: dict) -> None:
+    """remote_hit_fp8 and dram_hit_fp8: the remote and DRAM hits with fp8 KV, each engine a
+    fresh one whose first request must hit every block a cold fp8 engine stored."""
+    cfg = dataclasses.replace(cfg, kv_cache_dtype="fp8_e4m3")
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(100, mc.vocab_size - 100, (n,), generator=g).tolist()
+    bt = a.block_tokens
+    blocks = n // bt
+    scales = 4 * mc.num_layers * 2 * mc.num_kv_heads  # fp32 scales per block
+    kv_bytes = blocks * (
+        bt * KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, torch.float8_e4m3fn)
+        + scales
+    )
+    tail = floors["tail_ms"]
+    common = f"lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=600&block_tokens={bt}&load_parallel={LOAD_PARALLEL}"
+    bf16 = {r["case"]: r["ttft_ms"] for r in rows}
+    root = tempfile.mkdtemp(prefix="tierkv-gpu-serving-fp8-")
+    with DaemonProcess(root, dram_bytes=int(kv_bytes * 1.25) + (256 << 20)) as daemon:
+        remote = f"kvstore://{daemon.addr}?{common}&replicas=1&save_queue_bytes={int(kv_bytes * 1.1)}&policy=always"
+        e1 = build(mc, cfg, remote, prefix_cache=False)
+        await e1.start()
+        cold_ms, _ = await _measure(e1, prompt, timelines, "cold_fp8")
+        rows.append(_row("cold_fp8", n, cold_ms, 0, floors["prefill_ms"]))
+        require_saved(await e1.connector.flush(600), "gpu_serving: fp8 saves to the daemon")
+        await e1.stop()
+        del e1
+        _free()
+        bw_net = floors.get("loopback_bytes_per_s") or loopback_bytes_per_s(
+            LOAD_PARALLEL, min(kv_bytes, 1 << 30)
+        )
+        e = build(mc, cfg, remote, prefix_cache=False)
+        await e.start()
+        ms, cached = await _measure(e, prompt, timelines, "remote_hit_fp8")
+        rows.append(_row("remote_hit_fp8", n, ms, cached, kv_bytes / bw_net * 1000 + tail))
+        rows[-1]["x_bf16"] = ms / bf16["remote_hit"] if bf16.get("remote_hit") else None
+        await e.stop()
+        del e
+        _free()
+    local = f"local://{root}/local?{common}&policy=always&dram_capacity={int(kv_bytes * 1.25) + (256 << 20)}&disk_capacity={2 * kv_bytes + (256 << 20)}&save_queue_bytes={int(kv_bytes * 1.1)}"
+    e1 = build(mc, cfg, local, prefix_cache=False)
+    await e1.start()
+    await ttft(e1, prompt)
+    require_saved(await e1.connector.flush(600), "gpu_serving: fp8 saves to local://")
+    e2 = build(mc, cfg, local, backend=e1.connector.backend, prefix_cache=False)
+    await e2.start()
+    ms, cached = await _measure(e2, prompt, timelines, "dram_hit_fp8")
+    bw_h2d = floors.get("h2d_bytes_per_s") or h2d_bytes_per_s(cfg.device) or floors["copy_bytes_per_s"]
+    rows.append(_row("dram_hit_fp8", n, ms, cached, kv_bytes / bw_h2d * 1000 + tail))
+    rows[-1]["x_bf16"] = ms / bf16["dram_hit"] if bf16.get("dram_hit") else None
+    e2.connector.backend = Backend()  # the shared store is closed with e1
+    await e2.stop()
+    await e1.stop()
+    del e1, e2
+    _free()
+
+
 def engine_figures(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list) -> None:
     """Decode tokens/s at batch 1 and 32 and one cold prefill of ``n`` tokens."""
     from engine.llm import LLMEngine
@@ -195,7 +256,11 @@ def main() -> None:
     ap.add_argument("--block-tokens", type=int, default=256)
     ap.add_argument("--decode-prompt", type=int, default=128)
     ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--only", choices=["serving", "engine"], help="run one half only")
+    ap.add_argument(
+        "--only",
+        choices=["serving", "fp8", "engine"],
+        help="run one part only (fp8: the bf16 serving cases, then fp8's)",
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU: check the script runs")
     ap.add_argument("--json", required=True, help="rows go here")
     ap.add_argument("--timeline", help="per-case engine timelines (default: beside --json)")
@@ -229,7 +294,9 @@ def main() -> None:
     try:
         if a.only != "engine":
             asyncio.run(serving(a, mc, cfg, n, floors, rows, timelines))
-        if a.only != "serving":
+        if a.only in (None, "fp8"):
+            asyncio.run(serving_fp8(a, mc, cfg, n, floors, rows, timelines))
+        if a.only in (None, "engine"):
             engine_figures(a, mc, cfg, n, floors, rows)
     finally:  # what was measured is kept even when a later case fails
         with open(a.json, "w") as f:

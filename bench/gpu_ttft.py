@@ -55,8 +55,8 @@ def build(mc, cfg: EngineConfig, url: str | None, backend=None, prefix_cache: bo
     eng = LLMEngine.from_random(mc, cfg, seed=0)
     name = f"random-{mc.hidden_size}x{mc.num_layers}-seed0"  # random weights: a fixed fingerprint
 
-    def ns(bt: int) -> Namespace:
-        return Namespace(name, str(eng.dtype).removeprefix("torch."), bt)
+    def ns(bt: int) -> Namespace:  # the engine's namespace (KV dtype, layout) under that name
+        return eng.namespace(bt, fingerprint=name)
 
     # random weights have no folder to fingerprint, so the engine starts without its own prefix
     # cache: give it the same fixed namespace (the HBM tier is part of what is measured)

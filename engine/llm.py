@@ -146,21 +146,22 @@ class LLMEngine:
         self.save_block_tokens = 0
         self.pending_saves: list[tuple[str, tuple[int, ...], list[int]]] = []
 
-    def namespace(self, block_tokens: int):
-        """The kvstore.keys Namespace of this model: fingerprint of its folder, the KV dtype the
-        pages hold, the layout (for a dtype other than the compute dtype: the compute dtype
-        and, for fp8, a digest of the scales; engine/kv_dtype.py) and ``block_tokens`` (a
-        multiple of the page size)."""
+    def namespace(self, block_tokens: int, fingerprint: str | None = None):
+        """The kvstore.keys Namespace of this model: fingerprint of its folder (or
+        ``fingerprint``: engines over random weights name theirs), the KV dtype the pages hold,
+        the layout (for a dtype other than the compute dtype: the compute dtype and, for fp8, a
+        digest of the scales; engine/kv_dtype.py) and ``block_tokens`` (a multiple of the page
+        size)."""
         from kvstore.keys import Namespace, model_fingerprint
 
-        if self.model_dir is None:
+        if fingerprint is None and self.model_dir is None:
             raise ValueError("an engine over random weights has no model folder to fingerprint")
         if block_tokens % self.config.page_size:
             raise ValueError(
                 f"block_tokens {block_tokens} is not a multiple of page_size {self.config.page_size}"
             )
         return Namespace(
-            model_fingerprint(self.model_dir),
+            fingerprint or model_fingerprint(self.model_dir),
             dtype_name(self.kv.dtype),
             block_tokens,
             layout=layout_name(self.kv.dtype, self.dtype, self.kv.scales),

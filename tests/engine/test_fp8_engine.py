@@ -6,6 +6,7 @@ and the Triton backend reading fp8 pages like the torch one."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from engine.config import EngineConfig
 from engine.errors import ConfigError
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams
-from tests.engine.interpret import skip_unless_kernels_run
+from tests.engine.interpret import HAS_CUDA, HAS_TRITON, skip_unless_kernels_run
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 F8 = torch.float8_e4m3fn
@@ -116,17 +117,50 @@ async def test_connector_hit_equals_cold_fp8(tiny_model_dir):
 
 @skip_unless_kernels_run()
 def test_triton_engine_reads_fp8_pages_like_torch(tiny_model_dir, engines):
+    """On CUDA where there is one, else the CPU interpreter."""
     d = tiny_model_dir("llama-gqa4")
     prompt = _prompt(40, 2)
+    dev = "cuda" if HAS_CUDA else "cpu"
     got = {}
     for be in ("torch", "triton"):
-        eng = LLMEngine(d, EngineConfig(num_pages=32, kv_cache_dtype="fp8_e4m3", attention_backend=be))
+        cfg = EngineConfig(
+            num_pages=32, kv_cache_dtype="fp8_e4m3", attention_backend=be, device=dev, dtype="float32"
+        )
+        eng = LLMEngine(d, cfg)
         engines.append(eng)
         got[be] = _run(eng, prompt)
         hit = _run(eng, prompt)  # over the cached prefix
         assert hit[0] == got[be][0]
     assert got["triton"][0] == got["torch"][0]
     torch.testing.assert_close(got["triton"][1], got["torch"][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["torch", "triton", "flash_attn"])
+def test_fp8_engine_on_cuda_bf16(tiny_model_dir, engines, backend):
+    """bf16 compute over fp8 pages on the GPU, per backend (flash-attn hands fp8 pages to the
+    Triton kernel): a prefix hit equals the cold run, and the output stays near bf16 KV's."""
+    if backend != "torch" and not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    if backend == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
+        pytest.skip("flash-attn is not installed (it builds only from source with nvcc)")
+    d = tiny_model_dir("llama-gqa4")
+    prompt = _prompt(70, 5)
+    out = {}
+    for kv in ("auto", "fp8_e4m3"):
+        cfg = EngineConfig(
+            num_pages=32, device="cuda", dtype="bfloat16", attention_backend=backend, kv_cache_dtype=kv
+        )
+        eng = LLMEngine(d, cfg)
+        engines.append(eng)
+        cold = _run(eng, prompt)
+        hit = _run(eng, prompt)
+        assert hit[0] == cold[0]
+        torch.testing.assert_close(hit[1], cold[1], rtol=2e-2, atol=2e-2)
+        out[kv] = cold[1].cpu()
+    rel = float((out["fp8_e4m3"] - out["auto"]).norm() / out["auto"].norm())
+    assert rel < 0.1, rel
 
 
 def test_cli_generate_with_fp8(tiny_model_dir, capsys):
