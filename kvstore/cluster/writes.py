@@ -34,6 +34,7 @@ _REDIRECT = frozenset({Status.ERROR, Status.TIMEOUT, Status.NO_SPACE, Status.MIS
 class PutReport:
     """What one ``put`` did. ``results[i]``: block ``i``'s best replica result (STORED or
     EXISTS when any node holds it now); ``copies[i]``: how many nodes took or already held it;
+    ``wanted``: ``replicas``, or fewer when the cluster has fewer members (down ones count);
     ``node_failures``: node writes that failed (one per block per node); ``redirected``: block
     writes sent past a failed owner."""
 
@@ -74,12 +75,13 @@ class ClusterWrites:
         out = [PutResult(Status.ERROR)] * n
         copies = [0] * n
         view = await self._healthy_view(deadline_s)
-        wanted = min(self.cfg.replicas, len(view)) if view else self.cfg.replicas
+        # copies the cluster wants (members, down ones included) vs copies placeable now
+        wanted = min(self.cfg.replicas, max(len(self.nodes), 1))
         if not blocks or not view:
             self._own_counters["blocks_stored_nowhere"] += n
             return PutReport(out, copies, wanted)
         order = [self._rank(h.key) for h, _ in blocks]
-        need = [wanted] * n
+        need = [min(wanted, len(view))] * n
         pos = [0] * n
         end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
         failures = redirected = 0
