@@ -204,15 +204,18 @@ class DataServer(DescriptorOps):
         lim = self.limits
         kind = "hello"
         try:
+            # asyncio.timeout, not wait_for: the awaited code runs in this task, with no task
+            # switch when the bytes are already there
             if sess.tenant is None:
                 cap = int(lim.max_header_unauthenticated)
-                return await asyncio.wait_for(ch.recv_header(cap, cap), max(0.0, hello_by - time.monotonic()))
+                async with asyncio.timeout(max(0.0, hello_by - time.monotonic())):
+                    return await ch.recv_header(cap, cap)
             kind = "idle"
-            await asyncio.wait_for(ch.readable(), lim.idle_timeout_s)
+            async with asyncio.timeout(lim.idle_timeout_s):
+                await ch.readable()
             kind = "transfer"
-            return await asyncio.wait_for(
-                ch.recv_header(P.MAX_HEADER, self.max_frame), lim.transfer_timeout_s
-            )
+            async with asyncio.timeout(lim.transfer_timeout_s):
+                return await ch.recv_header(P.MAX_HEADER, self.max_frame)
         except TimeoutError:
             self.metrics.timeouts.labels(kind).inc()
             self._bad.info("timeout", peer=sess.peer, kind=kind)
@@ -304,7 +307,8 @@ class DataServer(DescriptorOps):
         connection."""
         live = self.node.begin_transfer(held)
         try:
-            await asyncio.wait_for(move(live), self.limits.transfer_timeout_s)
+            async with asyncio.timeout(self.limits.transfer_timeout_s):
+                await move(live)  # in this task: a move whose bytes are there never yields
         except TimeoutError as exc:
             self.metrics.timeouts.labels("transfer").inc()
             raise _Stalled("transfer deadline passed") from exc
@@ -329,7 +333,8 @@ class DataServer(DescriptorOps):
         if hello.tenant not in (None, tenant):
             raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
         salt = self.tokens.salt_of(tenant)
-        ids = [P.namespace_from_wire(d, salt, f"ns[{i}]").id.raw for i, d in enumerate(hello.namespaces)]
+        declared = [P.namespace_from_wire(d, salt, f"ns[{i}]") for i, d in enumerate(hello.namespaces)]
+        ids = [n.id.raw for n in declared]
         if not self.admission.authenticate(sess.tenant, tenant):
             self.metrics.refused_connections.labels("per_tenant").inc()
             raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
@@ -349,6 +354,8 @@ class DataServer(DescriptorOps):
         transport = "rdma" if rdma is not None else "tcp"
         self.metrics.hellos.labels(transport).inc()
         sess.namespaces = frozenset(ids)
+        sess.declared = {n.id.raw: n for n in declared}
+        sess.derive_keys = self.tokens.enabled
         log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport))
         await ch.send_frame(
             {
@@ -418,7 +425,7 @@ class DataServer(DescriptorOps):
         hdrs = P.req_headers(h)
         if sum(x.payload_len for x in hdrs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
-        allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
+        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
         reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
         slot: dict[int, Any] = dict(zip(allowed, reserved))
         held = [r for r in slot.values() if not isinstance(r, Status)]

@@ -156,7 +156,7 @@ class DescriptorOps:
         hdrs = P.req_headers(h)
         one_sided = self._one_sided(sess, h)
         self._room_for(sess, len(hdrs))
-        allowed = [i for i, x in enumerate(hdrs) if sess.allows(x)]
+        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
         got = dict(zip(allowed, await self.node.reserve([hdrs[i] for i in allowed]))) if allowed else {}
         res, inline = [], []
         for i in range(len(hdrs)):

@@ -36,6 +36,8 @@ class Session:
     tenant: str | None = None
     token: str | None = None
     namespaces: frozenset[bytes] = frozenset()
+    declared: dict[bytes, Any] = field(default_factory=dict)  # namespace id -> keys.Namespace
+    derive_keys: bool = False  # writes must carry keys derived from their parent and tokens
     leases: dict[int, Held] = field(default_factory=dict)
     reservations: dict[int, Held] = field(default_factory=dict)
     verbs: Any = None  # rdma.verbs.VerbsTransport connected to the client's queue pair, or None
@@ -46,6 +48,19 @@ class Session:
     def allows(self, header) -> bool:
         """True when ``header``'s namespace is one this tenant declared (and the daemon salted)."""
         return header is not None and header.namespace.raw in self.namespaces
+
+    def may_write(self, header) -> bool:
+        """:meth:`allows`, and with ``derive_keys`` (auth on) the header's key is the key its
+        parent and tokens give in its namespace: a tenant can store a block only under a key
+        it can derive, not under any 16 bytes it has seen (docs/security.md)."""
+        if not self.allows(header):
+            return False
+        if not self.derive_keys:
+            return True
+        try:
+            return self.declared[header.namespace.raw].next_key(header.parent, header.tokens) == header.key
+        except Exception:  # a token count that is not the namespace's block size
+            return False
 
     def hold(self, table: dict[int, Held], obj: Any, ttl_s: float, grant: int | None = None) -> int:
         handle = next(self._ids)
