@@ -1,0 +1,158 @@
+"""The block ops of the data port: EXISTS, GET, PUT, DELETE and STATS.
+
+GET sends payloads from leased slots and PUT receives them into reserved ones, each move
+marked in transfer and bounded by the transfer deadline (``_moving``). Every reply about
+another tenant's block is the reply about an absent key (docs/security.md): GET answers
+``[MISS, nil, nil]``, EXISTS nil, DELETE false, and a PUT of its key BUSY. Mixed into
+:class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``, ``metrics``, ``tokens``,
+``admission``, ``lease_ttl``, ``tenant_stats`` and ``_moving``); event loop thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstore import protocol as P
+from kvstore.daemon.metrics import plain
+from kvstore.daemon.session import Session
+from kvstore.results import Status
+
+
+class BlockOps:
+    node: Any
+    metrics: Any
+    tokens: Any
+    admission: Any
+    lease_ttl: float
+    tenant_stats: Any
+    _moving: Any
+
+    async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
+        """Per key: its tier when stored and in one of the session's namespaces, else None."""
+        present = [i for i, t in enumerate(tiers) if t is not None]
+        out: list[str | None] = [None] * len(keys)
+        if present:
+            nss = await self.node.namespaces([keys[i] for i in present])
+            for i, ns in zip(present, nss):
+                if ns is not None and ns in sess.namespaces:
+                    out[i] = tiers[i]
+        return out
+
+    async def _op_exists(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        tiers = await self._visible(sess, keys, await self.node.contains(keys))
+        await ch.send_frame({"rid": rid, "ok": True, "tiers": tiers})
+
+    async def _op_get(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        exp = P.req_expects(h, len(keys))
+        caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
+        leases = await self.node.lease(keys, self.lease_ttl)
+        try:
+            res, views, sent = [], [], []
+            for i, lease in enumerate(leases):
+                st = Status.HIT
+                hdr = lease.header if lease is not None else None
+                tier = lease.tier if lease is not None else None
+                if lease is None or not sess.allows(hdr):
+                    st, hdr, tier = Status.MISS, None, None  # another tenant's block is absent
+                elif exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
+                    st = Status.MISMATCH
+                elif caps is not None and caps[i] < hdr.payload_len:
+                    st = Status.BUF_TOO_SMALL
+                if st is Status.HIT:
+                    views.append(lease.view)
+                    sent.append(lease)
+                    self.metrics.hits.inc()
+                else:
+                    self.metrics.misses.inc()
+                res.append(P.get_result_to_wire(st, hdr, tier))
+            nbytes = sum(v.nbytes for v in views)
+            await self._moving(sent, lambda _: ch.send_frame({"rid": rid, "ok": True, "res": res}, views))
+            self.metrics.bytes_out.inc(nbytes)
+            ts = self.tenant_stats[sess.tenant]
+            ts["hits"] += len(sent)
+            ts["misses"] += len(keys) - len(sent)
+            ts["bytes_out"] += nbytes
+        finally:
+            self.node.release([x for x in leases if x is not None])
+
+    async def _op_put(self, ch, sess, rid, h, plen) -> None:
+        hdrs = P.req_headers(h)
+        if sum(x.payload_len for x in hdrs) != plen:
+            raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
+        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
+        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
+        slot: dict[int, Any] = dict(zip(allowed, reserved))
+        held = [r for r in slot.values() if not isinstance(r, Status)]
+        got = []
+
+        async def receive(live: list[bool]) -> None:
+            ok = {id(r) for r, alive in zip(held, live) if alive}
+            for i, x in enumerate(hdrs):
+                r = slot.get(i)
+                if r is None or isinstance(r, Status) or id(r) not in ok:
+                    await ch.discard(x.payload_len)
+                elif r.view.nbytes < x.payload_len:  # no slot of its own: memory as bytes come
+                    self.node.attach_payload(r, await ch.recv_growing(x.payload_len))
+                    got.append(r)
+                else:
+                    await ch.recv_into(r.view)
+                    got.append(r)
+
+        try:
+            await self._moving(held, receive)
+        except BaseException:
+            self.node.abort(held)
+            raise
+        self.node.abort([r for r in held if r not in got])
+        self.metrics.bytes_in.inc(plen)
+        committed = dict(zip([id(r) for r in got], await self.node.commit(got))) if got else {}
+        res = []
+        for i in range(len(hdrs)):
+            r = slot.get(i)
+            if r is None:
+                res.append([int(Status.INVALID), None, False])
+            elif isinstance(r, Status):
+                # EXISTS only for the tenant's own block: another tenant's key answers BUSY,
+                # the answer for a key being written (docs/security.md)
+                res.append([int(await self._own_status(sess, hdrs[i], r)), None, False])
+            elif id(r) not in committed:
+                res.append([int(Status.INVALID), None, False])
+            else:
+                pr = committed[id(r)]
+                if pr.status is Status.INVALID:
+                    self.metrics.checksum_failures.inc()
+                res.append([int(pr.status), pr.tier, bool(pr.durable)])
+        ts = self.tenant_stats[sess.tenant]
+        ts["bytes_in"] += plen
+        ts["puts"] += sum(1 for x in res if x[0] == int(Status.STORED))
+        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+
+    async def _own_status(self, sess: Session, header, st: Status) -> Status:
+        if st is not Status.EXISTS:
+            return st
+        [ns] = await self.node.namespaces([header.key])
+        return st if ns is None or ns in sess.namespaces else Status.BUSY
+
+    async def _op_delete(self, ch, sess, rid, h, plen) -> None:
+        keys = P.req_keys(h)
+        mine = await self._visible(sess, keys, await self.node.contains(keys))
+        todo = [k for k, t in zip(keys, mine) if t is not None]
+        done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
+        await ch.send_frame({"rid": rid, "ok": True, "res": [bool(done.get(k.raw, False)) for k in keys]})
+
+    async def _op_stats(self, ch, sess, rid, h, plen) -> None:
+        """With auth: the tenant's own counters only. Without: the node's (one tenant)."""
+        mine = {
+            "tenant": sess.tenant,
+            "connections": self.admission.per_tenant.get(sess.tenant, 0),
+            **self.tenant_stats[sess.tenant],
+        }
+        if self.tokens.enabled:
+            stats: dict[str, Any] = {"tenant": mine}
+        else:
+            stats = plain(self.node.stats())
+            stats["daemon"] = self.metrics.snapshot()
+            stats["tenant"] = mine
+        await ch.send_frame({"rid": rid, "ok": True, "stats": stats})
