@@ -139,7 +139,6 @@ class _AmaxRecorder:
         return self.inner.forward(q, k, v, k_cache, v_cache, meta)
 
 
-@torch.inference_mode()
 def calibrate_scales(model, tokens: list[int], device: str, dtype: torch.dtype) -> torch.Tensor:
     """Static fp8 scales ``[layers, 2, kv_heads]`` (fp32, on the CPU) of ``model``: one prefill
     of ``tokens`` over a temporary cache in the compute ``dtype`` (see the module docstring)."""
@@ -160,5 +159,5 @@ def calibrate_scales(model, tokens: list[int], device: str, dtype: torch.dtype) 
     meta = build_metadata([n], [n], [list(range(pages))], ps, device)
     ids = torch.tensor(tokens[:n], dtype=torch.int64, device=device)
     pos = torch.arange(n, dtype=torch.int64, device=device)
-    model(ids, pos, kv.layers(), meta, rec, torch.tensor([n - 1], device=device))
-    return pow2_scales(rec.amax)
+    model(ids, pos, kv.layers(), meta, rec, torch.tensor([n - 1], device=device))  # inference mode
+    return pow2_scales(rec.amax)  # an ordinary tensor (not an inference one): usable anywhere
