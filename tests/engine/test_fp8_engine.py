@@ -171,3 +171,38 @@ def test_cli_generate_with_fp8(tiny_model_dir, capsys):
     assert main([*argv, "--kv-cache-dtype", "fp8_e4m3"]) == 0
     with pytest.raises(SystemExit):
         main([*argv, "--kv-cache-dtype", "int4"])
+
+
+@skip_unless_kernels_run()
+def test_decode_graph_buffers_over_fp8_pages(tiny_model_dir, engines):
+    """Decode steps on the static buffers (CUDA graphs on CUDA; eagerly under the interpreter
+    on CPU) read fp8 pages with their scales like the ordinary Triton path."""
+    from engine.decode_graphs import DecodeGraphConfig
+    from engine.runner import ModelRunner
+
+    d = tiny_model_dir("llama-gqa4")
+    dev = "cuda" if HAS_CUDA else "cpu"
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(6, 262, (n,), generator=g).tolist() for n in (3, 20, 7, 12)]
+    out = []
+    for graphs in (False, True):
+        cfg = EngineConfig(
+            num_pages=64, device=dev, dtype="float32", attention_backend="triton", kv_cache_dtype="fp8_e4m3"
+        )
+        eng = LLMEngine(d, cfg)
+        engines.append(eng)
+        gc = DecodeGraphConfig(max_batch=4, max_context=128, capture=HAS_CUDA) if graphs else None
+        eng.runner = ModelRunner(eng.model, eng.kv, eng.backend, dev, eng.transfer, gc, cuda_graphs=graphs)
+        eng.record_logits = {}
+        seqs = eng.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+        if graphs:
+            assert eng.runner.graphs.steps > 0
+        out.append(
+            (
+                [s.output_tokens for s in seqs],
+                [torch.stack(eng.record_logits[s.request_id]).cpu() for s in seqs],
+            )
+        )
+    assert out[0][0] == out[1][0]
+    for a, b in zip(out[0][1], out[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
