@@ -24,6 +24,11 @@ log = logging.getLogger("tierkv.connector")
 
 
 class Backend:
+    async def tenant_namespace(self, base: Namespace, deadline_s: float) -> Namespace | None:
+        """``base`` salted as the store salts this tenant's keys; None when the store cannot
+        say now. An in-process store has no tenants."""
+        return base
+
     async def start(self, deadline_s: float) -> None:
         """Open what the first call would otherwise open (the store, connections), within
         ``deadline_s``. Never raises for a store problem."""
@@ -188,6 +193,12 @@ class RemoteBackend(Backend):
         client's ``start``): a connection costs a TCP handshake, HELLO (auth, tenant salt) and,
         with RDMA, a device probe and a queue-pair exchange."""
         await self.client.start(deadline_s)
+
+    async def tenant_namespace(self, base, deadline_s):
+        """The salt the daemons hand out at HELLO (:func:`kvstore.client.tenant_namespace`)."""
+        from kvstore.client import tenant_namespace
+
+        return await tenant_namespace(list(self.client.nodes.values()), base, deadline_s)
 
     async def exists(self, keys, deadline_s):
         tiers = await self.client.exists(keys, deadline_s)

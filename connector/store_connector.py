@@ -56,8 +56,12 @@ class StoreConnector(KVConnector):
             )
         self.pages_per_block = self.block_tokens // ctx.page_size
         base_ns = ctx.namespace(self.block_tokens)
-        # A tenant's blocks live in its salted namespace (daemons salt with the token's tenant).
+        self.base_ns = base_ns
+        # A tenant's blocks live in its salted namespace. The salt is a secret the daemons hand
+        # out at HELLO (docs/security.md): start() replaces this guess (the tenant's name, right
+        # only for daemons without auth.salt_secret_file) with the salt they answer.
         self.ns = base_ns.with_tenant(cfg.tenant) if cfg.tenant else base_ns
+        self._salt_learner: asyncio.Task | None = None
         kv = ctx.kv
         self.block_shape = kv.block_shape(self.pages_per_block)
         self.dtype = kv.dtype
@@ -94,10 +98,36 @@ class StoreConnector(KVConnector):
         (kvstore://, etcd://), and start the saver, so the first request pays none of it.
         Never raises for a store problem: a store that is down now is a miss later."""
         self._start_saver()
+        deadline = max(self.cfg.lookup_deadline_s, self.cfg.load_deadline_s)
         try:
-            await self.backend.start(max(self.cfg.lookup_deadline_s, self.cfg.load_deadline_s))
+            await self.backend.start(deadline)
+            learned = await self._learn_namespace(deadline)
         except Exception as exc:  # the cache path never fails the engine
             log.warning("event=connector_start_failed error=%r", exc)
+            learned = False
+        if not learned and self._salt_learner is None:
+            # No daemon answered yet: keep asking in the background. Until then keys are
+            # computed under the guess, and a store that salts otherwise answers misses.
+            self._salt_learner = asyncio.create_task(self._learn_namespace_until_known(deadline))
+
+    async def _learn_namespace(self, deadline_s: float) -> bool:
+        """Ask the store how it salts this tenant's namespace; True once it has answered."""
+        ns = await self.backend.tenant_namespace(self.base_ns, deadline_s)
+        if ns is None:
+            return False
+        if ns != self.ns:
+            log.info("event=connector_namespace_learned")
+        self.ns = ns
+        return True
+
+    async def _learn_namespace_until_known(self, deadline_s: float, every_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if await self._learn_namespace(deadline_s):
+                    return
+            except Exception as exc:  # the cache path never fails the engine
+                log.warning("event=connector_namespace_unknown error=%r", exc)
 
     def _start_saver(self) -> None:
         if self._queue is None:
@@ -447,10 +477,11 @@ class StoreConnector(KVConnector):
         await self.flush(self.cfg.save_deadline_s)
         if self._releasing:  # buffers still being copied from: let those copies finish
             await asyncio.gather(*self._releasing, return_exceptions=True)
-        if self._saver is not None:
-            self._saver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._saver
+        for task in (self._saver, self._salt_learner):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.backend.close()
 
 

@@ -205,3 +205,42 @@ async def test_wrong_token_is_a_miss_not_an_error(tiny_model, start_daemon, tmp_
         assert toks == ref and cached == 96
     finally:
         await c.stop()
+
+
+async def test_tenants_key_with_the_secret_salt_the_daemon_hands_out(tiny_model, start_daemon, tmp_path):
+    """With ``auth.salt_secret_file`` a tenant's namespace is salted by a secret the daemon
+    hands out at HELLO (docs/security.md): the connector keys with it and hits; the tenant
+    name alone (computable offline) is not the salt, and another tenant sees nothing."""
+    d = tiny_model()
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-token-a tenant-a\nsecret-token-b tenant-b\n")
+    secret = tmp_path / "salt-secret"
+    secret.write_text("a-long-random-cluster-secret-0123456789abcdef\n")
+    secret.chmod(0o600)
+    node = start_daemon(auth={"token_file": str(tokens), "salt_secret_file": str(secret)})
+    prompt = _prompt(100, 6)
+    ref = reference(d, prompt)
+    url_a = f"kvstore://{node.addr}?token=secret-token-a&tenant=tenant-a&lookup_deadline_s=5&policy=always"
+    a = make_engine(d, url_a, enable_prefix_cache=False)
+    try:
+        toks, cached = await run(a, prompt)
+        assert toks == ref and cached == 0
+        flushed = await a.connector.flush()
+        assert flushed and flushed.saved == 6, flushed
+        guess = a.connector.base_ns.with_tenant("tenant-a")
+        assert a.connector.ns != guess  # the salt is the daemon's secret, not the tenant's name
+    finally:
+        await a.stop()
+    b = make_engine(d, url_a, enable_prefix_cache=False)
+    try:
+        toks, cached = await run(b, prompt)
+        assert toks == ref and cached == 96
+    finally:
+        await b.stop()
+    url_b = f"kvstore://{node.addr}?token=secret-token-b&tenant=tenant-b&lookup_deadline_s=5&policy=always"
+    c = make_engine(d, url_b, enable_prefix_cache=False)
+    try:
+        toks, cached = await run(c, prompt)
+        assert toks == ref and cached == 0
+    finally:
+        await c.stop()
