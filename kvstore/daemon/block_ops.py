@@ -34,7 +34,7 @@ class BlockOps:
         if present:
             nss = await self.node.namespaces([keys[i] for i in present])
             for i, ns in zip(present, nss):
-                if ns is not None and ns in sess.namespaces:
+                if sess.sees(ns):
                     out[i] = tiers[i]
         return out
 
@@ -133,7 +133,7 @@ class BlockOps:
         if st is not Status.EXISTS:
             return st
         [ns] = await self.node.namespaces([header.key])
-        return st if ns is None or ns in sess.namespaces else Status.BUSY
+        return st if ns is None or sess.sees(ns) else Status.BUSY
 
     async def _op_delete(self, ch, sess, rid, h, plen) -> None:
         keys = P.req_keys(h)

@@ -328,12 +328,22 @@ class DataServer(BlockOps, DescriptorOps):
         tenant = self.tokens.tenant_of(hello.token)
         if tenant is None:
             raise _Fatal(P.AUTH, "token refused")
-        if tenant == OPERATOR:
-            raise _Fatal(P.AUTH, "the operator token is for the admin port only")
-        if hello.tenant not in (None, tenant):
+        # A peer session (another node's repair, docs/cluster.md): tenant "*" with the operator
+        # token, or without auth (loopback only). It sees every tenant's blocks.
+        peer = hello.tenant == OPERATOR and (tenant == OPERATOR or not self.tokens.enabled)
+        if tenant == OPERATOR and not peer:
+            raise _Fatal(P.AUTH, "the operator token is for the admin port, or a peer HELLO (tenant '*')")
+        if hello.tenant not in (None, tenant) and not peer:
             raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
-        salt = self.tokens.salt_of(tenant)
-        declared = [P.namespace_from_wire(d, salt, f"ns[{i}]") for i, d in enumerate(hello.namespaces)]
+        if peer:
+            tenant = OPERATOR
+        salt = "" if peer else self.tokens.salt_of(tenant)
+        declared = (
+            []
+            if peer
+            else [P.namespace_from_wire(d, salt, f"ns[{i}]") for i, d in enumerate(hello.namespaces)]
+        )
+        sess.all_namespaces = peer
         ids = [n.id.raw for n in declared]
         if not self.admission.authenticate(sess.tenant, tenant):
             self.metrics.refused_connections.labels("per_tenant").inc()
