@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence, Status
 from engine.timeline import Timeline
 
+log = logging.getLogger("engine")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -125,6 +127,14 @@ class LLMEngine:
             scales = calibrate_scales(model, tokens, cfg.device, self.dtype)
         num_pages = cfg.num_pages or KVCache.pages_for_budget(cfg.kv_cache_bytes, dtype=kv_dtype, **shape)
         self.kv = KVCache(num_pages=num_pages, dtype=kv_dtype, device=cfg.device, scales=scales, **shape)
+        # what an operator needs to find this engine's blocks (kvstore lookup's dtype and layout)
+        log.info(
+            "event=kv_cache kv_dtype=%s layout=%s pages=%d page_bytes=%d",
+            dtype_name(kv_dtype),
+            layout_name(kv_dtype, self.dtype, scales),
+            num_pages,
+            self.kv.page_bytes,
+        )
         self.backend = make_backend(
             cfg.attention_backend, cfg.device, mc.num_heads, mc.num_kv_heads, mc.head_dim, self.dtype
         )
