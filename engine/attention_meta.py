@@ -121,13 +121,6 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) ->
     return (x.float() / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(dtype)
 
 
-def dequantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Stored ``x [..., kv_heads, D]`` back in the compute ``dtype`` (times ``scale [kv_heads]``)."""
-    if scale is None:
-        return x.to(dtype)
-    return x.to(dtype) * scale.to(dtype)[:, None]
-
-
 def seq_slots(meta: AttnMetadata, i: int, n: int) -> torch.Tensor:
     """Cache slots of the first ``n`` tokens of sequence ``i`` (int64, on the table's device)."""
     ps = meta.page_size

@@ -5,7 +5,8 @@ Decode steps run as one padded, masked SDPA call for the whole batch; prefill ch
 call per sequence (with no cached prefix the fresh K/V are used directly, causal).
 
 Pages in another dtype than the query's (``--kv-cache-dtype``: fp8 with per-KV-head scales, or
-bf16/fp16/fp32) are dequantized to the query dtype as they are gathered, and a prefill without
+bf16/fp16/fp32) are converted to the query dtype as they are gathered (fp8 scales go onto the
+queries and the output), and a prefill without
 a cached prefix then reads its own K/V back from the pages too: every step attends over the
 values the pages hold, so a prefix-cache or connector hit sees exactly what the cold run saw.
 """
@@ -17,22 +18,23 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from engine.attention_meta import AttnMetadata, dequantize, seq_slots, store_kv
+from engine.attention_meta import AttnMetadata, seq_slots, store_kv
 
 _CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class _Pages:
-    """One layer's K or V pages as flat slots; indexing gathers slots in the compute dtype."""
+    """One layer's K or V pages as flat slots; indexing gathers slots converted to the compute
+    dtype (fp8 scales are applied by the caller, on the queries and the output)."""
 
-    def __init__(self, cache: torch.Tensor, scale, dtype: torch.dtype, heads: int, head_dim: int) -> None:
+    def __init__(self, cache: torch.Tensor, dtype: torch.dtype, heads: int, head_dim: int) -> None:
         self.flat = cache.view(-1, heads, head_dim)
-        self.scale, self.dtype = scale, dtype
-        self.converts = cache.dtype != dtype or scale is not None
+        self.dtype = dtype
+        self.converts = cache.dtype != dtype
 
     def __getitem__(self, slots: torch.Tensor) -> torch.Tensor:
         x = self.flat[slots]
-        return dequantize(x, self.scale, self.dtype) if self.converts else x
+        return x.to(self.dtype) if self.converts else x
 
 
 class TorchAttention:
@@ -58,8 +60,20 @@ class TorchAttention:
         """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
         per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]."""
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-        kf = _Pages(k_cache, k_scale, q.dtype, self.num_kv_heads, self.head_dim)
-        vf = _Pages(v_cache, v_scale, q.dtype, self.num_kv_heads, self.head_dim)
+        kf = _Pages(k_cache, q.dtype, self.num_kv_heads, self.head_dim)
+        vf = _Pages(v_cache, q.dtype, self.num_kv_heads, self.head_dim)
+        if k_scale is not None:
+            # fp8: attend over the stored values as they convert, with the per-KV-head scales
+            # moved onto the queries (scores = (q * k_scale) . k8) and the output (times
+            # v_scale): one multiply of q and out instead of two of the whole context. The
+            # scales are powers of two, so this is exact.
+            group = self.num_heads // self.num_kv_heads
+            q = q * k_scale.repeat_interleave(group).to(q.dtype)[:, None]
+            out = self._attend(q, k, v, kf, vf, meta)
+            return out.mul_(v_scale.repeat_interleave(group).to(out.dtype)[:, None])
+        return self._attend(q, k, v, kf, vf, meta)
+
+    def _attend(self, q, k, v, kf: _Pages, vf: _Pages, meta: AttnMetadata) -> torch.Tensor:
         if meta.is_decode_only:
             return self._decode(q, kf, vf, meta)
         out = torch.empty_like(q)
