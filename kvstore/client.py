@@ -87,7 +87,7 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class NodeClient(DescriptorPath):
+class NodeClient:
     """Batched ops against one node. See the module docstring for the failure contract.
     ``rdma``: a ClientRdma shared with other NodeClients (StoreClient); by default its own."""
 
@@ -99,6 +99,7 @@ class NodeClient(DescriptorPath):
         self._own_rdma = rdma is None
         self.rdma = rdma or ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)
         self.counters: Counter[str] = Counter()
+        self._leased = DescriptorPath(addr, self.rdma, self.counters, self._run)
         self.up = True
         self.hello: dict[str, Any] | None = None
         self._idle: list[Conn] = []
@@ -269,6 +270,37 @@ class NodeClient(DescriptorPath):
 
         r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
         return self._count_gets(r, len(keys))
+
+    def register(self, buf: Any) -> None:
+        """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
+        once, so ``get_into_leased``/``put_reserved`` can move its bytes one-sidedly; a no-op
+        over TCP. Calls whose buffers are not all registered move their bytes over TCP."""
+        self.rdma.register(buf)
+
+    async def get_into_leased(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """GET the RDMA way (kvstore/client_leased.py); same results as ``get_into``."""
+        return self._count_gets(await self._leased.get_into_leased(keys, bufs, expect, deadline_s), len(keys))
+
+    async def put_reserved(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """PUT the RDMA way (kvstore/client_leased.py); a failure drops the writes (counted)."""
+        r = await self._leased.put_reserved(blocks, deadline_s)
+        if isinstance(r, Status):
+            self.counters["dropped_writes"] += len(blocks)
+            return [PutResult(r)] * len(blocks)
+        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
+            if p.status.ok:
+                self.counters["stored"] += 1
+            else:
+                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
+        return r
 
     def _count_gets(self, r: list[GetResult] | Status, n: int) -> list[GetResult]:
         if isinstance(r, Status):

@@ -6,14 +6,16 @@ COMMIT. The transport moving the bytes is chosen per call: one-sided RDMA READ/W
 is registered (``register``), else :class:`rdma.tcp.TcpTransport` (the node copies the leased or
 reserved bytes over the connection). Both run the same sequence, so the TCP runs on every
 machine test the logic the RDMA runs use. Same failure contract as the rest of the client: a
-failed pair is a miss or a dropped write, counted, never an exception. Mixed into NodeClient
-(which provides ``_run``, ``_count_gets``, ``rdma``, ``counters`` and ``addr``).
+failed pair is a miss or a dropped write, counted, never an exception. Owned by NodeClient,
+which gives it the node's address, its :class:`ClientRdma`, its counters and its ``run``
+(a call on a pooled connection within a deadline, or the Status of its failure); NodeClient
+counts the results.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kvstore import client_rdma
@@ -23,17 +25,19 @@ from kvstore.client_rdma import ClientRdma
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, PutResult, Status
 
+# NodeClient._run: (op, fn on a pooled connection, deadline) -> fn's result or a failure's Status
+Run = Callable[[str, Callable[[Conn], Awaitable[Any]], float | None], Awaitable[Any]]
+
 
 class DescriptorPath:
-    addr: str
-    rdma: ClientRdma
-    counters: Counter[str]
+    """The LEASE/RESERVE sequences for one node. ``run`` is NodeClient's: it runs a function
+    on a pooled connection within a deadline and answers a Status for a failure."""
 
-    def register(self, buf: Any) -> None:
-        """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
-        once, so ``get_into_leased``/``put_reserved`` can move its bytes one-sidedly; a no-op
-        over TCP. Calls whose buffers are not all registered move their bytes over TCP."""
-        self.rdma.register(buf)
+    def __init__(self, addr: str, rdma: ClientRdma, counters: Counter[str], run: Run) -> None:
+        self.addr = addr
+        self.rdma = rdma
+        self.counters = counters
+        self._run = run
 
     async def get_into_leased(
         self,
@@ -41,11 +45,12 @@ class DescriptorPath:
         bufs: Sequence[Any],
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
-    ) -> list[GetResult]:
+    ) -> list[GetResult] | Status:
         """GET the RDMA way: LEASE (descriptors), one-sided reads, RELEASE. With RDMA (the
         connection has a queue pair and every buffer is registered) the client pulls the bytes
         from the node's slab with RDMA READ, and blocks outside the slab come with GET inline;
-        otherwise the node copies the leased bytes over TCP. Same results as ``get_into``."""
+        otherwise the node copies the leased bytes over TCP. Same results as ``get_into``, or the
+        Status of a failed call (the caller counts either)."""
         if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
             raise ValueError(f"get_into_leased: {len(keys)} keys but {len(bufs)} buffers / expectations")
         views = [byte_view(b) for b in bufs]
@@ -83,17 +88,16 @@ class DescriptorPath:
                     out[i] = g
             return out
 
-        r = await self._run("LEASE", go, deadline_s)
-        return self._count_gets(r, len(keys))
+        return await self._run("LEASE", go, deadline_s)
 
     async def put_reserved(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
+    ) -> list[PutResult] | Status:
         """PUT the RDMA way: RESERVE slots (descriptors), one-sided writes, COMMIT. With RDMA
         (a queue pair and every payload in a registered buffer) the client writes into the
         node's slab with RDMA WRITE, and blocks whose slot is not in the slab are PUT inline.
         A pair that fails is not committed: a dropped write (its slot ends at the lease TTL or
-        with the connection)."""
+        with the connection). The Status of a failed call (the caller counts either)."""
         for hdr, p in blocks:
             if memoryview(p).nbytes != hdr.payload_len:
                 raise ValueError(
@@ -118,16 +122,7 @@ class DescriptorPath:
                     out[i] = pr
             return out
 
-        r = await self._run("RESERVE", go, deadline_s)
-        if isinstance(r, Status):
-            self.counters["dropped_writes"] += len(blocks)
-            return [PutResult(r)] * len(blocks)
-        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
-            if p.status.ok:
-                self.counters["stored"] += 1
-            else:
-                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
-        return r
+        return await self._run("RESERVE", go, deadline_s)
 
     async def _transfer(self, conn: Conn, op: str, pairs: list, one_sided: bool) -> list[bool]:
         """Move ``pairs`` one-sidedly (verbs, with fall-back to TCP on failure) or over TCP."""
