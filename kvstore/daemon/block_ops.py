@@ -1,31 +1,58 @@
 """The block ops of the data port: EXISTS, GET, PUT, DELETE and STATS.
 
 GET sends payloads from leased slots and PUT receives them into reserved ones, each move
-marked in transfer and bounded by the transfer deadline (``_moving``). Every reply about
+marked in transfer and bounded by the transfer deadline (kvstore/daemon/transfer.py). Every reply about
 another tenant's block is the reply about an absent key (docs/security.md): GET answers
-``[MISS, nil, nil]``, EXISTS nil, DELETE false, and a PUT of its key BUSY. Mixed into
-:class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``, ``metrics``, ``tokens``,
-``admission``, ``lease_ttl``, ``tenant_stats`` and ``_moving``); event loop thread only.
+``[MISS, nil, nil]``, EXISTS nil, DELETE false, and a PUT of its key BUSY. Owned by
+:class:`~kvstore.daemon.dataport.DataServer`, which gives it what it uses in its constructor
+(:meth:`BlockOps.ops` names the handlers); event loop thread only.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kvstore import protocol as P
-from kvstore.daemon.metrics import plain
+from kvstore.daemon.admission import Admission
+from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
+from kvstore.daemon.transfer import Transfers
 from kvstore.results import Status
 
 
 class BlockOps:
-    node: Any
-    metrics: Any
-    tokens: Any
-    admission: Any
-    lease_ttl: float
-    tenant_stats: Any
-    _moving: Any
+    """``tenant_stats`` is the port's per-tenant counters (shared, written here);
+    ``auth_enabled`` reads the port's current token table (it may be swapped on SIGHUP)."""
+
+    def __init__(
+        self,
+        node: Any,
+        metrics: DaemonMetrics,
+        transfers: Transfers,
+        admission: Admission,
+        tenant_stats: dict[str, Counter[str]],
+        lease_ttl: float,
+        auth_enabled: Callable[[], bool],
+    ) -> None:
+        self.node = node
+        self.metrics = metrics
+        self.transfers = transfers
+        self.admission = admission
+        self.tenant_stats = tenant_stats
+        self.lease_ttl = lease_ttl
+        self._auth_enabled = auth_enabled
+
+    def ops(self) -> dict[str, Callable]:
+        """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
+        return {
+            "EXISTS": self._op_exists,
+            "GET": self._op_get,
+            "PUT": self._op_put,
+            "DELETE": self._op_delete,
+            "STATS": self._op_stats,
+        }
 
     async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
         """Per key: its tier when stored and in one of the session's namespaces, else None."""
@@ -68,7 +95,9 @@ class BlockOps:
                     self.metrics.misses.inc()
                 res.append(P.get_result_to_wire(st, hdr, tier))
             nbytes = sum(v.nbytes for v in views)
-            await self._moving(sent, lambda _: ch.send_frame({"rid": rid, "ok": True, "res": res}, views))
+            await self.transfers.moving(
+                sent, lambda _: ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
+            )
             self.metrics.bytes_out.inc(nbytes)
             ts = self.tenant_stats[sess.tenant]
             ts["hits"] += len(sent)
@@ -101,7 +130,7 @@ class BlockOps:
                     got.append(r)
 
         try:
-            await self._moving(held, receive)
+            await self.transfers.moving(held, receive)
         except BaseException:
             self.node.abort(held)
             raise
@@ -149,7 +178,7 @@ class BlockOps:
             "connections": self.admission.per_tenant.get(sess.tenant, 0),
             **self.tenant_stats[sess.tenant],
         }
-        if self.tokens.enabled:
+        if self._auth_enabled():
             stats: dict[str, Any] = {"tenant": mine}
         else:
             stats = plain(self.node.stats())

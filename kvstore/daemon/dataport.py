@@ -31,7 +31,6 @@ import os
 import socket
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +43,7 @@ from kvstore.daemon.logs import RateLimitedLog, kv
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
+from kvstore.daemon.transfer import Transfers
 from rdma.tcp import FrameError, SocketChannel
 from rdma.transport import TransportError
 from rdma.windows import Windows
@@ -59,13 +59,10 @@ class _Fatal(Exception):
         self.code = code
 
 
-class _Stalled(ConnectionError):
-    """A transfer passed its deadline: the connection is closed without a reply (the stream
-    is mid-frame)."""
-
-
-class DataServer(BlockOps, DescriptorOps):
-    """Serves one listening socket. ``tokens`` may be swapped (SIGHUP) between requests
+class DataServer:
+    """Serves one listening socket. It owns the op handlers (:class:`BlockOps`,
+    :class:`DescriptorOps`), each given what it uses, and the transfer deadline
+    (:class:`Transfers`). ``tokens`` may be swapped (SIGHUP) between requests
     (:meth:`revoke` then closes the connections whose token no longer holds).
     ``rdma`` (a :class:`~kvstore.daemon.slab_rdma.SlabRdma`, or None for TCP only) answers
     HELLO's RDMA offers; ``server.transport`` decides what happens to clients without one."""
@@ -95,6 +92,20 @@ class DataServer(BlockOps, DescriptorOps):
         self._accept_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
+        self.transfers = Transfers(node, cfg.limits, metrics)
+        self.descriptors = DescriptorOps(
+            node, metrics, self.transfers, cfg.limits, self.tenant_stats, self.lease_ttl, rdma, self._bad
+        )
+        blocks = BlockOps(
+            node,
+            metrics,
+            self.transfers,
+            self.admission,
+            self.tenant_stats,
+            self.lease_ttl,
+            lambda: self.tokens.enabled,  # the table may be swapped (SIGHUP)
+        )
+        self._ops = {**blocks.ops(), **self.descriptors.ops()}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -111,7 +122,7 @@ class DataServer(BlockOps, DescriptorOps):
             await asyncio.sleep(1.0)
             for sess in list(self._conns.values()):
                 if sess.windows is not None and len(sess.windows):
-                    self._expire_windows(sess)
+                    self.descriptors.expire_windows(sess)
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -230,7 +241,7 @@ class DataServer(BlockOps, DescriptorOps):
         # first: no one-sided access to slots about to be freed
         for table in (sess.leases, sess.reservations):
             for held in table.values():
-                self._unwindow(sess, held)
+                self.descriptors.unwindow(sess, held)
         if sess.verbs is not None:
             sess.verbs.destroy()
             sess.verbs = None
@@ -252,7 +263,7 @@ class DataServer(BlockOps, DescriptorOps):
         op = "?"
         t0 = time.perf_counter()
         try:
-            self._expire_windows(sess)
+            self.descriptors.expire_windows(sess)
             op, rid = P.req_op(h)
             if op == "HELLO":
                 if plen:
@@ -263,7 +274,7 @@ class DataServer(BlockOps, DescriptorOps):
                     raise _Fatal(P.AUTH, "send HELLO with a valid token first")
                 if plen and op not in ("PUT", "WRITE"):
                     raise P.bad(f"{op} carries no payload")
-                await getattr(self, "_op_" + op.lower())(ch, sess, rid, h, plen)
+                await self._ops[op](ch, sess, rid, h, plen)
             self.metrics.ops.labels(op, "ok").inc()
             self.metrics.latency.labels(op).observe(time.perf_counter() - t0)
             if sess.tenant is not None:
@@ -282,7 +293,7 @@ class DataServer(BlockOps, DescriptorOps):
             self._bad.info("bad_request", peer=sess.peer, op=op, code=exc.code, error=exc)
             # (before HELLO the frame was at most limits.max_header_unauthenticated, and the
             # HELLO deadline still runs: a peer cannot stay unauthenticated by erring)
-            await self._moving([], lambda _: ch.discard(plen))
+            await self.transfers.moving([], lambda _: ch.discard(plen))
             await ch.send_frame(P.error_reply(rid, exc.code, str(exc)))
             return True
         except (ConnectionError, asyncio.CancelledError):
@@ -297,24 +308,6 @@ class DataServer(BlockOps, DescriptorOps):
     def _count_error(self, op: str, code: str) -> None:
         self.metrics.ops.labels(op, code).inc()
         self.metrics.protocol_errors.labels(code).inc()
-
-    async def _moving(self, held, move: Callable[[list[bool]], Awaitable[Any]]) -> list[bool]:
-        """Run ``move`` (bytes to or from the slots of ``held``, leases or reservations) as one
-        transfer: the items are marked in transfer (they cannot expire meanwhile; ``move`` is
-        told which are still live and must touch only those) and the whole move has the
-        transfer deadline. Past it the move is cancelled (a copy burst in a worker thread is
-        waited for first: nothing touches a slot after that) and :class:`_Stalled` closes the
-        connection."""
-        live = self.node.begin_transfer(held)
-        try:
-            async with asyncio.timeout(self.limits.transfer_timeout_s):
-                await move(live)  # in this task: a move whose bytes are there never yields
-        except TimeoutError as exc:
-            self.metrics.timeouts.labels("transfer").inc()
-            raise _Stalled("transfer deadline passed") from exc
-        finally:
-            self.node.end_transfer([x for x, ok in zip(held, live) if ok])
-        return live
 
     # ------------------------------------------------------------ ops
 
@@ -352,7 +345,7 @@ class DataServer(BlockOps, DescriptorOps):
         if sess.verbs is not None:  # a second HELLO replaces the queue pair (and its windows)
             for table in (sess.leases, sess.reservations):
                 for held in table.values():
-                    self._unwindow(sess, held)
+                    self.descriptors.unwindow(sess, held)
             sess.verbs.destroy()
             sess.verbs = sess.windows = None
         try:

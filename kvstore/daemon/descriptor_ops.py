@@ -12,31 +12,62 @@ the slab then gets no descriptor (and no hold): the client moves it with GET/PUT
 Leases and reservations live in the connection's :class:`~kvstore.daemon.session.Session` and
 end with it; a connection holds at most ``limits.max_leases_per_conn`` of them, and a LEASE
 ttl is at most ``limits.max_lease_ttl_s``. READ and WRITE move bytes only under a live
-lease/reservation, marked in transfer for the move (``_moving``: it cannot expire meanwhile).
-Mixed into :class:`~kvstore.daemon.dataport.DataServer` (which provides ``node``,
-``metrics``, ``limits``, ``lease_ttl``, ``rdma`` and ``_moving``); event loop thread only.
+lease/reservation, marked in transfer for the move (kvstore/daemon/transfer.py: it cannot
+expire meanwhile). Owned by :class:`~kvstore.daemon.dataport.DataServer`, which gives it what
+it uses in its constructor and calls :meth:`DescriptorOps.unwindow` and
+:meth:`DescriptorOps.expire_windows` for a session's holds; event loop thread only.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kvstore import protocol as P
-from kvstore.daemon.slab_rdma import slab_descriptor
+from kvstore.daemon.logs import RateLimitedLog
+from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.slab_rdma import SlabRdma, slab_descriptor
+from kvstore.daemon.transfer import Transfers
 from kvstore.results import Status
 from rdma.transport import RemoteDescriptor, TransportError
 
 
 class DescriptorOps:
-    node: Any
-    metrics: Any
-    limits: Any
-    lease_ttl: float
-    rdma: Any
-    tenant_stats: Any
-    _moving: Any
-    _bad: Any
+    """``rdma``: the node's registered slab (None: TCP only); ``tenant_stats`` is the port's
+    per-tenant counters (shared, written here); ``bad`` logs a peer's failures, rate-limited."""
+
+    def __init__(
+        self,
+        node: Any,
+        metrics: DaemonMetrics,
+        transfers: Transfers,
+        limits: Any,
+        tenant_stats: dict[str, Counter[str]],
+        lease_ttl: float,
+        rdma: SlabRdma | None,
+        bad: RateLimitedLog,
+    ) -> None:
+        self.node = node
+        self.metrics = metrics
+        self.transfers = transfers
+        self.limits = limits
+        self.tenant_stats = tenant_stats
+        self.lease_ttl = lease_ttl
+        self.rdma = rdma
+        self._bad = bad
+
+    def ops(self) -> dict[str, Callable]:
+        """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
+        return {
+            "LEASE": self._op_lease,
+            "RELEASE": self._op_release,
+            "READ": self._op_read,
+            "RESERVE": self._op_reserve,
+            "WRITE": self._op_write,
+            "COMMIT": self._op_commit,
+        }
 
     def _room_for(self, sess, n: int) -> None:
         """bad_request when ``n`` more handles would pass the connection's limit."""
@@ -75,7 +106,7 @@ class DescriptorOps:
         self.node.begin_transfer([held])  # a window is a transfer: no expiry under it
         return RemoteDescriptor(sess.hold(table, held, ttl, rkey), place.addr, place.length, rkey)
 
-    def _unwindow(self, sess, held) -> None:
+    def unwindow(self, sess, held) -> None:
         """Revoke ``held``'s memory window (if any) before its slot may go anywhere."""
         if held.grant is not None:
             if sess.windows is not None:
@@ -83,11 +114,11 @@ class DescriptorOps:
             self.node.end_transfer([held.obj])
             held.grant = None
 
-    def _expire_windows(self, sess) -> None:
+    def expire_windows(self, sess) -> None:
         """Revoke and give back one-sided holds past their deadline (the node does not expire
         them: they are marked in transfer while their window exists)."""
         for table, handle, held in sess.overdue_grants(time.monotonic()):
-            self._unwindow(sess, held)
+            self.unwindow(sess, held)
             del table[handle]
             if table is sess.leases:
                 self.node.release([held.obj])
@@ -122,7 +153,7 @@ class DescriptorOps:
         found = [sess.leases.pop(x, None) for x in handles]
         for f in found:
             if f is not None:
-                self._unwindow(sess, f)
+                self.unwindow(sess, f)
         self.node.release([f.obj for f in found if f is not None])
         await ch.send_frame({"rid": rid, "ok": True, "res": [f is not None for f in found]})
 
@@ -148,7 +179,7 @@ class DescriptorOps:
             nbytes = sum(v.nbytes for v in views)
             return ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
 
-        await self._moving(held, send)
+        await self.transfers.moving(held, send)
         self.metrics.bytes_out.inc(nbytes)
         self.tenant_stats[sess.tenant]["bytes_out"] += nbytes
 
@@ -193,7 +224,7 @@ class DescriptorOps:
                     await ch.discard(d.length)
                     res.append(False)
 
-        await self._moving(held, receive)
+        await self.transfers.moving(held, receive)
         self.metrics.bytes_in.inc(plen)
         self.tenant_stats[sess.tenant]["bytes_in"] += plen
         await ch.send_frame({"rid": rid, "ok": True, "res": res})
@@ -203,7 +234,7 @@ class DescriptorOps:
         found = [sess.reservations.pop(x, None) for x in handles]
         for f in found:
             if f is not None:
-                self._unwindow(sess, f)  # no remote write lands after the checksum is taken
+                self.unwindow(sess, f)  # no remote write lands after the checksum is taken
         live = [f.obj for f in found if f is not None]
         done = dict(zip([id(r) for r in live], await self.node.commit(live))) if live else {}
         res = []
