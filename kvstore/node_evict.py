@@ -3,14 +3,19 @@
 tiers, leases, pins, dirty set and counters); same threading rules as the node: one event loop.
 
 Held (leased, in-flight) and pinned blocks are never chosen. A victim is held while it is
-copied down, so its slot is not freed under the copy.
+copied down, so its slot is not freed under the copy. When a block's size class has no free
+slot, a whole slab may be emptied for it (see :meth:`NodeEviction._pick_victims`); the slab
+joins the common pool only once none of its slots is live.
 """
 
 from __future__ import annotations
 
 from kvstore.tiers.memory import MemoryTier
 
+# Rounds of eviction per allocation (a round is one block or one whole slab): bounded work.
 _MAX_EVICTIONS_PER_ALLOC = 64
+# How far down the LRU order a round looks for an evictable block or slab.
+_VICTIM_SCAN = 1024
 
 
 class NodeEviction:
@@ -19,26 +24,54 @@ class NodeEviction:
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
             if tier.can_alloc(plen, hlen):
                 return True
-            victim = self._pick_victim(tier, plen, clean_only=True)
-            if victim is None:
+            victims = self._pick_victims(tier, plen, hlen, clean_only=True)
+            if not victims:
                 return False
-            tier.remove(victim)
-            tier.evictions += 1
-            self.counters[f"evictions_{tier.name}"] += 1
+            for victim in victims:
+                tier.remove(victim)
+                tier.evictions += 1
+                self.counters[f"evictions_{tier.name}"] += 1
         return tier.can_alloc(plen, hlen)
 
-    def _pick_victim(self, tier: MemoryTier, nbytes: int, clean_only: bool) -> bytes | None:
-        """LRU-first evictable key of ``tier``, preferring one whose slot class fits ``nbytes``."""
-        want = tier.alloc.class_of(nbytes)
-        first = None
-        for k in tier.victims():
-            if self._protected(k) or (clean_only and not self._clean_below(tier, k)):
+    def _pick_victims(self, tier: MemoryTier, plen: int, hlen: int, clean_only: bool) -> list[bytes]:
+        """What to evict next so that a block of these sizes can fit, LRU first.
+
+        Header room short, or a slot of the wanted class free: the least recently used
+        evictable block. Otherwise the wanted class's own oldest block -- unless the pages of
+        another class's span (with its neighbours when the wanted class needs a longer run of
+        pages) hold only blocks older than that one: then those spans are emptied and their
+        pages return to the common pool, where the wanted class takes them. So memory moves to
+        the classes whose blocks are used more recently, and a class with no span at all takes
+        the pages of the oldest blocks. A span with a held or pinned block or a reservation is
+        never emptied. Empty when nothing can be evicted."""
+        scan = [k for k in tier.victims(_VICTIM_SCAN) if self._evictable(tier, k, clean_only)]
+        if not scan:
+            return []
+        if not tier.header_room(hlen) or tier.alloc.can_alloc(plen):
+            return scan[:1]
+        want = tier.alloc.class_of(plen)
+        pos = {k: i for i, k in enumerate(scan)}
+        own = next((i for i, k in enumerate(scan) if tier.alloc.class_of(tier.slot_size(k)) == want), None)
+        limit = own if own is not None else len(scan)
+        tried: set[int] = set()
+        for k in scan[:limit]:
+            span = tier.span_of(k)
+            if span in tried:
                 continue
-            if tier.alloc.class_of(tier.slot_size(k)) == want:
-                return k
-            if first is None:
-                first = k
-        return first
+            tried.add(span)
+            spans = tier.alloc.spans_to_free(span, plen)
+            blocks = [b for s in spans for b in tier.span_blocks(s)]
+            # all older than the class's own victim (any age when the class has none in reach)
+            if all(tier.span_only_committed(s) for s in spans) and all(
+                pos.get(b, limit) < limit for b in blocks
+            ):
+                self.counters[f"slab_moves_{tier.name}"] += 1
+                tier.slab_moves += 1
+                return blocks
+        return [scan[own]] if own is not None else []
+
+    def _evictable(self, tier: MemoryTier, key: bytes, clean_only: bool) -> bool:
+        return not self._protected(key) and (not clean_only or self._clean_below(tier, key))
 
     def _clean_below(self, tier: MemoryTier, key: bytes) -> bool:
         """The next tier down already holds ``key`` (and it is not dirty): dropping it here
@@ -52,10 +85,11 @@ class NodeEviction:
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
             if tier.can_alloc(plen, hlen):
                 return True
-            victim = self._pick_victim(tier, plen, clean_only=False)
-            if victim is None:
+            victims = self._pick_victims(tier, plen, hlen, clean_only=False)
+            if not victims:
                 return False
-            await self._demote(tier, victim)
+            for victim in victims:
+                await self._demote(tier, victim)
         return tier.can_alloc(plen, hlen)
 
     async def _demote(self, tier: MemoryTier, key: bytes) -> None:

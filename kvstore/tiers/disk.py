@@ -34,6 +34,10 @@ from kvstore.tiers.base import (
 
 log = logging.getLogger("tierkv.disk")
 
+# A full map is retried this many times, each after dropping twice as many LRU bytes as the
+# write needs: enough to get past fragmentation, bounded so a write never loops.
+_MAP_FULL_RETRIES = 6
+
 
 class DiskTier(LruIndex):
     name = "disk"
@@ -53,6 +57,7 @@ class DiskTier(LruIndex):
         self.sync = sync
         self._protected = protected
         map_size = map_size or int(capacity * 1.5) + (64 << 20)
+        self.map_size = map_size
         try:
             os.makedirs(path, exist_ok=True)
             self.env = lmdb.open(
@@ -76,6 +81,7 @@ class DiskTier(LruIndex):
         self.evictions = 0
         self.checksum_failures = 0
         self.write_errors = 0
+        self.map_full_evictions = 0  # blocks dropped because the map, not capacity, was full
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tierkv-disk-w")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="tierkv-disk-r")
         self._write_lock = asyncio.Lock()
@@ -213,12 +219,8 @@ class DiskTier(LruIndex):
                 room -= need
                 todo.append((key, hdr, payload))
         if todo or evict:
-            loop = asyncio.get_running_loop()
-            try:
-                await loop.run_in_executor(self._writer, self._write_batch, todo, list(evict))
-            except lmdb.Error as exc:
-                self.write_errors += 1
-                log.error("event=disk_write_failed blocks=%d error=%r", len(todo), exc)
+            need = sum(memoryview(p).nbytes + len(h) for _, h, p in todo)
+            if not await self._write_evicting(todo, list(evict), need, {k for k, _, _ in todo}):
                 return [key in self._index for key, _, _ in items]
         for victim in evict:
             if self._drop(victim):
@@ -230,6 +232,56 @@ class DiskTier(LruIndex):
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]
+
+    async def _write_evicting(self, todo, evict: list[bytes], need: int, keep: set[bytes]) -> bool:
+        """Write ``todo`` and delete ``evict`` in one transaction. When the map (the bound on the
+        file's size) is full although capacity says there is room -- LMDB's free pages are
+        fragmented for the large values, or were still held by a reader -- drop more least
+        recently used blocks in a transaction of their own (a transaction cannot reuse pages it
+        frees itself) and retry, at most ``_MAP_FULL_RETRIES`` times, asking for twice the room
+        each time. False (counted in ``write_errors``) when the write still fails."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(_MAP_FULL_RETRIES + 1):
+            try:
+                await loop.run_in_executor(self._writer, self._write_batch, todo, evict)
+                return True
+            except lmdb.MapFullError as exc:
+                more = self._lru_unprotected(need << attempt, keep | set(evict))
+                if attempt == _MAP_FULL_RETRIES or not (more or evict):
+                    self.write_errors += 1
+                    log.error(
+                        "event=disk_map_full blocks=%d map_size=%d error=%r", len(todo), self.map_size, exc
+                    )
+                    return False
+                try:
+                    await loop.run_in_executor(self._writer, self._write_batch, [], evict + more)
+                except lmdb.Error as exc2:
+                    self.write_errors += 1
+                    log.error("event=disk_write_failed blocks=%d error=%r", len(todo), exc2)
+                    return False
+                for k in evict + more:
+                    if self._drop(k):
+                        self.evictions += 1
+                self.map_full_evictions += len(more)
+                evict = []
+            except lmdb.Error as exc:
+                self.write_errors += 1
+                log.error("event=disk_write_failed blocks=%d error=%r", len(todo), exc)
+                return False
+        return False
+
+    def _lru_unprotected(self, nbytes: int, skip: set[bytes]) -> list[bytes]:
+        """Least recently used, unprotected keys (not in ``skip``) holding at least ``nbytes``,
+        or all of them when there are not that many."""
+        out, got = [], 0
+        for k, e in self._index.items():
+            if got >= nbytes:
+                break
+            if k in skip or self._protected(k):
+                continue
+            out.append(k)
+            got += entry_payload_len(e) + entry_header_len(e)
+        return out
 
     def _write_batch(self, todo, evict) -> None:
         with self.env.begin(write=True) as txn:
@@ -265,8 +317,18 @@ class DiskTier(LruIndex):
             "evictions": self.evictions,
             "checksum_failures": self.checksum_failures,
             "write_errors": self.write_errors,
+            "map_full_evictions": self.map_full_evictions,
+            "map_size_bytes": self.map_size,
+            "file_bytes": self.file_bytes(),
             "sync": self.sync,
         }
+
+    def file_bytes(self) -> int:
+        """Size of the LMDB data file on disk (bounded by the map size)."""
+        try:
+            return os.path.getsize(os.path.join(self.path, "data.mdb"))
+        except OSError:
+            return 0
 
     def check(self) -> None:
         assert self._used <= self._capacity

@@ -1,9 +1,15 @@
 """A memory tier: an arena (host DRAM or GPU HBM) cut into slots by a slab allocator.
 
-A block takes two slots of the same arena: one for its payload (so a payload of a model's block
-size fills a slot exactly, and RDMA or zero-copy sends read it in place) and a small one for its
-encoded header. No per-block allocation: a put takes slots from the allocator, a delete gives
-them back.
+A block's payload takes one slot of the arena (so a payload of a model's block size fills a
+slot exactly, and RDMA or zero-copy sends read it in place). Its encoded header (a few hundred
+bytes) lives in host memory beside the index, not in the arena: a slab set aside for headers
+would hold back a whole slab (1/8 of a 256 MiB tier of 32 MiB slabs) for kilobytes. Header bytes
+are bounded to ``capacity / HEADER_BUDGET_DIV``; past that the tier reports no room and the
+node evicts. No per-block allocation in the arena: a put takes a slot, a delete gives it back.
+
+The tier knows which blocks sit in each allocator span, so the node can empty a span (evict
+its blocks) and let its pages serve another size class: pages return to the common pool only
+when their span has no live slot -- no committed block, no reservation.
 
 Two-phase writes: :meth:`reserve` hands out a slot (header already written), the caller fills
 the payload, then :meth:`commit` indexes it or :meth:`abandon` returns it. A reserved slot is
@@ -19,14 +25,16 @@ from kvstore.results import Status
 from kvstore.tiers.base import (
     MAX_HEADER_LEN,
     LruIndex,
-    entry_header_len,
-    entry_header_offset,
     entry_offset,
     entry_payload_len,
     now_s,
     pack_entry,
 )
 from kvstore.tiers.slab import SlabAllocator
+
+# Headers may take up to capacity / 16 of host memory beside the arena (6 %): enough for blocks
+# down to a few KiB with typical headers; smaller blocks are bounded by header room instead.
+HEADER_BUDGET_DIV = 16
 
 
 class MemoryTier(LruIndex):
@@ -35,8 +43,13 @@ class MemoryTier(LruIndex):
         self.arena = arena
         self.alloc = SlabAllocator(arena.size, slab_size)
         self._index: OrderedDict[bytes, int] = OrderedDict()
+        self._headers: dict[bytes, bytes] = {}
+        self._span_keys: dict[int, set[bytes]] = {}  # span (start page) -> blocks in it
+        self.header_budget = self.alloc.capacity // HEADER_BUDGET_DIV
+        self.header_bytes = 0  # committed and reserved headers
         self.payload_bytes = 0
         self.evictions = 0
+        self.slab_moves = 0  # spans emptied for another size class (counted by the node)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -54,44 +67,58 @@ class MemoryTier(LruIndex):
 
     def fits(self, payload_len: int, header_len: int) -> bool:
         return 0 < payload_len <= self.alloc.slab_size and 0 < header_len <= min(
-            MAX_HEADER_LEN, self.alloc.slab_size
+            MAX_HEADER_LEN, self.header_budget
         )
 
     def can_alloc(self, payload_len: int, header_len: int) -> bool:
         """Whether :meth:`reserve` would succeed now without eviction."""
-        a = self.alloc
-        if a.class_of(payload_len) == a.class_of(header_len):
-            return a.can_alloc_n(payload_len, 2)
-        return a.can_alloc(payload_len) and a.can_alloc(header_len)
+        return self.header_room(header_len) and self.alloc.can_alloc(payload_len)
+
+    def header_room(self, header_len: int) -> bool:
+        return self.header_bytes + header_len <= self.header_budget
+
+    # ------------------------------------------------------------------ slabs
+    def span_of(self, key: bytes) -> int:
+        """The allocator span (see kvstore.tiers.slab) holding ``key``'s payload."""
+        return self.alloc.span_of(entry_offset(self._index[key]))
+
+    def span_blocks(self, span: int) -> list[bytes]:
+        """The committed blocks whose payload sits in ``span`` (a snapshot)."""
+        return list(self._span_keys.get(span, ()))
+
+    def span_only_committed(self, span: int) -> bool:
+        """No reservation holds a slot of ``span``: evicting its blocks empties it."""
+        return self.alloc.span_used(span) == len(self._span_keys.get(span, ()))
 
     # ------------------------------------------------------------------ two-phase write
-    def reserve(self, header: bytes, payload_len: int) -> tuple[int, int] | None:
-        """Slots for a block with this header; the header is written, the payload is not.
-        Returns (payload offset, header offset), or None when no slab can serve the sizes
-        (the caller evicts and retries). Raises ValueError when the block can never fit."""
+    def reserve(self, header: bytes, payload_len: int) -> tuple[int, bytes] | None:
+        """A slot for a block with this header; the header is kept, the payload is not written.
+        Returns (payload offset, header), or None when no slab can serve the size or header
+        room is spent (the caller evicts and retries). Raises ValueError when the block can
+        never fit."""
         if not self.fits(payload_len, len(header)):
             raise ValueError(f"block of {payload_len}+{len(header)} bytes exceeds {self.name} slot size")
+        if not self.header_room(len(header)):
+            return None
         off = self.alloc.alloc(payload_len)
         if off is None:
             return None
-        hoff = self.alloc.alloc(len(header))
-        if hoff is None:
-            self.alloc.free(off)
-            return None
-        self.arena.write(hoff, header)
-        return off, hoff
+        self.header_bytes += len(header)
+        return off, bytes(header)
 
-    def commit(self, key: bytes, slots: tuple[int, int], header_len: int, payload_len: int) -> None:
-        """Index reserved slots as ``key`` (most recently used). The key must be absent."""
+    def commit(self, key: bytes, slots: tuple[int, bytes], header_len: int, payload_len: int) -> None:
+        """Index a reservation as ``key`` (most recently used). The key must be absent."""
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
-        self._index[key] = pack_entry(slots[0], slots[1], header_len, payload_len, now_s())
+        self._index[key] = pack_entry(slots[0], 0, header_len, payload_len, now_s())
+        self._headers[key] = slots[1]
+        self._span_keys.setdefault(self.alloc.span_of(slots[0]), set()).add(key)
         self.payload_bytes += payload_len
 
-    def abandon(self, slots: tuple[int, int]) -> None:
-        """Return reserved, uncommitted slots."""
+    def abandon(self, slots: tuple[int, bytes]) -> None:
+        """Return a reserved, uncommitted slot."""
         self.alloc.free(slots[0])
-        self.alloc.free(slots[1])
+        self.header_bytes -= len(slots[1])
 
     def writable(self, offset: int, payload_len: int):
         """The payload area of a reserved slot (a memoryview on host, a tensor on GPU)."""
@@ -140,13 +167,10 @@ class MemoryTier(LruIndex):
         if e is None:
             return None
         self.arena.read_into(entry_offset(e), buf, entry_payload_len(e))
-        return self.arena.read(entry_header_offset(e), entry_header_len(e))
+        return self._headers[key]
 
     def header_sync(self, key: bytes) -> bytes | None:
-        e = self._index.get(key)
-        if e is None:
-            return None
-        return self.arena.read(entry_header_offset(e), entry_header_len(e))
+        return self._headers.get(key)
 
     def payload_view(self, key: bytes):
         """The stored payload in place (valid until the block is removed) and its offset."""
@@ -168,8 +192,13 @@ class MemoryTier(LruIndex):
         if e is None:
             return False
         self.payload_bytes -= entry_payload_len(e)
+        self.header_bytes -= len(self._headers.pop(key))
+        span = self.alloc.span_of(entry_offset(e))
+        keys = self._span_keys[span]
+        keys.discard(key)
+        if not keys:
+            del self._span_keys[span]
         self.alloc.free(entry_offset(e))
-        self.alloc.free(entry_header_offset(e))
         return True
 
     def stats(self) -> dict:
@@ -180,6 +209,13 @@ class MemoryTier(LruIndex):
             "blocks": len(self._index),
             "evictions": self.evictions,
             "free_slabs": self.alloc.free_slabs,
+            "free_pages": self.alloc.free_pages,
+            "page_bytes": self.alloc.page,
+            "slab_moves": self.slab_moves,
+            "header_bytes": self.header_bytes,
+            # slack inside slots + slots of assigned slabs no block holds: DRAM held but unused
+            "free_slot_bytes": self.alloc.free_slot_bytes(),
+            "waste_bytes": self.used_bytes - self.payload_bytes + self.alloc.free_slot_bytes(),
             "pinned_memory": bool(getattr(self.arena, "pinned", False)),
         }
 
@@ -188,7 +224,13 @@ class MemoryTier(LruIndex):
         self.alloc.check()
         assert self.used_bytes <= self.capacity_bytes
         assert self.payload_bytes == sum(entry_payload_len(e) for e in self._index.values())
+        assert self._headers.keys() == self._index.keys()
+        assert sum(len(s) for s in self._span_keys.values()) == len(self._index)
+        for key, e in self._index.items():
+            assert key in self._span_keys[self.alloc.span_of(entry_offset(e))]
+        assert self.header_bytes >= sum(len(h) for h in self._headers.values())
 
     def close(self) -> None:
         self._index.clear()
+        self._headers.clear()
         self.arena.close()

@@ -1,22 +1,27 @@
 """A slab allocator over one contiguous range of bytes: offsets only, no memory of its own.
 
-``[0, capacity)`` is cut into slabs of ``slab_size`` bytes. A slab serves one size class at a
-time. Below ``slab_size / 64`` classes grow geometrically (``growth``, default 1.125) from
-``min_slot``, rounded up to ``align``, so the slack inside a slot is under 12.5 % plus the
-alignment; above that the classes are ``slab_size / k`` (k = 64..1), which tile a slab
-exactly (neighbouring classes differ by at most 1/8 for k >= 8).
-Blocks of one model all have one size: choose ``slab_size`` as a multiple of it and the waste
-is zero. A slab whose slots are all free goes back to the shared pool and can serve another
-class, so a change of block size does not strand memory.
+``[0, capacity)`` is cut into slabs of ``slab_size`` bytes (the largest slot), and each slab
+into ``PAGES_PER_SLAB`` pages. A size class takes its slots from *spans*: runs of 1..8
+contiguous pages inside one slab, as few as tile the class's slot size with a tail under
+1/16 (a power-of-two slot up to a page takes one page; ``slab_size / 3`` takes the whole slab).
+A span serves one class; when its last slot is freed its pages go back to the common pool and
+can serve any class. So a node whose mix of block sizes changes keeps its memory in use: a
+class holds back at most one partly used span, a page-sized block of memory rather than a
+whole slab (``slab_size / 8`` rather than ``slab_size``).
 
-Every operation is O(1) (a slab's free list is built once when the slab is assigned, in
-O(slots per slab)). Not thread-safe: the owner serialises calls.
+Classes: below ``slab_size / 64`` they grow geometrically (``growth``, default 1.125) from
+``min_slot``, rounded up to ``align``, plus every power of two and 1.5x one; above that they
+are ``slab_size / k`` (k = 64..1). The slack inside a slot is under 12.5 % plus alignment.
+
+A slot is alloc'd from a span with free slots in O(1); a new span costs a scan of the slabs
+with free pages. Not thread-safe: the owner serialises calls.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import islice
+
+PAGES_PER_SLAB = 8
 
 
 class SlabAllocator:
@@ -30,28 +35,29 @@ class SlabAllocator:
         self.slab_size = slab_size
         self.num_slabs = capacity // slab_size
         self.capacity = self.num_slabs * slab_size
-        # Small slots: geometric classes (slack < 1/growth). Larger ones (from slab/64): exactly
-        # slab/k for k = 64..1, which tile a slab with no tail; neighbours differ by <= 1/8
-        # down to k = 8.
-        classes: list[int] = []
-        size = min(_round_up(min_slot, align), slab_size)
-        while size < slab_size // 64:
-            classes.append(size)
-            size = max(_round_up(int(size * growth), align), size + align)
-        for k in range(64, 0, -1):
-            s = slab_size // k // align * align
-            if s >= align and (not classes or s > classes[-1]):
-                classes.append(s)
-        if classes[-1] != slab_size:
-            classes.append(slab_size)
-        self.classes: tuple[int, ...] = tuple(classes)
-        self._slab_class = [-1] * self.num_slabs
-        self._slab_free: list[list[int] | None] = [None] * self.num_slabs
-        self._slab_used = [0] * self.num_slabs
-        # per class: slabs with at least one free slot (dict as an ordered set: O(1) add/remove)
+        # pages of slab/8 when that keeps slots aligned; a slab that small is one page
+        self.pages = PAGES_PER_SLAB if slab_size % (PAGES_PER_SLAB * align) == 0 else 1
+        self.page = slab_size // self.pages
+        self.classes: tuple[int, ...] = _classes(slab_size, min_slot, growth, align)
+        self._span_len = tuple(self._pages_for(s) for s in self.classes)
+        self._span_slots = tuple(n * self.page // s for n, s in zip(self._span_len, self.classes))
+        n_pages = self.num_slabs * self.pages
+        self._page_span = [-1] * n_pages  # start page of the span covering each page, -1 free
+        self._span_class: dict[int, int] = {}  # span start page -> class index
+        self._span_free: dict[int, list[int]] = {}
+        self._span_used: dict[int, int] = {}
+        # per class: spans with at least one free slot (dict as an ordered set: O(1) add/remove)
         self._partial: list[dict[int, None]] = [{} for _ in self.classes]
-        self._free_slabs = list(range(self.num_slabs - 1, -1, -1))
+        self._slab_free = [(1 << self.pages) - 1] * self.num_slabs  # bitmask of free pages
+        self._slabs_with_free: dict[int, None] = dict.fromkeys(range(self.num_slabs))
         self.allocated_bytes = 0  # sum of slot sizes handed out
+
+    def _pages_for(self, slot: int) -> int:
+        for n in range(1, self.pages + 1):
+            span = n * self.page
+            if span >= slot and span % slot <= span // 16:
+                return n
+        return self.pages
 
     def class_of(self, nbytes: int) -> int:
         """Index of the smallest class that holds ``nbytes``; ValueError when over slab_size."""
@@ -62,83 +68,180 @@ class SlabAllocator:
     def slot_size_for(self, nbytes: int) -> int:
         return self.classes[self.class_of(nbytes)]
 
+    def span_pages(self, nbytes: int) -> int:
+        """Pages of the span that serves the class of ``nbytes``."""
+        return self._span_len[self.class_of(nbytes)]
+
+    # ------------------------------------------------------------------ alloc, free
     def alloc(self, nbytes: int) -> int | None:
-        """Offset of a free slot of at least ``nbytes``, or None when no slab can serve it."""
+        """Offset of a free slot of at least ``nbytes``, or None when no span can serve it."""
         c = self.class_of(nbytes)
         partial = self._partial[c]
         if partial:
-            slab = next(iter(partial))
-        elif self._free_slabs:
-            slab = self._free_slabs.pop()
-            slot = self.classes[c]
-            base = slab * self.slab_size
-            self._slab_class[slab] = c
-            self._slab_free[slab] = [base + i * slot for i in range(self.slab_size // slot - 1, -1, -1)]
-            partial[slab] = None
+            span = next(iter(partial))
         else:
-            return None
-        free = self._slab_free[slab]
+            span = self._take_pages(self._span_len[c])
+            if span is None:
+                return None
+            slot = self.classes[c]
+            base = span * self.page
+            self._span_class[span] = c
+            self._span_free[span] = [base + i * slot for i in range(self._span_slots[c] - 1, -1, -1)]
+            self._span_used[span] = 0
+            partial[span] = None
+        free = self._span_free[span]
         off = free.pop()
-        self._slab_used[slab] += 1
+        self._span_used[span] += 1
         if not free:
-            del partial[slab]
+            del partial[span]
         self.allocated_bytes += self.classes[c]
         return off
 
     def free(self, offset: int) -> None:
         """Return a slot. Raises ValueError for an offset that is not an allocated slot start."""
-        slab, within = divmod(offset, self.slab_size)
-        if not 0 <= slab < self.num_slabs or self._slab_class[slab] < 0:
-            raise ValueError(f"offset {offset} is not in an allocated slab")
-        c = self._slab_class[slab]
+        page = offset // self.page
+        span = self._page_span[page] if 0 <= page < len(self._page_span) else -1
+        if span < 0:
+            raise ValueError(f"offset {offset} is not in an allocated span")
+        c = self._span_class[span]
         slot = self.classes[c]
-        if within % slot or within // slot >= self.slab_size // slot:
+        within = offset - span * self.page
+        if within % slot or within // slot >= self._span_slots[c]:
             raise ValueError(f"offset {offset} is not a slot start")
-        free = self._slab_free[slab]
+        free = self._span_free[span]
         free.append(offset)
-        self._slab_used[slab] -= 1
+        self._span_used[span] -= 1
         self.allocated_bytes -= slot
-        if self._slab_used[slab] == 0:
-            self._partial[c].pop(slab, None)
-            self._slab_class[slab] = -1
-            self._slab_free[slab] = None
-            self._free_slabs.append(slab)
+        if self._span_used[span] == 0:  # no live slot left: its pages go back to the pool
+            self._partial[c].pop(span, None)
+            del self._span_class[span], self._span_free[span], self._span_used[span]
+            self._give_pages(span, self._span_len[c])
         else:
-            self._partial[c][slab] = None
+            self._partial[c][span] = None
 
+    def _find_pages(self, n: int) -> int | None:
+        window = (1 << n) - 1
+        for slab in self._slabs_with_free:
+            mask = self._slab_free[slab]
+            for i in range(self.pages - n + 1):
+                if (mask >> i) & window == window:
+                    return slab * self.pages + i
+        return None
+
+    def _take_pages(self, n: int) -> int | None:
+        start = self._find_pages(n)
+        if start is None:
+            return None
+        slab, i = divmod(start, self.pages)
+        self._slab_free[slab] &= ~(((1 << n) - 1) << i)
+        if not self._slab_free[slab]:
+            del self._slabs_with_free[slab]
+        for p in range(start, start + n):
+            self._page_span[p] = start
+        return start
+
+    def _give_pages(self, start: int, n: int) -> None:
+        slab, i = divmod(start, self.pages)
+        self._slab_free[slab] |= ((1 << n) - 1) << i
+        self._slabs_with_free[slab] = None
+        for p in range(start, start + n):
+            self._page_span[p] = -1
+
+    # ------------------------------------------------------------------ queries
     def slot_size(self, offset: int) -> int:
-        return self.classes[self._slab_class[offset // self.slab_size]]
+        return self.classes[self._span_class[self._page_span[offset // self.page]]]
 
     def can_alloc(self, nbytes: int) -> bool:
-        return bool(self._partial[self.class_of(nbytes)]) or bool(self._free_slabs)
-
-    def can_alloc_n(self, nbytes: int, n: int) -> bool:
-        """Whether ``n`` slots of ``nbytes`` can be allocated now."""
         c = self.class_of(nbytes)
-        free = sum(len(self._slab_free[s]) for s in islice(self._partial[c], n))
-        return free >= n or bool(self._free_slabs)
+        return bool(self._partial[c]) or self._find_pages(self._span_len[c]) is not None
+
+    def span_of(self, offset: int) -> int:
+        """The span (its start page) holding the slot at ``offset``."""
+        return self._page_span[offset // self.page]
+
+    def span_used(self, span: int) -> int:
+        """Slots of ``span`` handed out and not yet freed (0 for a page not in a span)."""
+        return self._span_used.get(span, 0)
+
+    def spans_to_free(self, span: int, nbytes: int) -> list[int]:
+        """The spans to empty so that a span for the class of ``nbytes`` fits where ``span``
+        is: ``span`` and its neighbours in the same slab that cover enough contiguous pages.
+        Emptying them all gives that class room (with no other allocation in between)."""
+        need = self._span_len[self.class_of(nbytes)]
+        have = self._span_len[self._span_class[span]]
+        if have >= need:
+            return [span]
+        slab = span // self.pages
+        lo = max(slab * self.pages, span + have - need)
+        out = []
+        for p in range(lo, lo + need):
+            s = self._page_span[p]
+            if s >= 0 and s not in out:
+                out.append(s)
+        return out
 
     @property
     def free_slabs(self) -> int:
-        return len(self._free_slabs)
+        """Slabs with every page free."""
+        full = (1 << self.pages) - 1
+        return sum(1 for m in self._slab_free if m == full)
+
+    @property
+    def free_pages(self) -> int:
+        return sum(m.bit_count() for m in self._slab_free)
+
+    def free_slot_bytes(self) -> int:
+        """Bytes of spans not in a handed-out slot (free slots and the tail a class does not
+        tile): memory this allocator holds back from other classes."""
+        assigned = len(self._page_span) - self.free_pages
+        return assigned * self.page - self.allocated_bytes
 
     def check(self) -> None:
-        """Integrity check (for tests): counts and free lists agree. Raises AssertionError."""
+        """Integrity check (for tests): counts, pages and free lists agree. Raises AssertionError."""
         total = 0
-        for slab in range(self.num_slabs):
-            c = self._slab_class[slab]
-            if c < 0:
-                assert self._slab_free[slab] is None and self._slab_used[slab] == 0
-                assert slab in self._free_slabs
-                continue
-            nslots = self.slab_size // self.classes[c]
-            free = self._slab_free[slab]
+        covered = 0
+        for span, c in self._span_class.items():
+            n = self._span_len[c]
+            assert span // self.pages == (span + n - 1) // self.pages, "span crosses a slab"
+            assert all(self._page_span[p] == span for p in range(span, span + n))
+            slab, i = divmod(span, self.pages)
+            assert not self._slab_free[slab] & (((1 << n) - 1) << i), "span on free pages"
+            free = self._span_free[span]
             assert len(set(free)) == len(free), "duplicate free slot"
-            assert len(free) + self._slab_used[slab] == nslots
-            assert (slab in self._partial[c]) == bool(free)
-            total += self._slab_used[slab] * self.classes[c]
+            assert len(free) + self._span_used[span] == self._span_slots[c]
+            assert self._span_used[span] > 0
+            assert (span in self._partial[c]) == bool(free)
+            total += self._span_used[span] * self.classes[c]
+            covered += n
+        assert covered + self.free_pages == len(self._page_span)
+        assert sum(1 for s in self._page_span if s < 0) == self.free_pages
         assert total == self.allocated_bytes
-        assert len(set(self._free_slabs)) == len(self._free_slabs)
+        assert set(self._slabs_with_free) == {s for s, m in enumerate(self._slab_free) if m}
+
+
+def _classes(slab_size: int, min_slot: int, growth: float, align: int) -> tuple[int, ...]:
+    # Small slots: geometric classes (slack < 1/growth) plus powers of two and 1.5x them -- the
+    # block sizes of real models, made exact. Larger ones (from slab/64): exactly slab/k for
+    # k = 64..1, which tile a slab with no tail; neighbours differ by <= 1/8 down to k = 8.
+    classes: list[int] = []
+    size = min(_round_up(min_slot, align), slab_size)
+    while size < slab_size // 64:
+        classes.append(size)
+        size = max(_round_up(int(size * growth), align), size + align)
+    p2 = 1
+    while p2 < slab_size // 64:
+        for c in (p2, p2 * 3 // 2):
+            if c >= min_slot and c % align == 0 and c < slab_size // 64:
+                classes.append(c)
+        p2 *= 2
+    classes = sorted(set(classes))
+    for k in range(64, 0, -1):
+        s = slab_size // k // align * align
+        if s >= align and (not classes or s > classes[-1]):
+            classes.append(s)
+    if classes[-1] != slab_size:
+        classes.append(slab_size)
+    return tuple(classes)
 
 
 def _round_up(n: int, a: int) -> int:

@@ -64,7 +64,7 @@ async def test_mismatch_and_small_buffer(node):
 
 
 async def test_lru_eviction_moves_down_then_drops(cfg_factory):
-    # 4 MiB DRAM of 1 MiB slabs holds 12 blocks of 256 KiB (one slab is headers); disk ~24
+    # 4 MiB DRAM of 1 MiB slabs holds 16 blocks of 256 KiB (headers beside the index); disk ~24
     node = await NodeStore.open(cfg_factory(dram__capacity="4MiB", disk__capacity="6MiB"))
     try:
         blocks = make_blocks(40)
@@ -117,16 +117,16 @@ async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
 async def test_all_pinned_means_no_space(cfg_factory):
     node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False))
     try:
-        blocks = make_blocks(4)
+        blocks = make_blocks(8)  # 2 MiB of 256 KiB payloads (headers live beside the index)
         await node.put(blocks)
-        assert await node.pin(_keys(blocks)) == [True] * 4
+        assert await node.pin(_keys(blocks)) == [True] * 8
         res = await node.put(make_blocks(1, seed=5))
         assert res[0].status is Status.NO_SPACE
-        assert await node.contains(_keys(blocks)) == ["dram"] * 4
+        assert await node.contains(_keys(blocks)) == ["dram"] * 8
         await node.unpin(_keys(blocks[:1]))
         res = await node.put(make_blocks(1, seed=5))
         assert res[0].status is Status.STORED
-        assert await node.contains(_keys(blocks)) == [None, "dram", "dram", "dram"]
+        assert await node.contains(_keys(blocks)) == [None] + ["dram"] * 7
     finally:
         await node.close()
 
@@ -190,7 +190,7 @@ async def test_restart_keeps_blocks(cfg_factory, mode):
 async def test_write_back_reaches_disk_on_eviction(cfg_factory):
     node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__write_mode="write-back"))
     try:
-        blocks = make_blocks(10)
+        blocks = make_blocks(14)  # DRAM holds 8
         for b in blocks:
             await node.put([b])
         assert len(node.disk) >= 6  # evicted blocks were written down, not lost

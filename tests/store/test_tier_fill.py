@@ -1,0 +1,84 @@
+"""Tiers that use what they are given: a DRAM tier under a mix of block sizes fills (slabs
+move between size classes), and an LMDB map that fills up evicts instead of failing writes.
+
+Fill is measured in bytes of payload held / capacity, with no timing: deterministic."""
+
+from __future__ import annotations
+
+import os
+import random
+
+from storeutil import make_blocks
+
+from kvstore.node import NodeStore
+from kvstore.results import Status
+from kvstore.tiers.disk import DiskTier
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# The soak's mix scaled down 8x: slabs of 4 MiB, 8 of them, blocks of 8 KiB .. 512 KiB (the
+# issue measured 32 MiB slabs, 8 of them, blocks of 64 KiB .. 4 MiB). Each phase is a set of
+# models (one block size each) in use at once; the set changes from phase to phase.
+PHASES = [
+    [8 * KiB, 32 * KiB, 128 * KiB, 512 * KiB],
+    [12 * KiB, 48 * KiB, 192 * KiB],
+    [16 * KiB, 64 * KiB, 256 * KiB, 384 * KiB, 512 * KiB],
+]
+
+
+def _mixed_blocks(nbytes: int, seed: int, sizes: list[int]):
+    """Blocks of the given sizes in random order, ``nbytes`` of payload in all."""
+    rnd = random.Random(seed)
+    out, total, i = [], 0, 0
+    while total < nbytes:
+        size = rnd.choice(sizes)
+        out += make_blocks(1, nbytes=size, seed=seed * 100_000 + i)
+        total, i = total + size, i + 1
+    return out
+
+
+async def test_dram_fills_under_mixed_block_sizes(cfg_factory):
+    node = await NodeStore.open(
+        cfg_factory(dram__capacity="32MiB", dram__slab_size="4MiB", disk__enabled=False)
+    )
+    try:
+        dram = node.dram
+        fills = []
+        for phase, sizes in enumerate(PHASES):  # each phase writes 2x the capacity
+            for h, p in _mixed_blocks(64 * MiB, phase + 1, sizes):
+                [r] = await node.put([(h, p)])
+                assert r.status is Status.STORED, r
+            node.check()
+            fills.append(dram.payload_bytes / dram.capacity_bytes)
+        assert min(fills) >= 0.9, fills
+        assert dram.slab_moves > 0, "the mix changed: slabs must have moved between classes"
+        st = node.stats()["tiers"]["dram"]
+        assert st["waste_bytes"] == st["used_bytes"] - st["payload_bytes"] + st["free_slot_bytes"]
+        assert st["used_bytes"] <= st["capacity_bytes"]
+    finally:
+        await node.close()
+
+
+async def test_full_lmdb_map_evicts_and_keeps_accepting_writes(tmp_path):
+    # capacity says there is room; the map (the file's bound) runs out first
+    path = str(tmp_path / "disk")
+    disk = DiskTier(path, 256 * MiB, map_size=8 * MiB, sync=False)
+    try:
+        blocks = make_blocks(40, nbytes=512 * KiB)
+        stored = []
+        for h, p in blocks:
+            [ok] = await disk.put([(h.key.raw, h.encode(), p)])
+            stored.append(ok)
+            assert os.path.getsize(f"{path}/data.mdb") <= 8 * MiB
+        assert all(stored), stored
+        assert disk.write_errors == 0
+        assert disk.stats()["map_full_evictions"] > 0
+        # the newest blocks are there and intact; the oldest made room
+        h, p = blocks[-1]
+        buf = bytearray(len(p))
+        [(st, _)] = await disk.get_into([h.key.raw], [buf])
+        assert st is Status.HIT and bytes(buf) == p
+        assert blocks[0][0].key.raw not in disk
+        disk.check()
+    finally:
+        await disk.close()
