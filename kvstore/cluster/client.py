@@ -17,7 +17,9 @@ node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node d
   its first ``replicas + lookahead`` nodes has it (``lookahead`` finds blocks whose owner
   changed when a node joined). :meth:`lookup_prefix` is the longest prefix over replicas.
 - Reads: kvstore/cluster/reads.py. Writes: kvstore/cluster/writes.py (``put_report`` tells
-  exactly what was stored, under-replicated and dropped).
+  exactly what was stored, under-replicated and dropped). Both are objects this client owns,
+  given it as their :class:`~kvstore.cluster.route.Route` (node clients, healthy view,
+  rendezvous order, connection set-up, timed fan-out) and its counters.
 - Health: kvstore/cluster/health.py; a node marked down is skipped until it is readmitted.
 """
 
@@ -28,8 +30,10 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
+from kvstore.block import BlockHeader
 from kvstore.client import ClientConfig, NodeClient
 from kvstore.cluster.config import ClusterConfig
 from kvstore.cluster.health import Health
@@ -39,7 +43,7 @@ from kvstore.cluster.readrepair import Repairer
 from kvstore.cluster.reads import ClusterReads
 from kvstore.cluster.writes import ClusterWrites, PutReport
 from kvstore.keys import BlockKey
-from kvstore.results import Status
+from kvstore.results import Expect, GetResult, PutResult, Status
 
 log = logging.getLogger("kvstore.cluster")
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
@@ -49,7 +53,7 @@ _WARM_KEY = BlockKey(bytes(16))  # EXISTS of this key opens and HELLOs a connect
 __all__ = ["ClusterClient", "ClusterConfig", "PutReport"]
 
 
-class ClusterClient(ClusterReads, ClusterWrites):
+class ClusterClient:
     """Bound to the event loop of its first call. See the module docstring."""
 
     def __init__(
@@ -79,6 +83,10 @@ class ClusterClient(ClusterReads, ClusterWrites):
         self._warm_joiners = False  # set by start(connect=True)
         self._warmed: set[str] = set()  # members whose connections were opened once
         self.repairer = Repairer(self.nodes, self.healthy, self.cfg.repair_max_blocks)
+        self._reads = ClusterReads(
+            self, self.health, self.repairer, self.cfg, self.client_cfg, self._own_counters
+        )
+        self._writes = ClusterWrites(self, self.cfg, self.client_cfg, self._own_counters)
 
     @classmethod
     def static(cls, addrs: Sequence[str], client_cfg=None, cfg=None) -> ClusterClient:
@@ -146,10 +154,16 @@ class ClusterClient(ClusterReads, ClusterWrites):
                     t.add_done_callback(self._warming.discard)
             self._weights[addr] = m.node
 
+    async def connect(self, addrs: Iterable[str], deadline_s: float) -> None:
+        """Open and HELLO the connections of those ``addrs`` never reached (Route)."""
+        cold = [a for a in addrs if a not in self._warmed]
+        if cold:
+            await self._warm(cold, deadline_s)
+
     def healthy(self, addr: str) -> bool:
         return self.health.healthy(addr)
 
-    async def _healthy_view(self, deadline_s: float | None = None) -> list[Node]:
+    async def healthy_view(self, deadline_s: float | None = None) -> list[Node]:
         if not self._started:
             await self.start(min(2.0, deadline_s or self.client_cfg.op_timeout_s), connect=False)
         self._sync()
@@ -159,7 +173,7 @@ class ClusterClient(ClusterReads, ClusterWrites):
             self._view_key, self._view, self._ranks = key, view, {}
         return self._view
 
-    def _rank(self, key: BlockKey) -> tuple[str, ...]:
+    def rank(self, key: BlockKey) -> tuple[str, ...]:
         ids = self._ranks.get(key.raw)
         if ids is None:
             if len(self._ranks) >= _RANK_CACHE_MAX:
@@ -176,7 +190,7 @@ class ClusterClient(ClusterReads, ClusterWrites):
         self.health.observe(addr, time.monotonic() - t0, nbytes, op)
         return res
 
-    async def _fan(
+    async def fan(
         self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable], op: str = ""
     ):
         addrs = list(groups)
@@ -192,14 +206,14 @@ class ClusterClient(ClusterReads, ClusterWrites):
             return {n.id: everything for n in view}
         groups: dict[str, list[int]] = {n.id: [] for n in view}
         for i, k in enumerate(keys):
-            for a in self._rank(k)[:width]:
+            for a in self.rank(k)[:width]:
                 groups[a].append(i)
         return {a: idx for a, idx in groups.items() if idx}
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key: the best tier any of its candidate nodes holds it in (``None``: nowhere)."""
         out: list[str | None] = [None] * len(keys)
-        view = await self._healthy_view(deadline_s)
+        view = await self.healthy_view(deadline_s)
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
@@ -245,16 +259,40 @@ class ClusterClient(ClusterReads, ClusterWrites):
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
         out = [False] * len(keys)
-        view = await self._healthy_view(deadline_s)
+        view = await self.healthy_view(deadline_s)
         if not keys or not view:
             return out
         groups = self._lookup_groups(keys, view)
-        for addr, res in await self._fan(
+        for addr, res in await self.fan(
             groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s), "delete"
         ):
             for i, ok in zip(groups[addr], res):
                 out[i] = out[i] or ok
         return out
+
+    # ---------------------------------------------------------------- reads and writes
+
+    async def get_into(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """Fill ``bufs[i]`` with block ``keys[i]`` (kvstore/cluster/reads.py)."""
+        return await self._reads.get_into(keys, bufs, expect, deadline_s)
+
+    async def put(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> list[PutResult]:
+        """Per block, its best replica's result (kvstore/cluster/writes.py)."""
+        return await self._writes.put(blocks, deadline_s)
+
+    async def put_report(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> PutReport:
+        """Store ``blocks`` on their owners and say what happened (kvstore/cluster/writes.py)."""
+        return await self._writes.put_report(blocks, deadline_s)
 
     # ---------------------------------------------------------------- the rest
 

@@ -1,4 +1,4 @@
-"""Replicated reads of the cluster client (a mixin of :class:`ClusterClient`).
+"""Replicated reads of the cluster client (an object :class:`ClusterClient` owns).
 
 Contract: ``get_into`` fills each caller buffer from the first candidate node (owners, then
 ``lookahead`` nodes further in rendezvous order) that has the block whole and verified; never
@@ -15,21 +15,47 @@ raises for a node problem. Bytes of a buffer whose result is not HIT are unspeci
   first, it is used and the hedge is cancelled. The late node is never timed out by the
   hedge, so lateness alone does not count as a failure of the node client.
 - Read repair: a block found past its owners is offered to kvstore/cluster/readrepair.py.
+
+Given in its constructor: the owner's :class:`~kvstore.cluster.route.Route` (node clients,
+healthy view, rendezvous order), the health tracker, the read repairer, the configs and the
+counters it adds to (the owner's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kvstore.client import ClientConfig
 from kvstore.client_conn import byte_view
+from kvstore.cluster.config import ClusterConfig
+from kvstore.cluster.health import Health
+from kvstore.cluster.readrepair import Repairer
+from kvstore.cluster.route import Route
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
 
 
 class ClusterReads:
+    def __init__(
+        self,
+        route: Route,
+        health: Health,
+        repairer: Repairer,
+        cfg: ClusterConfig,
+        client_cfg: ClientConfig,
+        counters: Counter[str],
+    ) -> None:
+        self.route = route
+        self.health = health
+        self.repairer = repairer
+        self.cfg = cfg
+        self.client_cfg = client_cfg
+        self.counters = counters
+
     async def get_into(
         self,
         keys: Sequence[BlockKey],
@@ -42,11 +68,11 @@ class ClusterReads:
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         exp = list(expect) if expect is not None else [None] * len(keys)
         out = [GetResult(Status.MISS)] * len(keys)
-        view = await self._healthy_view(deadline_s)
+        view = await self.route.healthy_view(deadline_s)
         if not keys or not view:
             return out
         width = self.cfg.replicas + self.cfg.lookahead
-        cands = [self._rank(k)[:width] for k in keys]
+        cands = [self.route.rank(k)[:width] for k in keys]
         pos = [0] * len(keys)
         missed: dict[int, list[str]] = {}  # owners that answered MISS, per key
         pending = list(range(len(keys)))
@@ -55,14 +81,14 @@ class ClusterReads:
         while pending and end - time.monotonic() > 0:
             groups: dict[str, list[int]] = {}
             for i in pending:
-                while pos[i] < len(cands[i]) and not self.healthy(cands[i][pos[i]]):
+                while pos[i] < len(cands[i]) and not self.route.healthy(cands[i][pos[i]]):
                     pos[i] += 1  # went down since: skip without spending time on it
                 if pos[i] < len(cands[i]):
                     groups.setdefault(cands[i][pos[i]], []).append(i)
             if not groups:
                 break
             if not first:
-                self._own_counters["read_fallback_rounds"] += 1
+                self.counters["read_fallback_rounds"] += 1
             first = False
             answers: dict[int, tuple[str, GetResult]] = {}
             req = _Req(keys, bufs, exp, cands, pos, end)
@@ -89,7 +115,7 @@ class ClusterReads:
     async def _read_group(self, addr: str, idx: list[int], q: _Req, answers: dict) -> None:
         """Read ``idx`` from ``addr``, hedged to the keys' next candidates when it is late."""
         t0 = time.monotonic()
-        node = self.nodes[addr]
+        node = self.route.nodes[addr]
         prim = asyncio.ensure_future(
             node.get_into(
                 [q.keys[i] for i in idx], [q.bufs[i] for i in idx], [q.exp[i] for i in idx], q.left()
@@ -97,7 +123,7 @@ class ClusterReads:
         )
         alt: dict[str, list[int]] = {}
         for i in idx:
-            nxt = next((a for a in q.cands[i][q.pos[i] + 1 :] if a != addr and self.healthy(a)), None)
+            nxt = next((a for a in q.cands[i][q.pos[i] + 1 :] if a != addr and self.route.healthy(a)), None)
             if nxt is not None:
                 alt.setdefault(nxt, []).append(i)
         nbytes = sum(_cap(q.bufs[i]) for i in idx)
@@ -106,11 +132,11 @@ class ClusterReads:
         if prim.done() or not alt:
             self._take(addr, idx, await prim, answers, t0)
             return
-        self._own_counters["reads_hedged"] += sum(len(v) for v in alt.values())
+        self.counters["reads_hedged"] += sum(len(v) for v in alt.values())
         tmp = {i: bytearray(_cap(q.bufs[i])) for ks in alt.values() for i in ks}
         alts = {
             asyncio.ensure_future(
-                self.nodes[b].get_into(
+                self.route.nodes[b].get_into(
                     [q.keys[i] for i in ks], [tmp[i] for i in ks], [q.exp[i] for i in ks], q.left()
                 )
             ): (b, ks)
@@ -128,7 +154,7 @@ class ClusterReads:
         if not prim.done() and len(won) == len(idx):  # the hedge has it all: stop the late read
             prim.cancel()
             await asyncio.gather(prim, return_exceptions=True)
-            self._own_counters["hedges_won"] += 1
+            self.counters["hedges_won"] += 1
             self.health.late(addr, time.monotonic() - t0)
             res = [GetResult(Status.MISS)] * len(idx)
         else:

@@ -1,4 +1,4 @@
-"""Replicated writes of the cluster client (a mixin of :class:`ClusterClient`).
+"""Replicated writes of the cluster client (an object :class:`ClusterClient` owns).
 
 Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the first healthy
 nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
@@ -13,17 +13,25 @@ first gets its connections opened within the caller's deadline (``start()`` does
 left. So a dead or partitioned node costs about ``write_floor_s`` and its blocks are
 redirected within the same call, while a healthy node that moves a large batch at least at
 ``write_min_bytes_per_s`` never misses a chunk deadline, however long the whole batch takes.
+
+Given in its constructor: the owner's :class:`~kvstore.cluster.route.Route` (node clients,
+healthy view, rendezvous order, connection set-up, timed fan-out), the configs and the
+counters it adds to (the owner's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvstore.block import BlockHeader
+from kvstore.client import ClientConfig
+from kvstore.cluster.config import ClusterConfig
+from kvstore.cluster.route import Route
 from kvstore.results import PutResult, Status
 
 # a node that answered these for a block did not store it; the next node in order may
@@ -61,6 +69,14 @@ class PutReport:
 
 
 class ClusterWrites:
+    def __init__(
+        self, route: Route, cfg: ClusterConfig, client_cfg: ClientConfig, counters: Counter[str]
+    ) -> None:
+        self.route = route
+        self.cfg = cfg
+        self.client_cfg = client_cfg
+        self.counters = counters
+
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult]:
@@ -74,13 +90,13 @@ class ClusterWrites:
         n = len(blocks)
         out = [PutResult(Status.ERROR)] * n
         copies = [0] * n
-        view = await self._healthy_view(deadline_s)
+        view = await self.route.healthy_view(deadline_s)
         # copies the cluster wants (members, down ones included) vs copies placeable now
-        wanted = min(self.cfg.replicas, max(len(self.nodes), 1))
+        wanted = min(self.cfg.replicas, max(len(self.route.nodes), 1))
         if not blocks or not view:
-            self._own_counters["blocks_stored_nowhere"] += n
+            self.counters["blocks_stored_nowhere"] += n
             return PutReport(out, copies, wanted)
-        order = [self._rank(h.key) for h, _ in blocks]
+        order = [self.route.rank(h.key) for h, _ in blocks]
         need = [min(wanted, len(view))] * n
         pos = [0] * n
         end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
@@ -92,7 +108,7 @@ class ClusterWrites:
                 while need[i] > 0 and pos[i] < len(order[i]):
                     a = order[i][pos[i]]
                     pos[i] += 1
-                    if self.healthy(a):
+                    if self.route.healthy(a):
                         groups.setdefault(a, []).append(i)
                         need[i] -= 1
             if not groups or end - time.monotonic() <= 0:
@@ -100,10 +116,9 @@ class ClusterWrites:
             if not first:
                 redirected += sum(len(v) for v in groups.values())
             first = False
-            cold = [a for a in groups if a not in self._warmed]
-            if cold:  # connection set-up is bounded by the caller's deadline, not a node's write budget
-                await self._warm(cold, end - time.monotonic())
-            for addr, res in await self._fan(
+            # connection set-up is bounded by the caller's deadline, not a node's write budget
+            await self.route.connect(groups, end - time.monotonic())
+            for addr, res in await self.route.fan(
                 groups, lambda node, idx: self._put_node(node, blocks, idx, end)
             ):
                 for i, r in zip(groups[addr], res):
@@ -118,9 +133,9 @@ class ClusterWrites:
                     if r.status in _REDIRECT:
                         need[i] += 1  # the next node in rendezvous order takes it
         report = PutReport(out, copies, wanted, failures, redirected)
-        self._own_counters["writes_redirected"] += redirected
-        self._own_counters["blocks_stored_nowhere"] += report.dropped
-        self._own_counters["blocks_under_replicated"] += report.under_replicated
+        self.counters["writes_redirected"] += redirected
+        self.counters["blocks_stored_nowhere"] += report.dropped
+        self.counters["blocks_under_replicated"] += report.under_replicated
         return report
 
     async def _put_node(self, node, blocks, idx: list[int], end: float) -> list[PutResult]:

@@ -1,0 +1,47 @@
+"""What the cluster client's reads and writes are given: the :class:`Route` protocol.
+
+:class:`~kvstore.cluster.client.ClusterClient` owns the node clients, their health and the
+placement view; its read path (kvstore/cluster/reads.py) and write path
+(kvstore/cluster/writes.py) are objects it owns, each given this protocol (implemented by the
+ClusterClient) plus its config and counters in its constructor, so neither reaches into state
+it was not handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from kvstore.client import NodeClient
+from kvstore.cluster.placement import Node
+from kvstore.keys import BlockKey
+
+
+class Route(Protocol):
+    @property
+    def nodes(self) -> Mapping[str, NodeClient]:
+        """Every member's node client, by address (down ones included)."""
+        ...
+
+    async def healthy_view(self, deadline_s: float | None = None) -> list[Node]:
+        """The healthy members now (loads the first membership view when nobody did)."""
+        ...
+
+    def rank(self, key: BlockKey) -> tuple[str, ...]:
+        """The healthy view's addresses in ``key``'s rendezvous order (owners first)."""
+        ...
+
+    def healthy(self, addr: str) -> bool:
+        """Whether ``addr`` is used now (not marked down)."""
+        ...
+
+    async def connect(self, addrs: Iterable[str], deadline_s: float) -> None:
+        """Open the connections of those ``addrs`` never reached, within ``deadline_s``."""
+        ...
+
+    async def fan(
+        self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable], op: str = ""
+    ) -> Iterable[tuple[str, Any]]:
+        """``call(node, indices)`` on every node of ``groups`` at once, each timed into health;
+        ``(addr, result)`` pairs."""
+        ...
