@@ -82,3 +82,46 @@ async def test_full_lmdb_map_evicts_and_keeps_accepting_writes(tmp_path):
         disk.check()
     finally:
         await disk.close()
+
+
+async def test_spans_with_held_slots_never_move(cfg_factory):
+    # 4 MiB of 1 MiB slabs = 32 pages of 128 KiB; a 64 KiB class span is one page of 2 slots
+    node = await NodeStore.open(
+        cfg_factory(dram__capacity="4MiB", dram__slab_size="1MiB", disk__enabled=False)
+    )
+    try:
+        small = make_blocks(7, nbytes=64 * KiB, seed=1)  # the reservation below shares a span
+        await node.put(small)
+        [lease] = await node.lease([small[0][0].key])
+        assert lease is not None and lease.tier == "dram"
+        [moving] = await node.lease([small[1][0].key])
+        assert node.begin_transfer([moving]) == [True]
+        (rh, rp), *_ = make_blocks(1, nbytes=64 * KiB, seed=2)
+        [res] = await node.reserve([rh])
+        assert not isinstance(res, Status)
+        # a flood of another class: every other span must move to it
+        big = make_blocks(60, nbytes=128 * KiB, seed=3)
+        for b in big:
+            await node.put([b])
+        assert node.dram.slab_moves > 0
+        assert bytes(lease.view) == small[0][1], "a leased slot was reused"
+        assert bytes(moving.view) == small[1][1], "a slot under transfer was reused"
+        res.view[:] = rp
+        [c] = await node.commit([res])
+        assert c.status is Status.STORED
+        node.end_transfer([moving])
+        node.release([lease, moving])
+        node.check()
+        # every block DRAM holds reads back as committed
+        held = [b for b in [*small, (rh, rp), *big] if b[0].key.raw in node.dram]
+        assert small[0][0].key.raw in node.dram and (rh.key.raw in node.dram)
+        got, bufs = await _read(node, held)
+        assert all(g.status is Status.HIT for g in got)
+        assert all(bytes(buf) == p for buf, (_, p) in zip(bufs, held))
+    finally:
+        await node.close()
+
+
+async def _read(node, blocks):
+    bufs = [bytearray(h.payload_len) for h, _ in blocks]
+    return await node.get_into([h.key for h, _ in blocks], bufs), bufs
