@@ -38,6 +38,7 @@ def _start_daemon(tmp: Path, a) -> tuple[subprocess.Popen, str, str]:
     cfg.write_text(
         f'[dram]\ncapacity = "{a.dram // MiB}MiB"\nslab_size = "{a.slab // MiB}MiB"\n'
         f'[disk]\npath = "{tmp / "disk"}"\ncapacity = "{a.disk // MiB}MiB"\nsync = {str(a.sync).lower()}\n'
+        f'map_size = "{a.disk_map // MiB}MiB"\n'
         f'[server]\nport_file = "{tmp / "ports.json"}"\nmax_frame = "{2 * a.slab // MiB + 1}MiB"\n'
     )
     proc = subprocess.Popen(
@@ -169,6 +170,7 @@ def main() -> int:
     p.add_argument("--dram", type=parse_size, default=parse_size("256MiB"))
     p.add_argument("--slab", type=parse_size, default=parse_size("32MiB"))
     p.add_argument("--disk", type=parse_size, default=parse_size("512MiB"))
+    p.add_argument("--disk-map", type=parse_size, default=0, help="LMDB map size (0: derived from --disk)")
     p.add_argument("--working-set", type=parse_size, default=parse_size("1GiB"))
     p.add_argument(
         "--sizes",

@@ -186,43 +186,43 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
 
 
 def index_bytes_per_block(n: int) -> float:
-    """tracemalloc bytes per block of a memory tier's index holding ``n`` blocks."""
-    tier = MemoryTier("dram", HostArena(64 * MiB, "false"), 32 * MiB)
+    """tracemalloc bytes per block of a memory tier's index holding ``n`` blocks: the packed
+    entry, the key, the header kept beside it (180 B) and the per-span key sets."""
+    # 4 KiB slots, so header room (capacity / 16) is not what limits; the arena is never touched
+    tier = MemoryTier("dram", HostArena(n * 4096 + 32 * MiB, "false"), 32 * MiB)
     keys = [os.urandom(16) for _ in range(n)]  # keys exist anyway (the caller's); not counted
+    slots = [tier.reserve(os.urandom(180), 4096) for _ in range(n)]  # allocator state: not index
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for i, k in enumerate(keys):
-        tier.commit(k, (i * 4096 + 12345678, i * 256 + 999999), 180, 2 * MiB)
+    for k, slot in zip(keys, slots):
+        tier.commit(k, slot, 180, 4096)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    # the key objects are owned by the index from here on: count them too
-    key_bytes = sum(k.__sizeof__() for k in keys) / n
-    return (after - before) / n + key_bytes
+    # the key and header objects are owned by the index from here on: count them too
+    owned = sum(k.__sizeof__() + s[1].__sizeof__() for k, s in zip(keys, slots)) / n
+    return (after - before) / n + owned
 
 
 def slab_waste() -> list[dict]:
+    """Per block size: its slot, the span (run of pages) its class takes, and the share of that
+    span no payload byte uses (slack in slots + the tail the slots do not tile)."""
     out = []
     a = SlabAllocator(1 << 30, 32 * MiB)
     for label, nbytes in [
         ("2 MiB", 2 * MiB),
         ("1.5 MiB", 3 * MiB // 2),
         ("640 KiB", 640 << 10),
+        ("64 KiB", 64 << 10),
+        ("96 KiB", 96 << 10),
+        ("4 MiB", 4 * MiB),
         ("Llama-3-8B, 16 tok, bf16", 32 * 2 * 16 * 8 * 128 * 2),
         ("SmolLM2-135M, 16 tok, fp32", 30 * 2 * 16 * 3 * 64 * 4),
         ("32 MiB", 32 * MiB),
-        ("header ~180 B", 180),
     ]:
         slot = a.slot_size_for(nbytes)
-        per_slab = (32 * MiB) // slot
-        used = per_slab * nbytes
-        out.append(
-            dict(
-                block=label,
-                bytes=nbytes,
-                slot=slot,
-                waste=1 - used / (32 * MiB) if nbytes > 4096 else 1 - nbytes / slot,
-            )
-        )
+        span = a.span_pages(nbytes) * a.page
+        used = (span // slot) * nbytes
+        out.append(dict(block=label, bytes=nbytes, slot=slot, span=span, waste=1 - used / span))
     return out
 
 
@@ -252,7 +252,9 @@ def main() -> None:
     waste = slab_waste()
     print("\nslab waste (32 MiB slabs):")
     for w in waste:
-        print(f"  {w['block']:28} slot {w['slot']:>10}  waste {w['waste'] * 100:5.1f}%")
+        print(
+            f"  {w['block']:28} slot {w['slot']:>10}  span {w['span'] // MiB:>3} MiB  waste {w['waste'] * 100:5.1f}%"
+        )
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -43,8 +43,9 @@ class MemoryTier(LruIndex):
         self.arena = arena
         self.alloc = SlabAllocator(arena.size, slab_size)
         self._index: OrderedDict[bytes, int] = OrderedDict()
-        self._headers: dict[bytes, bytes] = {}
-        self._span_keys: dict[int, set[bytes]] = {}  # span (start page) -> blocks in it
+        # span (start page) -> {key: encoded header} of the blocks whose payload is in it: one
+        # map serves both the header lookup and emptying a span
+        self._spans: dict[int, dict[bytes, bytes]] = {}
         self.header_budget = self.alloc.capacity // HEADER_BUDGET_DIV
         self.header_bytes = 0  # committed and reserved headers
         self.payload_bytes = 0
@@ -84,11 +85,11 @@ class MemoryTier(LruIndex):
 
     def span_blocks(self, span: int) -> list[bytes]:
         """The committed blocks whose payload sits in ``span`` (a snapshot)."""
-        return list(self._span_keys.get(span, ()))
+        return list(self._spans.get(span, ()))
 
     def span_only_committed(self, span: int) -> bool:
         """No reservation holds a slot of ``span``: evicting its blocks empties it."""
-        return self.alloc.span_used(span) == len(self._span_keys.get(span, ()))
+        return self.alloc.span_used(span) == len(self._spans.get(span, ()))
 
     # ------------------------------------------------------------------ two-phase write
     def reserve(self, header: bytes, payload_len: int) -> tuple[int, bytes] | None:
@@ -111,8 +112,7 @@ class MemoryTier(LruIndex):
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
         self._index[key] = pack_entry(slots[0], 0, header_len, payload_len, now_s())
-        self._headers[key] = slots[1]
-        self._span_keys.setdefault(self.alloc.span_of(slots[0]), set()).add(key)
+        self._spans.setdefault(self.alloc.span_of(slots[0]), {})[key] = slots[1]
         self.payload_bytes += payload_len
 
     def abandon(self, slots: tuple[int, bytes]) -> None:
@@ -167,10 +167,11 @@ class MemoryTier(LruIndex):
         if e is None:
             return None
         self.arena.read_into(entry_offset(e), buf, entry_payload_len(e))
-        return self._headers[key]
+        return self._spans[self.alloc.span_of(entry_offset(e))][key]
 
     def header_sync(self, key: bytes) -> bytes | None:
-        return self._headers.get(key)
+        e = self._index.get(key)
+        return None if e is None else self._spans[self.alloc.span_of(entry_offset(e))][key]
 
     def payload_view(self, key: bytes):
         """The stored payload in place (valid until the block is removed) and its offset."""
@@ -192,12 +193,11 @@ class MemoryTier(LruIndex):
         if e is None:
             return False
         self.payload_bytes -= entry_payload_len(e)
-        self.header_bytes -= len(self._headers.pop(key))
         span = self.alloc.span_of(entry_offset(e))
-        keys = self._span_keys[span]
-        keys.discard(key)
-        if not keys:
-            del self._span_keys[span]
+        blocks = self._spans[span]
+        self.header_bytes -= len(blocks.pop(key))
+        if not blocks:
+            del self._spans[span]
         self.alloc.free(entry_offset(e))
         return True
 
@@ -224,13 +224,12 @@ class MemoryTier(LruIndex):
         self.alloc.check()
         assert self.used_bytes <= self.capacity_bytes
         assert self.payload_bytes == sum(entry_payload_len(e) for e in self._index.values())
-        assert self._headers.keys() == self._index.keys()
-        assert sum(len(s) for s in self._span_keys.values()) == len(self._index)
+        assert sum(len(s) for s in self._spans.values()) == len(self._index)
         for key, e in self._index.items():
-            assert key in self._span_keys[self.alloc.span_of(entry_offset(e))]
-        assert self.header_bytes >= sum(len(h) for h in self._headers.values())
+            assert key in self._spans[self.alloc.span_of(entry_offset(e))]
+        assert self.header_bytes >= sum(len(h) for s in self._spans.values() for h in s.values())
 
     def close(self) -> None:
         self._index.clear()
-        self._headers.clear()
+        self._spans.clear()
         self.arena.close()

@@ -2,16 +2,17 @@
 
 ``[0, capacity)`` is cut into slabs of ``slab_size`` bytes (the largest slot), and each slab
 into ``PAGES_PER_SLAB`` pages. A size class takes its slots from *spans*: runs of 1..8
-contiguous pages inside one slab, as few as tile the class's slot size with a tail under
-1/16 (a power-of-two slot up to a page takes one page; ``slab_size / 3`` takes the whole slab).
+contiguous pages inside one slab, as few as tile the class's slot size with (nearly) the least
+tail (a power-of-two slot up to a page takes one page; 1.5 MiB slots of a 32 MiB slab take 3).
 A span serves one class; when its last slot is freed its pages go back to the common pool and
 can serve any class. So a node whose mix of block sizes changes keeps its memory in use: a
 class holds back at most one partly used span, a page-sized block of memory rather than a
 whole slab (``slab_size / 8`` rather than ``slab_size``).
 
 Classes: below ``slab_size / 64`` they grow geometrically (``growth``, default 1.125) from
-``min_slot``, rounded up to ``align``, plus every power of two and 1.5x one; above that they
-are ``slab_size / k`` (k = 64..1). The slack inside a slot is under 12.5 % plus alignment.
+``min_slot``, rounded up to ``align``; above that they are ``slab_size / k`` (k = 64..1); and
+at every size each power of two and 1.5x one. The slack inside a slot is under 12.5 % plus
+alignment.
 
 A slot is alloc'd from a span with free slots in O(1); a new span costs a scan of the slabs
 with free pages. Not thread-safe: the owner serialises calls.
@@ -53,11 +54,15 @@ class SlabAllocator:
         self.allocated_bytes = 0  # sum of slot sizes handed out
 
     def _pages_for(self, slot: int) -> int:
-        for n in range(1, self.pages + 1):
-            span = n * self.page
-            if span >= slot and span % slot <= span // 16:
-                return n
-        return self.pages
+        """The fewest pages whose tail after tiling ``slot`` is within 1/64 of the least tail
+        any span length gives (short spans are easier to find free and to empty)."""
+        tails = {
+            n: (n * self.page % slot) / (n * self.page)
+            for n in range(1, self.pages + 1)
+            if n * self.page >= slot
+        }
+        best = min(tails.values())
+        return min(n for n, t in tails.items() if t <= best + 1 / 64)
 
     def class_of(self, nbytes: int) -> int:
         """Index of the smallest class that holds ``nbytes``; ValueError when over slab_size."""
@@ -220,28 +225,27 @@ class SlabAllocator:
 
 
 def _classes(slab_size: int, min_slot: int, growth: float, align: int) -> tuple[int, ...]:
-    # Small slots: geometric classes (slack < 1/growth) plus powers of two and 1.5x them -- the
-    # block sizes of real models, made exact. Larger ones (from slab/64): exactly slab/k for
-    # k = 64..1, which tile a slab with no tail; neighbours differ by <= 1/8 down to k = 8.
+    # Small slots: geometric classes (slack < 1/growth). Larger ones (from slab/64): exactly
+    # slab/k for k = 64..1, which tile a slab with no tail; neighbours differ by <= 1/8 down to
+    # k = 8. Plus, at every size, powers of two and 1.5x them: the block sizes of real models,
+    # made exact (more classes only ever lower the slack).
     classes: list[int] = []
     size = min(_round_up(min_slot, align), slab_size)
     while size < slab_size // 64:
         classes.append(size)
         size = max(_round_up(int(size * growth), align), size + align)
-    p2 = 1
-    while p2 < slab_size // 64:
-        for c in (p2, p2 * 3 // 2):
-            if c >= min_slot and c % align == 0 and c < slab_size // 64:
-                classes.append(c)
-        p2 *= 2
-    classes = sorted(set(classes))
     for k in range(64, 0, -1):
         s = slab_size // k // align * align
         if s >= align and (not classes or s > classes[-1]):
             classes.append(s)
-    if classes[-1] != slab_size:
-        classes.append(slab_size)
-    return tuple(classes)
+    p2 = 1
+    while p2 < slab_size:
+        for c in (p2, p2 * 3 // 2):
+            if c >= min_slot and c % align == 0 and c < slab_size:
+                classes.append(c)
+        p2 *= 2
+    classes.append(slab_size)
+    return tuple(sorted(set(classes)))
 
 
 def _round_up(n: int, a: int) -> int:
