@@ -7,7 +7,7 @@ restarted past the TTL, or it expired) it registers again with a new one. ``stop
 the lease so the node leaves at once. etcd trouble is logged, never fatal to the daemon: the
 node keeps serving whoever already knows it.
 
-:func:`kvstore.cluster.member.serve_member` runs the daemon with registration around it.
+:func:`kvstore.daemon.member.serve_member` runs the daemon with registration around it.
 """
 
 from __future__ import annotations

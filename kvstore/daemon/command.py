@@ -53,7 +53,7 @@ def run_serve(args: argparse.Namespace) -> int:
             sets["cluster.join"] = args.join
         cfg = load_store_config(args.config, sets)
         if cfg.cluster.join or cfg.cluster.peers:  # a member: registration and repair around it
-            from kvstore.cluster.member import serve_member
+            from kvstore.daemon.member import serve_member
 
             asyncio.run(serve_member(cfg))
         else:

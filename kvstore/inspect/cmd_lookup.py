@@ -5,7 +5,7 @@ load time against prefill time for the cached prefix."""
 from __future__ import annotations
 
 from kvstore.inspect.admin_client import AdminClient, UsageError
-from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+from kvstore.inspect.context import Context, add_parser, gather_nodes, runner
 
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
 _CHUNK = 10000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvstore.inspect.admin_client import AdminClient, UsageError
 from kvstore.inspect.cmd_blocks import parse_key
-from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+from kvstore.inspect.context import Context, add_parser, gather_nodes, runner
 
 EVICT_JSON = """{"key": hex|null, "namespace": hex|null, "deleted": int,
   "nodes": [{"node", "deleted": int}]}"""

@@ -3,7 +3,7 @@ checksum failures, bytes in/out (from each node's ``GET /v1/stats``)."""
 
 from __future__ import annotations
 
-from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+from kvstore.inspect.context import Context, add_parser, gather_nodes, runner
 from kvstore.inspect.output import human_size
 
 STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evictions",

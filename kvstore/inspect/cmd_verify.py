@@ -4,7 +4,7 @@ node's tiers, page by page with a progress bar (on a terminal); ``--repair`` dro
 from __future__ import annotations
 
 from kvstore.inspect.admin_client import AdminClient, UsageError
-from kvstore.inspect.command import Context, add_parser, runner
+from kvstore.inspect.context import Context, add_parser, runner
 
 VERIFY_JSON = """{"repair": bool, "checked": int, "corrupt": int, "dropped": int,
   "nodes": [{"node", "checked", "dropped", "corrupt": [{"key", "tier"}]}]}

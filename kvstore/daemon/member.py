@@ -6,6 +6,9 @@ Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); t
 stopped first, then the registration is revoked. A configuration that cannot work (auth on
 and no operator token for the repair's peer sessions, a bad peer address) is a ConfigError
 before anything serves.
+
+It lives with the daemon, not in kvstore/cluster/: the daemon uses the cluster package, and
+the cluster package never imports the daemon.
 """
 
 from __future__ import annotations
