@@ -50,7 +50,9 @@ class SlabAllocator:
         # per class: spans with at least one free slot (dict as an ordered set: O(1) add/remove)
         self._partial: list[dict[int, None]] = [{} for _ in self.classes]
         self._slab_free = [(1 << self.pages) - 1] * self.num_slabs  # bitmask of free pages
-        self._slabs_with_free: dict[int, None] = dict.fromkeys(range(self.num_slabs))
+        # slabs with a free page, the most recently freed last (searched from the end): a freed
+        # span is what the next allocation reuses, as with a stack
+        self._slabs_with_free: dict[int, None] = dict.fromkeys(range(self.num_slabs - 1, -1, -1))
         self.allocated_bytes = 0  # sum of slot sizes handed out
 
     def _pages_for(self, slot: int) -> int:
@@ -125,13 +127,21 @@ class SlabAllocator:
             self._partial[c][span] = None
 
     def _find_pages(self, n: int) -> int | None:
-        window = (1 << n) - 1
-        for slab in self._slabs_with_free:
+        """Start page of ``n`` free contiguous pages in one slab: in a slab already in use when
+        one has room (whole free slabs stay whole for the classes that need them), else in
+        the most recently freed whole slab."""
+        window, full = (1 << n) - 1, (1 << self.pages) - 1
+        whole = None
+        for slab in reversed(self._slabs_with_free):
             mask = self._slab_free[slab]
+            if mask == full:
+                if whole is None:
+                    whole = slab
+                continue
             for i in range(self.pages - n + 1):
                 if (mask >> i) & window == window:
                     return slab * self.pages + i
-        return None
+        return None if whole is None else whole * self.pages
 
     def _take_pages(self, n: int) -> int | None:
         start = self._find_pages(n)
@@ -148,7 +158,8 @@ class SlabAllocator:
     def _give_pages(self, start: int, n: int) -> None:
         slab, i = divmod(start, self.pages)
         self._slab_free[slab] |= ((1 << n) - 1) << i
-        self._slabs_with_free[slab] = None
+        self._slabs_with_free.pop(slab, None)
+        self._slabs_with_free[slab] = None  # most recently freed: searched first
         for p in range(start, start + n):
             self._page_span[p] = -1
 

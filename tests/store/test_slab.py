@@ -74,3 +74,34 @@ def test_bad_free_rejected():
         a.free(6 * MiB)
     with pytest.raises(ValueError):
         a.alloc(3 * MiB)
+
+
+def test_a_span_returns_its_pages_only_when_no_slot_is_live():
+    # 16 MiB of 8 MiB slabs: 16 pages of 1 MiB; 64 KiB slots take one page (16 slots)
+    a = SlabAllocator(16 * MiB, 8 * MiB)
+    small = [a.alloc(64 << 10) for _ in range(16 * 16)]  # every page
+    assert None not in small and a.alloc(8 * MiB) is None
+    page0 = sorted(small)[:16]  # the slots of the first page
+    for off in page0[1:]:
+        a.free(off)
+    assert a.alloc(1 * MiB) is None, "a page with a live slot must not serve another class"
+    a.free(page0[0])
+    one = a.alloc(1 * MiB)
+    assert one == 0, "the emptied page serves the 1 MiB class"
+    a.check()
+    # a whole slab for an 8 MiB block once all eight pages of one slab are empty
+    for off in sorted(small)[16:]:
+        if off < 8 * MiB:
+            a.free(off)
+    assert a.alloc(8 * MiB) is None, "page 0 is still live"
+    a.free(one)
+    assert a.alloc(8 * MiB) == 0
+    a.check()
+
+
+def test_spans_tile_with_little_tail():
+    a = SlabAllocator(1 << 30, 32 * MiB)
+    for n in (64 << 10, 96 << 10, 1 * MiB, 3 * MiB // 2, 2 * MiB, 4 * MiB, 737280):
+        slot = a.slot_size_for(n)
+        span = a.span_pages(n) * a.page
+        assert (span // slot) * n / span >= 0.98, n
