@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from kvstore import protocol as P
+from kvstore.address import parse_host_port
 from kvstore.block import BlockHeader
 from kvstore.client_conn import Conn, NodeRefused, byte_view
 from kvstore.client_leased import DescriptorPath
@@ -79,21 +80,13 @@ class ClientConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming ``addr``."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"node address {addr!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
 class NodeClient:
     """Batched ops against one node. See the module docstring for the failure contract.
     ``rdma``: a ClientRdma shared with other NodeClients (StoreClient); by default its own."""
 
     def __init__(self, addr: str, cfg: ClientConfig | None = None, rdma: ClientRdma | None = None) -> None:
         self.addr = addr
-        self.host, self.port = parse_addr(addr)
+        self.host, self.port = parse_host_port(addr, "node address")
         self.cfg = cfg or ClientConfig()
         c = self.cfg
         self._own_rdma = rdma is None

@@ -22,3 +22,7 @@ class BlockFormatError(TierKVError, ValueError):
 
 class TierError(TierKVError):
     """A tier cannot be opened or used as configured (path, device, size)."""
+
+
+class AddressError(TierKVError, ValueError):
+    """A network address is not ``host:port``; the message names it and where it came from."""

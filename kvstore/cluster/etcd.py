@@ -25,8 +25,10 @@ from typing import Any
 
 import aiohttp
 
+from kvstore.address import parse_host_port
 from kvstore.cluster.etcd_security import EtcdSecurity
 from kvstore.cluster.membership import MembershipError
+from kvstore.errors import AddressError
 
 KEY_ROOT = "/tierkv/clusters"
 
@@ -64,9 +66,10 @@ def parse_etcd_url(url: str) -> EtcdTarget:
     if not endpoints:
         raise MembershipError(f"etcd URL {url!r}: no host:port")
     for e in endpoints:
-        host, colon, port = e.rpartition(":")
-        if not colon or not host or not port.isdigit():
-            raise MembershipError(f"etcd URL {url!r}: endpoint {e!r} is not host:port")
+        try:
+            parse_host_port(e, "endpoint")
+        except AddressError as exc:
+            raise MembershipError(f"etcd URL {url!r}: {exc}") from exc
     return EtcdTarget(endpoints, cluster)
 
 

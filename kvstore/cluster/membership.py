@@ -14,7 +14,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvstore.address import parse_host_port
 from kvstore.cluster.placement import Node
+from kvstore.errors import AddressError
 
 
 class MembershipError(ValueError):
@@ -33,9 +35,10 @@ class Member:
     admin: str = ""
 
     def __post_init__(self) -> None:
-        host, sep, port = self.addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise MembershipError(f"member address {self.addr!r} is not host:port")
+        try:
+            parse_host_port(self.addr, "member address")
+        except AddressError as exc:
+            raise MembershipError(str(exc)) from exc
         if self.capacity < 0:
             raise MembershipError(f"member {self.addr}: capacity must be >= 0, got {self.capacity}")
 

@@ -10,8 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore.address import parse_host_port
+from kvstore.client import NodeClient
+from kvstore.cluster.etcd import parse_etcd_url
 from kvstore.cluster.membership import Member, MembershipError, StaticMembership
 from kvstore.cluster.placement import Node, owners, rank
+from kvstore.errors import AddressError
 
 keys_st = st.binary(min_size=16, max_size=16)
 nodes_st = st.lists(
@@ -135,3 +139,24 @@ def test_cluster_bad_input_is_named():
         Member.from_json(b"{}")
     m = Member("10.1.2.3:7000", 2 << 30, "z1", "n1")
     assert Member.from_json(m.to_json()) == m and m.node.weight == 2.0
+
+
+@pytest.mark.parametrize("bad", ["nohost", ":7000", "h:", "h:x", "h:0", "h:65536", "h:-1"])
+def test_every_address_reader_refuses_a_bad_host_port_naming_it(bad):
+    """One parser (kvstore/address.py) behind the node client, a member and an etcd URL."""
+    with pytest.raises(AddressError, match=repr(bad)):
+        parse_host_port(bad, "node address")
+    with pytest.raises(MembershipError, match=f"member address {bad!r}"):
+        Member(bad)
+    with pytest.raises(MembershipError, match=f"endpoint {bad!r}"):
+        parse_etcd_url(f"etcd://{bad}/c")
+    with pytest.raises(ValueError, match=f"node address {bad!r}"):
+        NodeClient(bad)
+
+
+def test_host_port_accepts_names_v4_and_bracketed_v6():
+    assert parse_host_port("node-1.example:7000") == ("node-1.example", 7000)
+    assert parse_host_port("10.0.0.1:1") == ("10.0.0.1", 1)
+    assert parse_host_port("[::1]:65535") == ("::1", 65535)
+    assert Member("[::1]:7000").addr == "[::1]:7000"
+    assert parse_etcd_url("etcd://a:2379,[::1]:2379/c").endpoints == ("a:2379", "[::1]:2379")
