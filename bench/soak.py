@@ -154,11 +154,16 @@ async def _soak(a, addr: str, admin: str) -> list[dict]:
     return samples
 
 
+def _mib(v) -> str:
+    return "-" if v is None else f"{v / MiB:.1f}MiB"
+
+
 def _row(s: dict) -> str:
+    # fields a node does not report (an older one) print as "-"
     return (
-        f"t={s['t_s']:7.1f}s dram_fill={100 * s['dram_fill']:5.1f}% waste={s['dram_waste_bytes'] / MiB:6.1f}MiB "
-        f"moves={s['slab_moves']} disk_file={s['disk_file_bytes'] / MiB:7.1f}MiB "
-        f"disk_used={s['disk_used_bytes'] / MiB:7.1f}MiB hits dram/disk={s['dram_hits']}/{s['disk_hits']} "
+        f"t={s['t_s']:7.1f}s dram_fill={100 * s['dram_fill']:5.1f}% waste={_mib(s['dram_waste_bytes'])} "
+        f"moves={s['slab_moves']} disk_file={_mib(s['disk_file_bytes'])} "
+        f"disk_used={_mib(s['disk_used_bytes'])} hits dram/disk={s['dram_hits']}/{s['disk_hits']} "
         f"map_full_evictions={s['disk_map_full_evictions']} write_errors={s['disk_write_errors']}"
     )
 
@@ -192,10 +197,11 @@ def main() -> int:
         os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         Path(a.json).write_text(json.dumps({"args": {k: v for k, v in vars(a).items()}, "samples": samples}))
     warm = samples[len(samples) // 3 :] or samples
+    files = [s["disk_file_bytes"] for s in warm if s["disk_file_bytes"] is not None]
     print(
         f"after warm-up: dram_fill min {100 * min(s['dram_fill'] for s in warm):.1f}% "
-        f"disk_file max {max(s['disk_file_bytes'] for s in warm) / MiB:.1f}MiB "
-        f"(first {warm[0]['disk_file_bytes'] / MiB:.1f}MiB); "
+        f"max {100 * max(s['dram_fill'] for s in warm):.1f}%; "
+        f"disk_file {_mib(files[0] if files else None)} -> {_mib(max(files) if files else None)}; "
         f"hits dram/disk {sum(s['dram_hits'] for s in samples)}/{sum(s['disk_hits'] for s in samples)}"
     )
     return 0
