@@ -6,7 +6,7 @@ import time
 
 from kvstore.errors import KeyFormatError
 from kvstore.inspect.admin_client import AdminClient, UsageError
-from kvstore.inspect.command import Context, add_parser, gather_nodes, runner
+from kvstore.inspect.context import Context, add_parser, gather_nodes, runner
 from kvstore.inspect.output import ago, human_size, short
 
 _PAGE = 10000

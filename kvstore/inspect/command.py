@@ -4,11 +4,7 @@ back here."""
 
 from __future__ import annotations
 
-# cmd_blocks.py still imports these from here (the one import edge tests/test_import_graph.py
-# waives); re-exported until it imports them from kvstore.inspect.context
-from kvstore.inspect.context import Context, add_parser, gather_nodes, runner
-
-__all__ = ["Context", "add_inspect_commands", "add_parser", "gather_nodes", "runner"]
+__all__ = ["add_inspect_commands"]
 
 
 def add_inspect_commands(sub) -> None:
