@@ -95,7 +95,7 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
 
     t_memcpy = _best(memcpy, reps)
 
-    # DRAM: capacity for all blocks (plus the header slab); disk off so only DRAM is timed
+    # DRAM: capacity for all blocks (plus slack); disk off so only DRAM is timed
     cfg = load_store_config(
         None,
         {

@@ -30,8 +30,9 @@ MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
 
 
 def pack_entry(offset: int, header_offset: int, header_len: int, payload_len: int, atime: int) -> int:
-    """One int per block: payload slot offset, header slot offset, header and payload lengths,
-    access time (seconds). The disk tier leaves both offsets 0."""
+    """One int per block: payload slot offset, a second offset (always 0 now: no tier keeps a
+    header in its arena), header and payload lengths, access time (seconds). The disk tier
+    leaves both offsets 0."""
     return (
         offset
         | (header_offset << _HOFF_SHIFT)
