@@ -44,14 +44,18 @@ class NodeEviction:
         the classes whose blocks are used more recently, and a class with no span at all takes
         the pages of the oldest blocks. A span with a held or pinned block or a reservation is
         never emptied. Empty when nothing can be evicted."""
-        scan = [k for k in tier.victims(_VICTIM_SCAN) if self._evictable(tier, k, clean_only)]
-        if not scan:
-            return []
+        evictable = (k for k in tier.victims(_VICTIM_SCAN) if self._evictable(tier, k, clean_only))
         if not tier.header_room(hlen) or tier.alloc.can_alloc(plen):
-            return scan[:1]
+            return [k for k, _ in zip(evictable, range(1))]
+        # the evictable blocks older than the class's own oldest one (or all in reach)
         want = tier.alloc.class_of(plen)
+        scan, own = [], None
+        for k in evictable:
+            scan.append(k)
+            if tier.alloc.class_of(tier.slot_size(k)) == want:
+                own = len(scan) - 1
+                break
         pos = {k: i for i, k in enumerate(scan)}
-        own = next((i for i, k in enumerate(scan) if tier.alloc.class_of(tier.slot_size(k)) == want), None)
         limit = own if own is not None else len(scan)
         tried: set[int] = set()
         for k in scan[:limit]:
