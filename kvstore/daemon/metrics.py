@@ -26,7 +26,20 @@ class _TierCollector:
             tiers = {}
         fams = {
             "used_bytes": GaugeMetricFamily(
-                "tierkv_tier_bytes", "Payload bytes stored per tier", labels=["tier"]
+                "tierkv_tier_bytes",
+                "Bytes a tier holds for its blocks (slots or file records)",
+                labels=["tier"],
+            ),
+            "payload_bytes": GaugeMetricFamily(
+                "tierkv_tier_payload_bytes", "Payload bytes of the blocks stored per tier", labels=["tier"]
+            ),
+            "waste_bytes": GaugeMetricFamily(
+                "tierkv_tier_waste_bytes",
+                "Memory a tier holds but no payload fills (slot tails, free slots of used spans)",
+                labels=["tier"],
+            ),
+            "file_bytes": GaugeMetricFamily(
+                "tierkv_tier_file_bytes", "Size of the tier's file on disk (LMDB)", labels=["tier"]
             ),
             "capacity_bytes": GaugeMetricFamily(
                 "tierkv_tier_capacity_bytes", "Configured capacity per tier", labels=["tier"]

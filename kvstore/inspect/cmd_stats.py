@@ -60,6 +60,7 @@ def summarize(url: str, raw: dict) -> dict:
         tiers[name] = {
             "capacity_bytes": t.get("capacity_bytes"),
             "used_bytes": t.get("used_bytes"),
+            "waste_bytes": t.get("waste_bytes"),
             "blocks": t.get("blocks"),
             "hits": th,
             "hit_ratio": _ratio(th, hits + misses),
@@ -109,6 +110,7 @@ async def stats(ctx: Context) -> int:
                     human_size(cap),
                     human_size(used),
                     f"{100 * used / cap:.1f}%" if cap else "-",
+                    human_size(t["waste_bytes"]) if t["waste_bytes"] is not None else "-",
                     str(t["blocks"]),
                     _pct(t["hit_ratio"]),
                     str(t["evictions"]),
@@ -121,6 +123,7 @@ async def stats(ctx: Context) -> int:
             [
                 label,
                 "[bold]all[/bold]",
+                "",
                 "",
                 "",
                 "",
@@ -139,6 +142,7 @@ async def stats(ctx: Context) -> int:
         "CAPACITY",
         "USED",
         "USE%",
+        "WASTE",
         "BLOCKS",
         "HIT RATIO",
         "EVICTIONS",

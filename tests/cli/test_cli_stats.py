@@ -38,6 +38,8 @@ def test_stats_table_and_json(cli, start_daemon, put_blocks):
     dram = s["tiers"]["dram"]
     assert dram["blocks"] == 3 and dram["capacity_bytes"] == 64 << 20 and dram["used_bytes"] >= 3 * 4096
     assert dram["hits"] == 2 and dram["hit_ratio"] == round(2 / 3, 4)
+    # waste: what the tier holds that no payload fills (docs/storage.md)
+    assert dram["waste_bytes"] == s["raw"]["tiers"]["dram"]["waste_bytes"] >= 0
     assert s["tiers"]["disk"]["checksum_failures"] == 0 and s["evictions"] == 0
     assert s["raw"]["tiers"]["disk"]["blocks"] == 3
 
@@ -45,7 +47,8 @@ def test_stats_table_and_json(cli, start_daemon, put_blocks):
     assert r.code == 0
     lines = r.out.splitlines()
     assert lines[0].split() == [
-        "NODE", "TIER", "CAPACITY", "USED", "USE%", "BLOCKS", "HIT", "RATIO", "EVICTIONS", "CSUM", "FAIL", "IN", "OUT"
+        "NODE", "TIER", "CAPACITY", "USED", "USE%", "WASTE", "BLOCKS", "HIT", "RATIO", "EVICTIONS", "CSUM", "FAIL",
+        "IN", "OUT",
     ]  # fmt: skip
     dram_line = next(line for line in lines if " dram " in line)
     assert "64.0MiB" in dram_line and "66.7%" in dram_line

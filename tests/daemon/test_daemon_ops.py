@@ -86,6 +86,7 @@ async def test_admin_routes(daemon, ns, blocks_of):
         text = await (await s.get("/metrics")).text()
         for name in (
             "tierkv_tier_bytes",
+            'tierkv_tier_waste_bytes{tier="dram"}',
             "tierkv_hits_total",
             "tierkv_op_seconds_bucket",
             "tierkv_bytes_in_total",
