@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run on a lent GPU (docs/benchmarks.md, "GPU"), at most 10 minutes: the CUDA
+# One prepared run on a lent GPU (docs/benchmarks.md, "GPU"), at most 8 minutes: the CUDA
 # tests, then the serving cases of issue 11 (bench/gpu_serving.py: cold, hbm_hit, dram_hit,
 # remote_hit against a daemon it starts on loopback, auto_remote_hit, then issue 15's fp8 KV
 # cases cold_fp8, remote_hit_fp8, dram_hit_fp8, then decode_b1, decode_b32, prefill_32k, each
@@ -42,10 +42,10 @@ cat "$out/env.txt"
 if [ "$tiny" = "--tiny" ]; then
     step serving 300 $py bench/gpu_serving.py --tiny --json "$out/gpu_serving.json"
 else
-    step cuda_tests 150 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
+    step cuda_tests 110 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
         tests/engine/test_engine_cuda.py tests/engine/test_paged_attention*.py tests/engine/test_fp8*.py \
         tests/store/test_hbm.py tests/connector/test_connector_transfer.py
-    step serving 390 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
-    step paged_attention 60 $py bench/paged_attention.py --json "$out/paged_attention.json"
+    step serving 330 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
+    step paged_attention 40 $py bench/paged_attention.py --json "$out/paged_attention.json"
 fi
 exit $status

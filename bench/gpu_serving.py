@@ -34,6 +34,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -251,6 +252,9 @@ def _free() -> None:
 
 
 def main() -> None:
+    # bench/gpu_run.sh stops a step past its limit with SIGTERM: unwind, so the rows measured
+    # so far are still written (the finally below)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--block-tokens", type=int, default=256)
