@@ -90,7 +90,17 @@ class TokenTable:
             return ""
         if not self.secret:
             return tenant
-        return hmac.new(self.secret, _SALT_CONTEXT + tenant.encode(), hashlib.sha256).hexdigest()[:32]
+        return secret_salt(self.secret, tenant)
+
+
+def secret_salt(secret: bytes, tenant: str) -> str:
+    """``tenant``'s namespace salt under the cluster secret (the same on every node)."""
+    return hmac.new(secret, _SALT_CONTEXT + tenant.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def read_salt_secret(path: str) -> bytes:
+    """The secret in ``path`` (ConfigError naming ``auth.salt_secret_file`` when unusable)."""
+    return _read_secret(path)
 
 
 def _read_secret(path: str) -> bytes:

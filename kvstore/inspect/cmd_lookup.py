@@ -40,6 +40,18 @@ def register(sub) -> None:
     p.add_argument("--tp-rank", type=int, default=0, metavar="R", help="tensor-parallel rank (default 0)")
     p.add_argument("--tenant", default="", help="tenant whose salted namespace the engine uses")
     p.add_argument(
+        "--salt-secret-file",
+        default="",
+        metavar="F",
+        help="the daemons' auth.salt_secret_file: derive --tenant's salt as they do",
+    )
+    p.add_argument(
+        "--layout",
+        default="LKTHD",
+        help="the engine's KV payload layout, as it logs it at start (event=kv_cache layout=...); "
+        "LKTHD unless it runs with --kv-cache-dtype",
+    )
+    p.add_argument(
         "--prefill-tps", type=float, default=2000.0, metavar="TPS", help="prefill tokens/s (default 2000)"
     )
     p.add_argument("--load-gbps", type=float, default=1.0, metavar="GBPS", help="load GB/s (default 1)")
@@ -92,11 +104,13 @@ async def lookup(ctx: Context) -> int:
         if not getattr(a, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} {getattr(a, name)}: must be > 0")
     tokens = _tokens(a)
-    ns = engine_namespace(a.model, a.dtype, a.block_tokens, a.tp_size, a.tp_rank, a.tenant)
+    ns = engine_namespace(
+        a.model, a.dtype, a.block_tokens, a.tp_size, a.tp_rank, a.tenant, a.layout, a.salt_secret_file
+    )
     keys = [k.hex for k in ns.block_keys(tokens)]
     spans = block_spans(len(tokens), a.block_tokens)
     per_node = await gather_nodes(ctx, lambda n: _ask(n, keys))
-    est_bytes = block_bytes(a.model, a.dtype, a.block_tokens, a.tp_size)
+    est_bytes = block_bytes(a.model, a.dtype, a.block_tokens, a.tp_size, a.layout)
     blocks = []
     for i, (key, (s, e)) in enumerate(zip(keys, spans)):
         holders = [
@@ -125,7 +139,8 @@ async def lookup(ctx: Context) -> int:
     if summary["hit_blocks"] == 0 and blocks and not await _namespace_seen(ctx, ns.id.hex):
         summary["reason"] = (
             f"no node holds any block of namespace {ns.id.hex}: nothing was saved for this model yet, or the "
-            "engine used another model folder, --dtype, --block-tokens, --tp-size or --tenant"
+            "engine used another model folder, --dtype, --layout, --block-tokens, --tp-size, --tenant or "
+            "--salt-secret-file"
         )
     for b in blocks:
         for h in b["nodes"]:

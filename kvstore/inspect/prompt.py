@@ -102,9 +102,23 @@ def tokens_from_json(path: str) -> list[int]:
     return doc
 
 
-def engine_namespace(model_dir: str, dtype: str, block_tokens: int, tp_size: int, tp_rank: int, tenant: str):
-    """The Namespace the engine (and its connector) uses for this model folder."""
-    from kvstore.errors import KeyFormatError
+def engine_namespace(
+    model_dir: str,
+    dtype: str,
+    block_tokens: int,
+    tp_size: int,
+    tp_rank: int,
+    tenant: str,
+    layout: str = "LKTHD",
+    salt_secret_file: str = "",
+):
+    """The Namespace the engine (and its connector) uses for this model folder. ``layout``: the
+    payload layout the engine logs at start (``event=kv_cache layout=...``; ``LKTHD`` unless
+    it runs with ``--kv-cache-dtype``). With ``salt_secret_file`` (the daemons'
+    ``auth.salt_secret_file``) the tenant's salt is derived as the daemons derive it;
+    without, it is the tenant's name (daemons without a secret)."""
+    from kvstore.daemon.auth import read_salt_secret, secret_salt
+    from kvstore.errors import ConfigError, KeyFormatError
     from kvstore.keys import Namespace, model_fingerprint
 
     if dtype not in DTYPE_SIZES:
@@ -114,15 +128,26 @@ def engine_namespace(model_dir: str, dtype: str, block_tokens: int, tp_size: int
     except FileNotFoundError as exc:
         raise UsageError(f"--model {model_dir}: {exc.strerror}: {exc.filename}") from exc
     try:
-        ns = Namespace(fp, dtype, block_tokens, tp_size=tp_size, tp_rank=tp_rank)
+        ns = Namespace(fp, dtype, block_tokens, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
     except KeyFormatError as exc:
         raise UsageError(str(exc)) from exc
-    return ns.with_tenant(tenant) if tenant else ns
+    if not tenant:
+        return ns
+    if not salt_secret_file:
+        return ns.with_tenant(tenant)
+    try:
+        secret = read_salt_secret(salt_secret_file)
+    except ConfigError as exc:
+        raise UsageError(str(exc).replace("auth.salt_secret_file", "--salt-secret-file", 1)) from exc
+    return ns.with_tenant(secret_salt(secret, tenant))
 
 
-def block_bytes(model_dir: str, dtype: str, block_tokens: int, tp_size: int) -> int | None:
+def block_bytes(
+    model_dir: str, dtype: str, block_tokens: int, tp_size: int, layout: str = "LKTHD"
+) -> int | None:
     """Payload bytes of one block of this model (layers x 2 x block_tokens x kv_heads/tp x
-    head_dim x itemsize) from config.json, or None when the config lacks the fields."""
+    head_dim x itemsize, plus a 4-byte scale per layer, K/V and head in a scaled layout) from
+    config.json, or None when the config lacks the fields."""
     cfg = _read_json(os.path.join(model_dir, "config.json"))
     try:
         heads = int(cfg["num_attention_heads"])
@@ -131,4 +156,6 @@ def block_bytes(model_dir: str, dtype: str, block_tokens: int, tp_size: int) -> 
         layers = int(cfg["num_hidden_layers"])
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return layers * 2 * block_tokens * max(1, kvh // tp_size) * hd * DTYPE_SIZES[dtype]
+    heads_here = max(1, kvh // tp_size)
+    scales = 4 * layers * 2 * heads_here if "scales=" in layout else 0
+    return layers * 2 * block_tokens * heads_here * hd * DTYPE_SIZES[dtype] + scales

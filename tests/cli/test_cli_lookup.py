@@ -157,3 +157,52 @@ def test_lookup_over_three_nodes_names_the_node_of_each_block(cli, cli_model, st
     assert j["summary"]["hit_tokens"] == 48 and j["summary"]["first_miss"] == 3
     r = cli("lookup", "--model", cli_model, TEXT, *argv)
     assert nodes[2].admin.split("://")[1] in r.out and "hit 48/" in r.out
+
+
+def test_lookup_derives_a_tenants_secret_salt_as_the_daemons_do(
+    cli, cli_model, start_daemon, put_blocks, tmp_path
+):
+    """With ``auth.salt_secret_file`` a tenant's keys cannot be computed from its name
+    (docs/security.md); the operator, who holds the secret, computes them with
+    ``--salt-secret-file``. Without it the CLI computes the name-salted keys, which miss."""
+    from kvstore.inspect.prompt import engine_namespace, prompt_tokens
+
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("tenant-token-1 acme\noperator-token-1 *\n")
+    secret = tmp_path / "salt-secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    op = tmp_path / "op-token"
+    op.write_text("operator-token-1\n")
+    d = start_daemon(auth={"token_file": str(tokens_file), "salt_secret_file": str(secret)})
+    tokens = prompt_tokens(cli_model, TEXT, chat=False)
+    base = engine_namespace(cli_model, "float32", 16, 1, 0, "")
+    salted = engine_namespace(cli_model, "float32", 16, 1, 0, "acme", salt_secret_file=str(secret))
+    assert salted != base.with_tenant("acme")
+    _put_prefix(
+        lambda addr, blocks, ns: put_blocks(addr, blocks, base, token="tenant-token-1"),
+        d.addr,
+        salted,
+        tokens,
+        2,
+    )
+    n = ["--node", d.admin, "--token-file", str(op), "--tenant", "acme"]
+    j = cli("lookup", "--model", cli_model, TEXT, *n, "--salt-secret-file", str(secret), "--json").json()
+    assert j["namespace"] == salted.id.hex and j["summary"]["hit_tokens"] == 32
+    j = cli("lookup", "--model", cli_model, TEXT, *n, "--json").json()
+    assert j["summary"]["hit_tokens"] == 0 and "--salt-secret-file" in j["summary"]["reason"]
+    r = cli("lookup", "--model", cli_model, TEXT, *n, "--salt-secret-file", str(tmp_path / "none"))
+    assert r.code == 2 and "--salt-secret-file" in r.err
+
+
+def test_lookup_computes_an_fp8_engines_namespace_from_its_logged_layout(cli_model):
+    from engine.config import EngineConfig
+    from engine.llm import LLMEngine
+    from kvstore.inspect.prompt import block_bytes, engine_namespace
+
+    eng = LLMEngine(cli_model, EngineConfig(num_pages=8, kv_cache_dtype="fp8_e4m3"))
+    ns = eng.namespace(16)
+    assert ns.layout != "LKTHD"
+    assert engine_namespace(cli_model, ns.kv_dtype, 16, 1, 0, "", layout=ns.layout) == ns
+    assert engine_namespace(cli_model, ns.kv_dtype, 16, 1, 0, "") != ns
+    # the payload an fp8 block carries: one byte a value plus a 4-byte scale per layer, K/V, head
+    assert block_bytes(cli_model, ns.kv_dtype, 16, 1, ns.layout) == eng.kv.block_bytes(16 // eng.kv.page_size)
