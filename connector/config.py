@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from kvstore.address import parse_host_port
 from kvstore.config import Size, parse_size
-from kvstore.errors import ConfigError
+from kvstore.errors import AddressError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,10 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         raise ConfigError(f"--kv-connector {url!r}: block_tokens, queue and batch sizes must be positive")
     if kind == "kvstore":
         for a in cfg.addrs:
-            host, sep, port = a.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ConfigError(f"--kv-connector {url!r}: node address {a!r} is not host:port")
+            try:
+                parse_host_port(a, "node address")
+            except AddressError as exc:
+                raise ConfigError(f"--kv-connector {url!r}: {exc}") from exc
     return cfg
 
 

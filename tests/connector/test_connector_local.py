@@ -107,6 +107,7 @@ async def test_policy_never_and_bad_url(tiny_model, tmp_path):
         (f"local://{tmp_path}?lookup_deadline_s=0", "lookup_deadline_s"),
         (f"local://{tmp_path}?colour=blue", "unknown option 'colour'"),
         ("kvstore://localhost", "not host:port"),
+        ("kvstore://localhost:0", "port 1-65535"),
         (f"local://{tmp_path}?block_tokens=24", "multiple of page size"),
     ]:
         with pytest.raises(ConnectorError, match=word):  # the engine's error, at the seam
