@@ -76,12 +76,15 @@ class BlockOps:
         caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
         leases = await self.node.lease(keys, self.lease_ttl)
         try:
+            # No await from here to the transfer's mark (moving): a lease live now stays live.
+            # Leases are taken key by key around disk reads, so an early one may have lapsed
+            # (and its slot been reused) by now: that key is a miss, its view is never sent.
             res, views, sent = [], [], []
             for i, lease in enumerate(leases):
                 st = Status.HIT
                 hdr = lease.header if lease is not None else None
                 tier = lease.tier if lease is not None else None
-                if lease is None or not sess.allows(hdr):
+                if lease is None or not self.node.is_live(lease) or not sess.allows(hdr):
                     st, hdr, tier = Status.MISS, None, None  # another tenant's block is absent
                 elif exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
                     st = Status.MISMATCH
