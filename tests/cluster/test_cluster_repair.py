@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from cluster.cluster_etcd import free_port
 from storeutil import make_blocks
 
@@ -26,17 +25,15 @@ from kvstore.results import Status
 NS = Namespace("cluster-test", "uint8", 4)
 FAST = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=0.5, probe_interval_s=0.1)
 NBYTES = 32 * 1024
-PEER_SESSIONS_MISSING = (
-    "the daemon refuses peer sessions (HELLO tenant '*'), which node-side repair pushes through "
-    "(docs/cluster.md: the data-port change it needs)"
-)
 
 
-async def peer_sessions_refused(addr: str) -> str:
-    n = NodeClient(addr, ClientConfig(tenant=PEER_TENANT, op_timeout_s=2.0))
-    ok = await n.stats(2.0) is not None
-    await n.close()
-    return "" if ok else PEER_SESSIONS_MISSING
+async def assert_peer_sessions_work(addr: str) -> None:
+    """Node-side repair pushes through peer sessions (HELLO tenant '*'): a daemon must take one."""
+    n = NodeClient(addr, ClientConfig(tenant=PEER_TENANT, op_timeout_s=5.0))
+    try:
+        assert await n.stats(5.0) is not None, f"{addr} refused a peer session (HELLO tenant '*')"
+    finally:
+        await n.close()
 
 
 async def copies(addrs: list[str], keys) -> list[int]:
@@ -64,9 +61,7 @@ async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_f
         return start_daemon(workdir=tmp_path / f"n{i}", server={"data_port": ports[i]}, **member)
 
     ds = [node(i) for i in range(3)]
-    why = await peer_sessions_refused(addrs[0])
-    if why:
-        pytest.skip(why)
+    await assert_peer_sessions_work(addrs[0])
     c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
     blocks = make_blocks(150, NBYTES, seed=5, ns=NS)
     keys = [h.key for h, _ in blocks]
@@ -149,9 +144,7 @@ async def test_cluster_repair_after_an_etcd_leave_and_a_join_puts_copies_on_the_
         "repair": {"replicas": 2, "interval_s": 0.5, "settle_s": 0.2, "batch_keys": 64},
     }
     ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
-    why = await peer_sessions_refused(ds[0].addr)
-    if why:
-        pytest.skip(why)
+    await assert_peer_sessions_work(ds[0].addr)
     c = ClusterClient.etcd(url, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
     end = time.monotonic() + 10
     while len(c.live_addrs()) < 3:

@@ -103,7 +103,10 @@ async def test_connector_hit_equals_cold_fp8(tiny_model_dir):
         async for out in aeng.generate(prompt, GREEDY):
             toks.append(out.token_id)
         assert toks == ref
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # the save runs behind the request: wait for it, bounded
+            if aeng.connector.saved_blocks == 3:
+                break
+            await asyncio.sleep(0.01)
         assert aeng.connector.saved_blocks == 3
         toks, cached = [], 0
         async for out in aeng.generate(prompt, GREEDY):
