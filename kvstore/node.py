@@ -384,12 +384,17 @@ class NodeStore(NodeEviction, NodeInspection):
         return next(t for t in self.tiers if t.name == name)
 
     # ------------------------------------------------------------------ leases
-    async def lease(self, keys: Sequence[BlockKey], ttl_s: float | None = None) -> list[Lease | None]:
+    async def lease(
+        self, keys: Sequence[BlockKey], ttl_s: float | None = None, max_read_bytes: int | None = None
+    ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
         freed) until :meth:`release` or the TTL. A disk-only block is first brought into DRAM
-        (verified) when there is room, else copied privately. None where absent or corrupt."""
+        (verified) when there is room, else copied privately. None where absent or corrupt,
+        and (with ``max_read_bytes``) where reading it from disk would take this call's disk
+        reads past that many bytes: the buffers one call allocates are bounded."""
         self._sweep()
         out: list[Lease | None] = []
+        read = 0
         for key in keys:
             t = self._where(key.raw)
             if t is None:
@@ -398,6 +403,11 @@ class NodeStore(NodeEviction, NodeInspection):
             if t is self.disk:
                 dram = self.dram
                 plen = self.disk.payload_len(key.raw)
+                if max_read_bytes is not None and read + plen > max_read_bytes:
+                    self.counters["lease_over_bound"] += 1
+                    out.append(None)
+                    continue
+                read += plen
                 scratch = bytearray(plen)
                 [r] = await self.get_into([key], [scratch])
                 if r.status is not Status.HIT:

@@ -35,6 +35,7 @@ class BlockOps:
         tenant_stats: dict[str, Counter[str]],
         lease_ttl: float,
         auth_enabled: Callable[[], bool],
+        max_frame: int,
     ) -> None:
         self.node = node
         self.metrics = metrics
@@ -43,6 +44,7 @@ class BlockOps:
         self.tenant_stats = tenant_stats
         self.lease_ttl = lease_ttl
         self._auth_enabled = auth_enabled
+        self.max_frame = max_frame
 
     def ops(self) -> dict[str, Callable]:
         """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
@@ -74,7 +76,10 @@ class BlockOps:
         keys = P.req_keys(h)
         exp = P.req_expects(h, len(keys))
         caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
-        leases = await self.node.lease(keys, self.lease_ttl)
+        # disk-resident keys are read into private buffers: at most max_frame bytes of them per
+        # GET (the rest are misses); no up-front refusal, which would tell another tenant's
+        # key exists
+        leases = await self.node.lease(keys, self.lease_ttl, self.max_frame)
         try:
             # No await from here to the transfer's mark (moving): a lease live now stays live.
             # Leases are taken key by key around disk reads, so an early one may have lapsed

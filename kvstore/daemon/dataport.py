@@ -12,7 +12,9 @@ A transfer owns its slot: before bytes move from or into a slot, its lease or re
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
 longer live), so it cannot expire and be reused underneath; each transfer has a deadline
 (``limits.transfer_timeout_s``), after which the connection is closed and only then is the
-slot given back. HELLO and idle deadlines, and caps on connections before HELLO and per
+slot given back. Each whole request, its reply included, has twice that deadline (a peer
+that stops reading its replies is closed and counted, ``tierkv_timeouts_total{kind="request"}``).
+HELLO and idle deadlines, and caps on connections before HELLO and per
 tenant, come from ``limits`` too.
 
 Failure rules (docs/protocol.md): a bad frame or a length over ``server.max_frame`` gets an
@@ -94,7 +96,15 @@ class DataServer:
         self._bad = RateLimitedLog(log)
         self.transfers = Transfers(node, cfg.limits, metrics)
         self.descriptors = DescriptorOps(
-            node, metrics, self.transfers, cfg.limits, self.tenant_stats, self.lease_ttl, rdma, self._bad
+            node,
+            metrics,
+            self.transfers,
+            cfg.limits,
+            self.tenant_stats,
+            self.lease_ttl,
+            rdma,
+            self._bad,
+            self.max_frame,
         )
         blocks = BlockOps(
             node,
@@ -104,6 +114,7 @@ class DataServer:
             self.tenant_stats,
             self.lease_ttl,
             lambda: self.tokens.enabled,  # the table may be swapped (SIGHUP)
+            self.max_frame,
         )
         self._ops = {**blocks.ops(), **self.descriptors.ops()}
 
@@ -193,8 +204,16 @@ class DataServer:
                 sess.busy = True
                 self._busy += 1
                 try:
-                    if not await self._request(ch, sess, h):
-                        return
+                    # the whole request, its reply included, has twice the transfer deadline
+                    # (one payload transfer plus its reply; a stalled transfer is cut first, as
+                    # "transfer"): a peer that stops reading cannot hold a reply forever
+                    async with asyncio.timeout(2 * self.limits.transfer_timeout_s):
+                        if not await self._request(ch, sess, h):
+                            return
+                except TimeoutError:
+                    self.metrics.timeouts.labels("request").inc()
+                    self._bad.info("timeout", peer=sess.peer, kind="request")
+                    return
                 finally:
                     sess.busy = False
                     self._busy -= 1

@@ -9,6 +9,9 @@ pair (rdma/windows.py; the slab's own key grants nothing remotely), revoked at R
 COMMIT, the hold's deadline or the end of the connection, before the slot is let go; the
 client moves the bytes one-sidedly; a block whose bytes are not in
 the slab then gets no descriptor (and no hold): the client moves it with GET/PUT instead.
+Over TCP too, a reservation with no host slot (disk or GPU tier: it would need a private
+buffer) gets no descriptor and no hold, so no buffer exists before its bytes arrive; a RESERVE
+header whose payload_len is over ``server.max_frame`` is a bad_request.
 Leases and reservations live in the connection's :class:`~kvstore.daemon.session.Session` and
 end with it; a connection holds at most ``limits.max_leases_per_conn`` of them, and a LEASE
 ttl is at most ``limits.max_lease_ttl_s``. READ and WRITE move bytes only under a live
@@ -48,6 +51,7 @@ class DescriptorOps:
         lease_ttl: float,
         rdma: SlabRdma | None,
         bad: RateLimitedLog,
+        max_frame: int,
     ) -> None:
         self.node = node
         self.metrics = metrics
@@ -57,6 +61,7 @@ class DescriptorOps:
         self.lease_ttl = lease_ttl
         self.rdma = rdma
         self._bad = bad
+        self.max_frame = max_frame
 
     def ops(self) -> dict[str, Callable]:
         """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
@@ -132,7 +137,7 @@ class DescriptorOps:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, h)
         self._room_for(sess, len(keys))
-        leases = await self.node.lease(keys, ttl)
+        leases = await self.node.lease(keys, ttl, self.max_frame)  # private reads bounded
         res, drop = [], []
         for lease in leases:
             if lease is None or not sess.allows(lease.header):
@@ -185,15 +190,25 @@ class DescriptorOps:
 
     async def _op_reserve(self, ch, sess, rid, h, plen) -> None:
         hdrs = P.req_headers(h)
+        for i, x in enumerate(hdrs):
+            if x.payload_len > self.max_frame:
+                raise P.bad(f"hdrs[{i}].payload_len {x.payload_len} is over max_frame {self.max_frame}")
         one_sided = self._one_sided(sess, h)
         self._room_for(sess, len(hdrs))
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
-        got = dict(zip(allowed, await self.node.reserve([hdrs[i] for i in allowed]))) if allowed else {}
+        # lazy: a block with no host slot (disk, GPU) gets no buffer here; it is answered
+        # inline below, so no memory is held for bytes that have not come (docs/security.md)
+        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
+        got = dict(zip(allowed, reserved))
         res, inline = [], []
         for i in range(len(hdrs)):
             r = got.get(i)
             if r is None or isinstance(r, Status):
                 res.append([int(r if r is not None else Status.INVALID), None])
+                continue
+            if r.scratch is not None:  # a private buffer, not a slot: the client PUTs it inline
+                inline.append(r)
+                res.append([None, None])
                 continue
             desc = await self._describe(sess, sess.reservations, r, self.lease_ttl, one_sided, write=True)
             if desc is None:
