@@ -102,13 +102,20 @@ class DescriptorOps:
         place = slab_descriptor(self.rdma.slab, 0, held)
         if place is None or sess.windows is None:
             return None
+        # a window is a transfer: marked before the grant's await, so the hold cannot lapse
+        # (and its slot be reused) while the window is bound; one already lapsed gets none
+        if not self.node.begin_transfer([held])[0]:
+            return None
         try:
             rkey = await sess.windows.grant(self.rdma.slab, place.addr, place.length, write)
         except TransportError as exc:
+            self.node.end_transfer([held])
             self.metrics.rdma_accept_failures.inc()
             self._bad.info("window_failed", peer=sess.peer, error=exc)
             return None
-        self.node.begin_transfer([held])  # a window is a transfer: no expiry under it
+        except BaseException:
+            self.node.end_transfer([held])
+            raise
         return RemoteDescriptor(sess.hold(table, held, ttl, rkey), place.addr, place.length, rkey)
 
     def unwindow(self, sess, held) -> None:
