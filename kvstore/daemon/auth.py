@@ -2,7 +2,9 @@
 which namespaces do its keys live?".
 
 The token file has one ``token tenant`` pair per line; ``#`` starts a comment. The tenant
-``*`` is the operator: it may use the admin API and is refused on the data port.
+``*`` is the operator: it may use the admin API, and on the data port only as a peer
+session (HELLO tenant ``"*"``: another node's repair), which may use EXISTS, PUT and STATS
+only (kvstore/daemon/dataport.py ``PEER_OPS``); any other HELLO with its token is refused.
 
 Each tenant's namespaces are salted (kvstore.keys.Namespace.tenant_salt), so tenants' keys
 never coincide and the daemon checks every block's namespace against the session's. With

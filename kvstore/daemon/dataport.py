@@ -22,7 +22,9 @@ error reply and the connection is closed; a bad request gets an error reply, its
 skipped and the connection stays usable; a node failure is an ``internal`` reply; nothing a
 client sends can crash the daemon, store a block whose checksum does not match, or touch
 another tenant's blocks (every op checks the block's namespace against the session's), and
-every reply about another tenant's block is the reply about an absent one.
+every reply about another tenant's block is the reply about an absent one. A peer session
+(HELLO tenant ``"*"``, another node's repair) sees every tenant's blocks but may use only
+EXISTS, PUT and STATS: any other op is an ``auth`` error reply and the connection stays.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from kvstore.daemon.transfer import Transfers
 from rdma.tcp import FrameError, SocketChannel
 from rdma.transport import TransportError
 from rdma.windows import Windows
+
+# What a peer session (HELLO tenant "*", another node's repair: kvstore/cluster/repair.py) may
+# do: it sees every tenant's blocks, so it may check and copy them in, never read or delete.
+PEER_OPS = frozenset({"EXISTS", "PUT", "STATS"})
 
 log = logging.getLogger("kvstore.daemon.data")
 
@@ -176,12 +182,16 @@ class DataServer:
         self._copies.shutdown(wait=False, cancel_futures=True)
 
     def revoke(self, table: TokenTable) -> int:
-        """Close every connection whose token ``table`` no longer maps to its tenant (SIGHUP).
-        A transfer under way is cancelled (a copy burst in a worker is waited for), then its
-        slots are released."""
+        """Close every connection whose token ``table`` no longer maps to its tenant, or whose
+        tenant's salt it changes (a new ``auth.salt_secret_file``: the session's namespaces were
+        derived with the old one) (SIGHUP). A transfer under way is cancelled (a copy burst in
+        a worker is waited for), then its slots are released."""
         n = 0
         for task, sess in list(self._conns.items()):
-            if sess.token is not None and table.tenant_of(sess.token) != sess.tenant:
+            if sess.token is None:
+                continue
+            salt = "" if sess.all_namespaces else table.salt_of(sess.tenant)
+            if table.tenant_of(sess.token) != sess.tenant or salt != sess.salt:
                 task.cancel()
                 n += 1
         if n:
@@ -291,6 +301,9 @@ class DataServer:
             else:
                 if sess.tenant is None:
                     raise _Fatal(P.AUTH, "send HELLO with a valid token first")
+                if sess.all_namespaces and op not in PEER_OPS:
+                    # a peer session sees every tenant's blocks: only what repair needs
+                    raise P.ProtocolError(P.AUTH, f"{op}: a peer session may use only {sorted(PEER_OPS)}")
                 if plen and op not in ("PUT", "WRITE"):
                     raise P.bad(f"{op} carries no payload")
                 await self._ops[op](ch, sess, rid, h, plen)
@@ -309,6 +322,8 @@ class DataServer:
         except P.ProtocolError as exc:
             # raised before any payload byte was read or any reply byte sent: resync is safe
             self._count_error(op, exc.code)
+            if exc.code == P.AUTH:  # a peer session's op outside PEER_OPS
+                self.metrics.auth_failures.labels("data").inc()
             self._bad.info("bad_request", peer=sess.peer, op=op, code=exc.code, error=exc)
             # (before HELLO the frame was at most limits.max_header_unauthenticated, and the
             # HELLO deadline still runs: a peer cannot stay unauthenticated by erring)
@@ -341,7 +356,7 @@ class DataServer:
         if tenant is None:
             raise _Fatal(P.AUTH, "token refused")
         # A peer session (another node's repair, docs/cluster.md): tenant "*" with the operator
-        # token, or without auth (loopback only). It sees every tenant's blocks.
+        # token, or without auth (loopback only). It sees every tenant's blocks, for PEER_OPS only.
         peer = hello.tenant == OPERATOR and (tenant == OPERATOR or not self.tokens.enabled)
         if tenant == OPERATOR and not peer:
             raise _Fatal(P.AUTH, "the operator token is for the admin port, or a peer HELLO (tenant '*')")
@@ -360,7 +375,7 @@ class DataServer:
         if not self.admission.authenticate(sess.tenant, tenant):
             self.metrics.refused_connections.labels("per_tenant").inc()
             raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
-        sess.tenant, sess.token = tenant, hello.token
+        sess.tenant, sess.token, sess.salt = tenant, hello.token, salt
         if sess.verbs is not None:  # a second HELLO replaces the queue pair (and its windows)
             for table in (sess.leases, sess.reservations):
                 for held in table.values():

@@ -5,8 +5,8 @@ transfer at the node for as long as the window exists, so the node never expires
 daemon revokes the window first (RELEASE, COMMIT, its deadline, the end of the connection) and
 only then lets the slot go.
 
-A session starts unauthenticated; HELLO fills ``tenant``, ``token`` (kept so that a SIGHUP
-that revokes it can close the connection) and ``namespaces`` (namespace ids the daemon
+A session starts unauthenticated; HELLO fills ``tenant``, ``token`` and ``salt`` (kept so that
+a SIGHUP that revokes the token or changes the tenant's salt can close the connection) and ``namespaces`` (namespace ids the daemon
 derived with the tenant's salt) and, when the client's RDMA offer was accepted, ``verbs``
 (this connection's queue pair, destroyed with the session). Leases and reservations taken on
 this connection are kept here under small integer handles (the descriptors' ``handle``) and
@@ -35,6 +35,7 @@ class Session:
     peer: str
     tenant: str | None = None
     token: str | None = None
+    salt: str | None = None  # the tenant salt HELLO handed out (a SIGHUP that changes it closes)
     namespaces: frozenset[bytes] = frozenset()
     all_namespaces: bool = False  # a peer session (another node's repair): every tenant's blocks
     declared: dict[bytes, Any] = field(default_factory=dict)  # namespace id -> keys.Namespace

@@ -241,3 +241,80 @@ def test_salt_secret_file_is_checked_and_salts_are_stable(tmp_path):
     assert a.salt_of("acme") == b.salt_of("acme") != a.salt_of("globex")
     assert TokenTable.load(str(tokens)).salt_of("acme") == "acme"  # no secret: the name
     assert TokenTable.load("").salt_of("") == ""  # no auth: one tenant, no salt
+
+
+# ---------------------------------------------------------------- issue 12 follow-ups
+
+
+def peer_hello(port: int, token: str):
+    """A raw peer session (HELLO tenant "*", as another node's repair opens)."""
+    from daemonutil import RawPeer, frame
+
+    from kvstore import protocol as P
+
+    p = RawPeer(port, timeout=5)
+    p.send(frame({"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": token, "tenant": "*", "ns": []}))
+    assert p.reply()["ok"]
+    return p
+
+
+async def test_a_peer_session_may_only_check_copy_in_and_read_stats(authed, ns, blocks_of):
+    """The operator's peer session sees every tenant's blocks: EXISTS, PUT and STATS only;
+    every other op is an ``auth`` reply (the connection stays) and leaves the block as it was."""
+    from kvstore import protocol as P
+
+    acme = client(authed, ns, "tok-acme-0001")
+    [(h, p)] = blocks_of(ns.with_tenant("acme"), 1, 500)
+    assert [r.status for r in await acme.put([(h, p)])] == [Status.STORED]
+    peer = peer_hello(authed.data_port, "tok-operator1")
+    key = h.key.raw
+    refused = [
+        ({"op": "GET", "keys": [key]}, 0),
+        ({"op": "LEASE", "keys": [key]}, 0),
+        ({"op": "DELETE", "keys": [key]}, 0),
+        ({"op": "RESERVE", "hdrs": [h.encode()]}, 0),
+        ({"op": "READ", "descs": [[1, 0, 500, 0]]}, 0),
+        ({"op": "WRITE", "descs": [[1, 0, 500, 0]]}, 500),
+        ({"op": "RELEASE", "handles": [1]}, 0),
+        ({"op": "COMMIT", "handles": [1]}, 0),
+    ]
+    for req, plen in refused:
+        peer.request(req, plen)
+        peer.send(b"\0" * plen)
+        rep = peer.reply()
+        assert rep["ok"] is False and rep["code"] == P.AUTH, (req["op"], rep)
+    peer.request({"op": "EXISTS", "keys": [key]})
+    assert peer.reply()["tiers"] == ["dram"]  # still stored, and the connection still serves
+    peer.request({"op": "STATS"})
+    assert peer.reply()["ok"]
+    buf = bytearray(500)
+    assert [g.status for g in await acme.get_into([h.key], [buf])] == [Status.HIT]
+    await acme.close()
+
+
+def test_a_changed_salt_secret_closes_the_connections_salted_with_the_old_one(secret_authed, ns):
+    import time
+
+    from daemonutil import RawPeer
+
+    d = secret_authed()
+    held = RawPeer(d.data_port, timeout=5)
+    held.hello("tok-acme-0001", ns)
+    secret = d.workdir.parent / "salt.secret"
+
+    def reloads() -> int:
+        return d.logs().count("tokens_reloaded")
+
+    def sighup_and_wait(n: int) -> None:
+        d.signal(signal.SIGHUP)
+        end = time.monotonic() + 20
+        while reloads() < n and time.monotonic() < end:
+            time.sleep(0.05)
+        assert reloads() == n
+
+    sighup_and_wait(1)  # the same secret: the connection stays
+    held.request({"op": "EXISTS", "keys": [bytes(16)]})
+    assert held.reply()["tiers"] == [None]
+    secret.write_text("another-cluster-wide-secret-98765\n")
+    sighup_and_wait(2)
+    assert held.closed_by_peer()
