@@ -1,7 +1,7 @@
 """Bounds a reviewer found missing (issue 12 follow-ups), each against a real daemon: a RESERVE
 holds no buffer before its bytes come and refuses a payload over ``server.max_frame``; one GET
 reads at most ``server.max_frame`` bytes of disk-resident blocks into private buffers; a whole
-request, its reply included, has the transfer deadline."""
+request, its reply included, has a deadline; a GET never sends a slot whose lease lapsed."""
 
 from __future__ import annotations
 
@@ -125,3 +125,49 @@ def test_a_peer_that_stops_reading_replies_is_closed_and_counted(daemon, ns):
     threading.Thread(target=flood, daemon=True).start()
     assert until(lambda: 'tierkv_timeouts_total{kind="request"} 1.0' in metrics(d), 30.0)
     assert until(lambda: "tierkv_connections 0.0" in metrics(d), 30.0)
+
+
+def _unread(port: int, local_port: int) -> int | None:
+    """Bytes the daemon has not yet read from the connection whose client end is
+    ``local_port`` (its receive queue in /proc/net/tcp), None when not found."""
+    with open("/proc/net/tcp") as f:
+        for row in (line.split() for line in f.readlines()[1:]):
+            here, there = int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)
+            if here == port and there == local_port and row[3] == "01":
+                return int(row[4].split(":")[1], 16)
+    return None
+
+
+def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of):
+    """GET [A, B1..B12]: A is leased in DRAM first, then the Bs (too big for a DRAM slot) are
+    read from disk, each read an await. Meanwhile another connection deletes A and PUTs C:
+    the PUT's sweep expires A's lease (a 1 ms TTL), frees A's slot and C takes it (a 4 MiB
+    DRAM tier: before the fix, A's header went out with C's bytes, every run). A must then be a miss, or its own bytes: never C's bytes under A's header."""
+    d = start_daemon(dram={"capacity": "4MiB", "slab_size": "2MiB"}, node={"lease_ttl_s": 0.001})
+    [(ha, pa)] = blocks_of(ns, 1, 1536 << 10, seed=1)
+    [(hc, pc)] = blocks_of(ns, 1, 1536 << 10, seed=2)
+    bs = blocks_of(ns, 12, 5 << 19, seed=3)
+    reader = RawPeer(d.data_port, timeout=30)
+    writer = RawPeer(d.data_port, timeout=30)
+    for p in (reader, writer):
+        p.hello("", ns)
+    for h, payload in [(ha, pa), *bs]:
+        writer.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
+        writer.send(payload)
+        assert writer.reply()["res"][0][0] == int(Status.STORED)
+    writer.request({"op": "EXISTS", "keys": [ha.key.raw] + [h.key.raw for h, _ in bs]})
+    assert writer.reply()["tiers"] == ["dram"] + ["disk"] * 12
+    reader.request({"op": "GET", "keys": [ha.key.raw] + [h.key.raw for h, _ in bs]})
+    # once the daemon has read the GET it has leased A (no await before): now delete and reuse
+    assert until(lambda: _unread(d.data_port, reader.sock.getsockname()[1]) == 0)
+    writer.request({"op": "DELETE", "keys": [ha.key.raw]})
+    writer.request({"op": "PUT", "hdrs": [hc.encode()]}, plen=len(pc))
+    writer.send(pc)
+    rep = reader.reply()
+    st = rep["res"][0][0]
+    sizes = [h.payload_len for (h, _), r in zip([(ha, pa), *bs], rep["res"]) if r[0] == int(Status.HIT)]
+    payload = reader.exact(sum(sizes))
+    assert writer.reply()["res"] == [True]
+    assert writer.reply()["res"][0][:2] == [int(Status.STORED), "dram"]  # C took A's room
+    if st == int(Status.HIT):
+        assert payload[: len(pa)] == pa, "A's header went out with another block's bytes"
