@@ -7,8 +7,9 @@ only then lets the slot go.
 
 A session starts unauthenticated; HELLO fills ``tenant``, ``token`` and ``salt`` (kept so that
 a SIGHUP that revokes the token or changes the tenant's salt can close the connection) and
-``namespaces`` (namespace ids the daemon derived with the tenant's salt) and, when the client's RDMA offer was accepted, ``verbs``
-(this connection's queue pair, destroyed with the session). Leases and reservations taken on
+``namespaces`` (namespace ids the daemon derived with the tenant's salt) and, when the
+client's RDMA offer was accepted, ``verbs`` (this connection's queue pair, destroyed with the
+session). Leases and reservations taken on
 this connection are kept here under small integer handles (the descriptors' ``handle``) and
 are released/aborted when the connection ends, so a client that dies never pins blocks; at
 most ``limits.max_leases_per_conn`` of them at a time. Loop thread only.
