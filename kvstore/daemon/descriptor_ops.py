@@ -144,7 +144,12 @@ class DescriptorOps:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, h)
         self._room_for(sess, len(keys))
-        leases = await self.node.lease(keys, ttl, self.max_frame)  # private reads bounded
+        # private copies of disk-only blocks live as long as their leases: this connection's
+        # together stay within max_frame (those it already holds count)
+        held_private = sum(
+            held.obj.header.payload_len for held in sess.leases.values() if held.obj.offset is None
+        )
+        leases = await self.node.lease(keys, ttl, max(0, self.max_frame - held_private))
         res, drop = [], []
         for lease in leases:
             if lease is None or not sess.allows(lease.header):

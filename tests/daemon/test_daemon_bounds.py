@@ -171,3 +171,28 @@ def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of
     assert writer.reply()["res"][0][:2] == [int(Status.STORED), "dram"]  # C took A's room
     if st == int(Status.HIT):
         assert payload[: len(pa)] == pa, "A's header went out with another block's bytes"
+
+
+def test_leases_of_disk_blocks_hold_at_most_max_frame_bytes_per_connection(daemon, ns, blocks_of):
+    """A LEASE of a disk-only block holds a private copy until RELEASE or its TTL: across all
+    of one connection's leases those copies stay within ``server.max_frame``, however many
+    LEASE requests it sends; released copies make room again."""
+    d = daemon(server={"max_frame": "12MiB"})  # the DRAM slab is 4 MiB: 5 MiB blocks stay on disk
+    blocks = blocks_of(ns.with_tenant("alpha"), 5, 5 << 20)
+    p = RawPeer(d.data_port, timeout=20)
+    p.hello(TOK, ns)
+    for h, payload in blocks:
+        p.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
+        p.send(payload)
+        assert p.reply()["res"][0][0] == int(Status.STORED)
+    handles = []
+    for h, _ in blocks:  # one block per request: the bound is the connection's, not the request's
+        p.request({"op": "LEASE", "keys": [h.key.raw], "ttl": 60.0})
+        [r] = p.reply()["res"]
+        if r[0] == int(Status.HIT):
+            handles.append(r[3][0])
+    assert len(handles) == 2  # 2 x 5 MiB within 12 MiB; the third would pass it
+    p.request({"op": "RELEASE", "handles": handles[:1]})
+    p.reply()
+    p.request({"op": "LEASE", "keys": [blocks[4][0].key.raw], "ttl": 60.0})
+    assert p.reply()["res"][0][0] == int(Status.HIT)
