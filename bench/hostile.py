@@ -1,7 +1,7 @@
 """A well-behaved client's GET latency beside hostile ones (docs/security.md).
 
 One `kvstore serve` daemon on loopback with two tenants. The good tenant GETs 1 MiB blocks
-one at a time (kvstore.client, checksum-verified) and its p50/p99 latency is measured:
+one at a time (kvstore.client.node, checksum-verified) and its p50/p99 latency is measured:
   alone     nothing else connected
   hostile   beside 5 stalled PUTs (each sent 1 of 4 MiB, then nothing), 5 stalled GETs (each
             read 64 KiB of a 4 MiB reply, then nothing) and 1,000 idle authenticated
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from kvstore import protocol as P  # noqa: E402
 from kvstore.block import make_header  # noqa: E402
-from kvstore.client import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 from kvstore.results import Status  # noqa: E402
 

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvstore.block import make_header  # noqa: E402
-from kvstore.client import ClientConfig  # noqa: E402
-from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.client.node import ClientConfig  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 
 PROMPT_TOKENS = 128 * 1024

@@ -1,7 +1,7 @@
 """Simulated weighted-rendezvous placement over 10, 100 and 1,000 nodes: load balance
 (max/mean keys per node) and the share of keys moved when one node joins or leaves.
 
-The algorithm is kvstore/cluster/placement.py's (score = weight / -ln(u), top score owns the
+The algorithm is kvstore/client/placement.py's (score = weight / -ln(u), top score owns the
 key), vectorized with numpy; u comes from a splitmix64 mix of the key and node ids instead of
 xxh3 (which numpy cannot run per element), which has the same uniformity. ``--check`` first
 runs the real ``placement.owners`` on a sample to show it behaves the same. Equal weights;
@@ -69,7 +69,7 @@ def check_real(n_nodes: int = 10, n_keys: int = 50_000) -> dict:
     """The real placement function on a sample: the same statistics."""
     import random
 
-    from kvstore.cluster.placement import Node, owners
+    from kvstore.client.placement import Node, owners
 
     rnd = random.Random(1)
     nodes = [Node(f"10.0.{i // 250}.{i % 250}:7000") for i in range(n_nodes)]

@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvstore.block import make_header  # noqa: E402
-from kvstore.client import ClientConfig, NodeClient  # noqa: E402
-from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
-from kvstore.cluster.repair import PEER_TENANT  # noqa: E402
+from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.repair import PEER_TENANT  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 
 NS = Namespace("bench-repair", "uint8", 16)

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from kvstore.cluster.client import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 
 DEADLINE_S = 1.0
 NBYTES = 32 * 1024

@@ -117,7 +117,7 @@ def _sample(raw: dict, t: float, prev: dict) -> dict:
 
 
 async def _soak(a, addr: str, admin: str) -> list[dict]:
-    from kvstore.client import ClientConfig, NodeClient
+    from kvstore.client.node import ClientConfig, NodeClient
     from kvstore.results import Status
 
     ws = a.working_set // len(a.sizes)

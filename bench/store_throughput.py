@@ -2,7 +2,7 @@
 
 For each block size (2 MiB, 32 MiB) and client count (1, 8) it measures, in the same run:
   raw     blocking sendall -> recv_into between two processes (the limit for any TCP store)
-  tierkv  `kvstore serve` (DRAM tier only) with kvstore.client: PUT fresh blocks, GET into
+  tierkv  `kvstore serve` (DRAM tier only) with kvstore.client.node: PUT fresh blocks, GET into
           preallocated buffers (every payload checksum-verified by the client)
   redis   redis-server (no persistence) with redis-py SET/GET of the same bytes
 Each client is its own process; GB/s = total payload bytes / wall time of the slowest client.
@@ -116,7 +116,7 @@ def _blocks(size: int, n: int, seed: int):
 
 
 def _tierkv_client(addr: str, size: int, ops: int, op: str, seed: int, start, out) -> None:
-    from kvstore.client import ClientConfig, NodeClient
+    from kvstore.client.node import ClientConfig, NodeClient
     from kvstore.results import Status
 
     async def run():

@@ -26,10 +26,10 @@ import numpy as np
 from kvstore.block import make_header
 from kvstore.config import load_store_config
 from kvstore.keys import Namespace
-from kvstore.node import NodeStore
-from kvstore.tiers.arena import HostArena
-from kvstore.tiers.memory import MemoryTier
-from kvstore.tiers.slab import SlabAllocator
+from kvstore.node.store import NodeStore
+from kvstore.node.tiers.arena import HostArena
+from kvstore.node.tiers.memory import MemoryTier
+from kvstore.node.tiers.slab import SlabAllocator
 
 MiB = 1 << 20
 

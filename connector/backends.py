@@ -63,7 +63,7 @@ class Backend:
 
 
 class LocalBackend(Backend):
-    """An in-process :class:`kvstore.node.NodeStore` with DRAM + disk under ``cfg.target``,
+    """An in-process :class:`kvstore.node.store.NodeStore` with DRAM + disk under ``cfg.target``,
     opened on first use (in the engine's event loop)."""
 
     def __init__(self, cfg: ConnectorConfig) -> None:
@@ -74,7 +74,7 @@ class LocalBackend(Backend):
     async def _get(self):
         if self._node is None:
             from kvstore.config import load_store_config
-            from kvstore.node import NodeStore
+            from kvstore.node.store import NodeStore
 
             if self._opening is None:
                 self._opening = asyncio.Lock()
@@ -158,13 +158,13 @@ class LocalBackend(Backend):
 
 
 class RemoteBackend(Backend):
-    """Storage daemons through the replicated :class:`kvstore.cluster.client.ClusterClient`
+    """Storage daemons through the replicated :class:`kvstore.client.cluster.ClusterClient`
     (a static list for ``kvstore://``, etcd membership for ``etcd://``; ``replicas`` copies).
     The client keeps its own failure contract: misses and dropped writes, never exceptions."""
 
     def __init__(self, cfg: ConnectorConfig, namespace: Namespace) -> None:
-        from kvstore.client import ClientConfig
-        from kvstore.cluster.client import ClusterClient, ClusterConfig
+        from kvstore.client.cluster import ClusterClient, ClusterConfig
+        from kvstore.client.node import ClientConfig
 
         token = cfg.token
         if cfg.token_file and not token:
@@ -178,7 +178,7 @@ class RemoteBackend(Backend):
         )
         cluster = ClusterConfig(replicas=cfg.replicas)
         if cfg.kind == "etcd":
-            from kvstore.cluster.membership import MembershipError
+            from kvstore.client.membership import MembershipError
             from kvstore.errors import ConfigError
 
             try:
@@ -195,8 +195,8 @@ class RemoteBackend(Backend):
         await self.client.start(deadline_s)
 
     async def tenant_namespace(self, base, deadline_s):
-        """The salt the daemons hand out at HELLO (:func:`kvstore.client.tenant_namespace`)."""
-        from kvstore.client import tenant_namespace
+        """The salt the daemons hand out at HELLO (:func:`kvstore.client.node.tenant_namespace`)."""
+        from kvstore.client.node import tenant_namespace
 
         return await tenant_namespace(list(self.client.nodes.values()), base, deadline_s)
 

@@ -27,7 +27,7 @@ from rich.table import Table
 from kvstore.block import make_header
 from kvstore.config import format_size, load_store_config
 from kvstore.keys import Namespace
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
 from kvstore.results import Expect, Status
 
 BLOCK_TOKENS = 16

@@ -102,7 +102,7 @@ def test_find_cycle_finds_a_circle_and_accepts_a_tree():
 def test_graph_sees_function_level_and_package_imports():
     graph = package_graph()
     # kvstore/daemon/member.py imports the daemon's server and the repair inside a function
-    assert {"kvstore.daemon.server", "kvstore.cluster.repair"} <= graph["kvstore.daemon.member"]
+    assert {"kvstore.daemon.server", "kvstore.client.repair"} <= graph["kvstore.daemon.member"]
     # `from kvstore.inspect import cmd_blocks` is an import of the module
     assert "kvstore.inspect.cmd_blocks" in graph["kvstore.inspect.command"]
     assert "kvstore.keys" in graph["kvstore.block"]
@@ -130,7 +130,7 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_kvstore_subpackages_import_one_way():
     """No two folders tie each other (e.g. daemon -> cluster and cluster -> daemon)."""
     graph = subpackage_graph(package_graph())
-    assert "kvstore.cluster" in graph["kvstore.daemon"]  # the graph sees the ties there are
+    assert "kvstore.client" in graph["kvstore.daemon"]  # the graph sees the ties there are
     cycle = find_cycle(graph)
     assert cycle is None, "subpackage cycle: " + " -> ".join(cycle)
 
@@ -138,3 +138,33 @@ def test_kvstore_subpackages_import_one_way():
 def test_kvstore_module_graph_has_no_cycles():
     cycle = find_cycle(checked_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# kvstore/ by role: the format every part shares at the root, each role in its folder
+ROOT_MODULES = {
+    "__init__",
+    "address",
+    "block",
+    "cli",
+    "config",
+    "demo",
+    "errors",
+    "keys",
+    "protocol",
+    "results",
+}
+FOLDERS = {"client", "daemon", "inspect", "node"}
+
+
+def test_kvstore_root_holds_format_modules_and_role_folders():
+    here = ROOT / PACKAGE
+    modules = {p.stem for p in here.glob("*.py")}
+    folders = {p.name for p in here.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert modules == ROOT_MODULES, f"modules at kvstore/ beyond the format ones: {modules ^ ROOT_MODULES}"
+    assert folders == FOLDERS, f"kvstore/ folders: {sorted(folders)}"
+
+
+def test_the_node_knows_no_client_and_no_daemon():
+    """The node store is a library the daemon (and `local://`) drive: it imports neither."""
+    graph = subpackage_graph(package_graph())
+    assert not graph["kvstore.node"] & {"kvstore.client", "kvstore.daemon", "kvstore.inspect"}

@@ -52,7 +52,7 @@ from rdma.tcp import FrameError, SocketChannel
 from rdma.transport import TransportError
 from rdma.windows import Windows
 
-# What a peer session (HELLO tenant "*", another node's repair: kvstore/cluster/repair.py) may
+# What a peer session (HELLO tenant "*", another node's repair: kvstore/client/repair.py) may
 # do: it sees every tenant's blocks, so it may check and copy them in, never read or delete.
 PEER_OPS = frozenset({"EXISTS", "PUT", "STATS"})
 

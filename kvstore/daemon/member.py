@@ -1,13 +1,13 @@
 """``kvstore serve`` for a cluster member: the daemon (kvstore/daemon/server.py) with, around
 it, its etcd registration (``cluster.join``) and its anti-entropy repair (``repair.*``,
-kvstore/cluster/repair.py) over the static ``cluster.peers`` or the etcd membership.
+kvstore/client/repair.py) over the static ``cluster.peers`` or the etcd membership.
 
 Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the repair is
 stopped first, then the registration is revoked. A configuration that cannot work (auth on
 and no operator token for the repair's peer sessions, a bad peer address) is a ConfigError
 before anything serves.
 
-It lives with the daemon, not in kvstore/cluster/: the daemon uses the cluster package, and
+It lives with the daemon, not in kvstore/client/: the daemon uses the cluster package, and
 the cluster package never imports the daemon.
 """
 
@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 
-from kvstore.cluster.membership import Membership, MembershipError, StaticMembership
+from kvstore.client.membership import Membership, MembershipError, StaticMembership
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
 
-log = logging.getLogger("kvstore.cluster")
+log = logging.getLogger("kvstore.client")
 
 
 def operator_token(cfg: StoreConfig) -> str:
@@ -42,9 +42,9 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
     """The members the repair places blocks over: etcd's (``cluster.join``) or the static
     ``cluster.peers`` (this node's address added when missing)."""
     if cfg.cluster.join:
-        from kvstore.cluster.etcd_membership import EtcdMembership
-        from kvstore.cluster.etcd_security import EtcdSecurity
-        from kvstore.cluster.register import target_of
+        from kvstore.client.etcd_membership import EtcdMembership
+        from kvstore.client.etcd_security import EtcdSecurity
+        from kvstore.client.register import target_of
 
         return EtcdMembership(target_of(cfg), security=EtcdSecurity.of(cfg.cluster))
     peers = list(cfg.cluster.peers)
@@ -58,9 +58,9 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
 
 async def serve_member(cfg: StoreConfig) -> None:
     """Like ``kvstore.daemon.server.serve``, as a registered and self-repairing member."""
-    from kvstore.cluster.etcd_security import EtcdSecurity
-    from kvstore.cluster.register import Registration, member_of, target_of
-    from kvstore.cluster.repair import Repair
+    from kvstore.client.etcd_security import EtcdSecurity
+    from kvstore.client.register import Registration, member_of, target_of
+    from kvstore.client.repair import Repair
     from kvstore.daemon.server import Daemon
 
     target = target_of(cfg) if cfg.cluster.join else None  # a bad URL fails before anything opens

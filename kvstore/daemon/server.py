@@ -90,7 +90,7 @@ class Daemon:
         """Open everything and start serving. Raises ConfigError (bad token file, port in use,
         ``server.transport = "rdma"`` without a usable device) before serving anything. With
         RDMA the DRAM slab is registered once here (docs/rdma.md)."""
-        from kvstore.node import NodeStore  # heavy (tiers); only the daemon needs it
+        from kvstore.node.store import NodeStore  # heavy (tiers); only the daemon needs it
         from rdma.verbs import device_available
 
         self = cls(cfg)

@@ -39,7 +39,7 @@ REPAIR_FIELDS = (
 
 
 def _repair(daemon: dict) -> dict | None:
-    """A cluster member's anti-entropy totals (kvstore/cluster/repair.py), None elsewhere."""
+    """A cluster member's anti-entropy totals (kvstore/client/repair.py), None elsewhere."""
     if f"tierkv_repair_{REPAIR_FIELDS[0]}_total" not in daemon:
         return None
     return {f: int(daemon.get(f"tierkv_repair_{f}_total", 0)) for f in REPAIR_FIELDS}

@@ -64,8 +64,8 @@ def common_options() -> argparse.ArgumentParser:
 def _cluster_admin_urls(url: str, timeout_s: float) -> list[str]:
     """Admin URLs of the nodes registered under an ``etcd://`` cluster URL. UsageError naming
     the URL when it is bad, etcd does not answer, or no node registered an admin address."""
-    from kvstore.cluster.etcd import EtcdClient, EtcdError, parse_etcd_url
-    from kvstore.cluster.membership import Member, MembershipError
+    from kvstore.client.etcd import EtcdClient, EtcdError, parse_etcd_url
+    from kvstore.client.membership import Member, MembershipError
     from kvstore.inspect.admin_client import UsageError
 
     try:

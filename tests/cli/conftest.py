@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
 
 

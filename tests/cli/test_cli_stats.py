@@ -6,7 +6,7 @@ import asyncio
 
 from storeutil import make_blocks
 
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("cli-stats-model", "float16", 4)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from kvstore.cluster.etcd_membership import EtcdMembership
+from kvstore.client.etcd_membership import EtcdMembership
 
 
 def _kvstore(*args: str) -> subprocess.CompletedProcess:

@@ -9,11 +9,11 @@ import time
 import pytest
 from storeutil import make_blocks
 
-from kvstore.client import ClientConfig, NodeClient
-from kvstore.cluster.client import ClusterClient, ClusterConfig
-from kvstore.cluster.etcd_membership import EtcdMembership
-from kvstore.cluster.membership import Member, Membership
-from kvstore.cluster.placement import owners
+from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.etcd_membership import EtcdMembership
+from kvstore.client.membership import Member, Membership
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.placement import owners
 from kvstore.keys import Namespace
 from kvstore.results import Status
 

@@ -9,8 +9,8 @@ import pytest
 from cluster.slowproxy import SlowProxy
 from storeutil import make_blocks
 
-from kvstore.client import ClientConfig
-from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.node import ClientConfig
 from kvstore.keys import Namespace
 from kvstore.results import Status
 

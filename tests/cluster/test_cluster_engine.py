@@ -56,7 +56,7 @@ async def test_cluster_engine_kvstore_url_survives_a_killed_node(model_dir, star
 async def test_cluster_engine_etcd_url(model_dir, start_daemon, etcd):
     join = etcd.url("engine")
     ds = [start_daemon(use_disk=False, cluster={"join": join, "lease_ttl_s": 2}) for _ in range(3)]
-    from kvstore.cluster.etcd_membership import EtcdMembership
+    from kvstore.client.etcd_membership import EtcdMembership
 
     m = EtcdMembership(join)
     await m.start()

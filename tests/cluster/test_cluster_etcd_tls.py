@@ -10,9 +10,9 @@ import pytest
 from cluster.cluster_etcd import Etcd, etcd_missing
 from cluster.etcd_tls import make_certs, openssl_missing
 
-from kvstore.cluster.etcd import EtcdClient, b64, prefix_end
-from kvstore.cluster.etcd_membership import EtcdMembership
-from kvstore.cluster.etcd_security import EtcdSecurity
+from kvstore.client.etcd import EtcdClient, b64, prefix_end
+from kvstore.client.etcd_membership import EtcdMembership
+from kvstore.client.etcd_security import EtcdSecurity
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 from cluster.cluster_hosts import TENANT_NS
 from storeutil import make_blocks
 
-from kvstore.client import NodeClient
-from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.node import NodeClient
 from kvstore.results import Status
 
 pytestmark = pytest.mark.heavy
@@ -180,7 +180,7 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
             assert await load.read(p) == BLOCKS
             out_after.append(slow.addr not in c.live_addrs())
     # every packet is late (netem), or the bucket lets only a small burst through (tbf): a
-    # probe moves more than a burst (kvstore/cluster/health.py), so the node stays out
+    # probe moves more than a burst (kvstore/client/health.py), so the node stays out
     assert all(out_after), out_after
     assert c.counters["marked_up"] == 0
     assert not load.failed

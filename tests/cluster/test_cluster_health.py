@@ -10,7 +10,7 @@ import pytest
 from cluster.cluster_hosts import TENANT_NS
 from storeutil import make_blocks
 
-from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.results import Status
 
 pytestmark = pytest.mark.heavy

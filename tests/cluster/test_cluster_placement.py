@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstore.address import parse_host_port
-from kvstore.client import NodeClient
-from kvstore.cluster.etcd import parse_etcd_url
-from kvstore.cluster.membership import Member, MembershipError, StaticMembership
-from kvstore.cluster.placement import Node, owners, rank
+from kvstore.client.etcd import parse_etcd_url
+from kvstore.client.membership import Member, MembershipError, StaticMembership
+from kvstore.client.node import NodeClient
+from kvstore.client.placement import Node, owners, rank
 from kvstore.errors import AddressError
 
 keys_st = st.binary(min_size=16, max_size=16)

@@ -1,4 +1,4 @@
-"""Anti-entropy repair (node-side, kvstore/cluster/repair.py): a node replaced by an empty one
+"""Anti-entropy repair (node-side, kvstore/client/repair.py): a node replaced by an empty one
 gets its copies back from the others, so a second failure after the repair costs no hit.
 
 Three daemons in a static cluster (``cluster.peers``) with replicas=2; one is killed with
@@ -16,9 +16,9 @@ import time
 from cluster.cluster_etcd import free_port
 from storeutil import make_blocks
 
-from kvstore.client import ClientConfig, NodeClient
-from kvstore.cluster.client import ClusterClient, ClusterConfig
-from kvstore.cluster.repair import PEER_TENANT
+from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.repair import PEER_TENANT
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
@@ -135,8 +135,8 @@ def test_cluster_repair_with_auth_needs_an_operator_token(tmp_path):
 async def test_cluster_repair_after_an_etcd_leave_and_a_join_puts_copies_on_the_current_owners(
     etcd, start_daemon
 ):
-    from kvstore.cluster.membership import Member
-    from kvstore.cluster.placement import owners
+    from kvstore.client.membership import Member
+    from kvstore.client.placement import owners
 
     url = etcd.url("repair")
     member = {

@@ -8,8 +8,8 @@ import pytest
 from cluster.cluster_hosts import TENANT_NS
 from storeutil import make_blocks
 
-from kvstore.client import ClientConfig, NodeClient
-from kvstore.cluster.client import ClusterClient, ClusterConfig
+from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("cluster-test", "uint8", 4)

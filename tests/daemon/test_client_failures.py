@@ -14,7 +14,7 @@ import numpy as np
 
 from kvstore import protocol as P
 from kvstore.block import make_header
-from kvstore.client import ClientConfig, NodeClient, StoreClient
+from kvstore.client.node import ClientConfig, NodeClient, StoreClient
 from kvstore.results import Status
 
 

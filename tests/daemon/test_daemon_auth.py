@@ -8,7 +8,7 @@ import signal
 import aiohttp
 import pytest
 
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 TOKENS = "tok-acme-0001 acme\ntok-globex-01 globex\ntok-operator1 *\n"

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kvstore import protocol as P
 from kvstore.block import make_header
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Status
 

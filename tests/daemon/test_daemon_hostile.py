@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from daemonutil import RawPeer
 
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"

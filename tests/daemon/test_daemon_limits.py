@@ -13,7 +13,7 @@ import pytest
 from daemonutil import RawPeer, frame
 
 from kvstore import protocol as P
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"

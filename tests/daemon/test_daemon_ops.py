@@ -13,7 +13,7 @@ import pytest
 
 from kvstore import protocol as P
 from kvstore.block import make_header
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Expect, Status
 
 

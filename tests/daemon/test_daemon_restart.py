@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 MiB = 1 << 20

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from kvstore.block import make_header
-from kvstore.client import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 CLIENTS = 32

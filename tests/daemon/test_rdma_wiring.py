@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from kvstore import protocol as P
-from kvstore.client import ClientConfig, NodeClient, StoreClient
-from kvstore.client_conn import Conn
-from kvstore.client_rdma import ClientRdma, move
+from kvstore.client.conn import Conn
+from kvstore.client.node import ClientConfig, NodeClient, StoreClient
+from kvstore.client.rdma import ClientRdma, move
 from kvstore.config import load_store_config
 from kvstore.daemon.slab_rdma import slab_descriptor
 from kvstore.errors import ConfigError
@@ -204,7 +204,7 @@ _CLIENT_SCRIPT = """
 import asyncio, sys
 import numpy as np
 from kvstore.daemon.logs import setup_logging
-from kvstore.client import ClientConfig, NodeClient, StoreClient
+from kvstore.client.node import ClientConfig, NodeClient, StoreClient
 from kvstore.keys import Namespace
 
 async def main(addrs):
@@ -317,7 +317,7 @@ async def test_slab_descriptors_address_the_real_dram_bytes(tmp_path, ns, blocks
     """What an RDMA READ at a LEASE descriptor would fetch, and where an RDMA WRITE at a
     RESERVE descriptor would land, checked by reading and writing the node's DRAM arena at
     those addresses (ctypes) instead of through a NIC."""
-    from kvstore.node import NodeStore
+    from kvstore.node.store import NodeStore
 
     def cfg(**kw):
         base = {"dram.capacity": "8MiB", "dram.slab_size": "1MiB", "disk.path": str(tmp_path / "disk")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from storeutil import make_cfg
 
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from storeutil import make_blocks, make_cfg  # noqa: E402
 
-from kvstore.node import NodeStore  # noqa: E402
+from kvstore.node.store import NodeStore  # noqa: E402
 
 
 async def main(root: str, n: int) -> None:

@@ -6,7 +6,7 @@ import pytest
 from storeutil import make_blocks
 
 from kvstore.errors import TierError
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
 from kvstore.results import Status
 
 

@@ -9,7 +9,7 @@ import pytest
 from storeutil import flip_byte_in_file, make_blocks
 
 from kvstore.block import make_header
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
 from kvstore.results import Expect, Status
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -13,7 +13,7 @@ import time
 import pytest
 from storeutil import make_blocks, make_cfg
 
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
 from kvstore.results import Expect, Status
 
 CHILD = pathlib.Path(__file__).with_name("put_storm_child.py")

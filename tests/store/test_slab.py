@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvstore.tiers.slab import SlabAllocator
+from kvstore.node.tiers.slab import SlabAllocator
 
 MiB = 1 << 20
 

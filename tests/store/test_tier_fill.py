@@ -10,9 +10,9 @@ import random
 
 from storeutil import make_blocks
 
-from kvstore.node import NodeStore
+from kvstore.node.store import NodeStore
+from kvstore.node.tiers.disk import DiskTier
 from kvstore.results import Status
-from kvstore.tiers.disk import DiskTier
 
 KiB, MiB = 1 << 10, 1 << 20
 

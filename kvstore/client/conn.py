@@ -3,7 +3,7 @@
 :class:`Conn` owns a :class:`rdma.tcp.SocketChannel` after a successful HELLO and runs one
 request at a time. HELLO may offer the client's queue pair (``rdma``); ``peer_rdma`` is the
 node's answer (its queue pair and registered slab) or None, and ``verbs`` is the connected
-one-sided transport once :mod:`kvstore.client_rdma` attached it (None: bytes over TCP).
+one-sided transport once :mod:`kvstore.client.rdma` attached it (None: bytes over TCP).
 Methods raise ConnectionError/FrameError/ProtocolError (connection now unusable: the caller
 closes it) or :class:`NodeRefused` (the node answered with an error that closed the
 connection, e.g. a refused token); per-key failures are results, not exceptions.

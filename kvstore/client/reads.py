@@ -7,16 +7,16 @@ raises for a node problem. Bytes of a buffer whose result is not HIT are unspeci
 - Rounds: each pending key goes to its next healthy candidate; a key that misses there (or
   whose node fails) goes to the next candidate in a following round while the deadline lasts.
 - Hedging: a node's read that passes ``hedge_factor`` times its expected time
-  (kvstore/cluster/health.py; at least ``hedge_floor_s``; ``hedge`` of the time left before
+  (kvstore/client/health.py; at least ``hedge_floor_s``; ``hedge`` of the time left before
   there are estimates) is sent again to each key's next candidate, into private buffers.
   Whichever answers first wins: when the hedge has every key, the late read is cancelled (its
   connection closed, never half-copied into the caller's buffers), the private copies move
   into the caller's buffers and the late node is ejected; when the first read finishes
   first, it is used and the hedge is cancelled. The late node is never timed out by the
   hedge, so lateness alone does not count as a failure of the node client.
-- Read repair: a block found past its owners is offered to kvstore/cluster/readrepair.py.
+- Read repair: a block found past its owners is offered to kvstore/client/readrepair.py.
 
-Given in its constructor: the owner's :class:`~kvstore.cluster.route.Route` (node clients,
+Given in its constructor: the owner's :class:`~kvstore.client.route.Route` (node clients,
 healthy view, rendezvous order), the health tracker, the read repairer, the configs and the
 counters it adds to (the owner's).
 """
@@ -29,12 +29,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore.client import ClientConfig
-from kvstore.client_conn import byte_view
-from kvstore.cluster.config import ClusterConfig
-from kvstore.cluster.health import Health
-from kvstore.cluster.readrepair import Repairer
-from kvstore.cluster.route import Route
+from kvstore.client.config import ClusterConfig
+from kvstore.client.conn import byte_view
+from kvstore.client.health import Health
+from kvstore.client.node import ClientConfig
+from kvstore.client.readrepair import Repairer
+from kvstore.client.route import Route
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
 

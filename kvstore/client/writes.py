@@ -3,7 +3,7 @@
 Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the first healthy
 nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
 space, node down) goes to the next node in that order while the caller's deadline lasts (a
-node-side repair moves the copy back to its owner later: kvstore/cluster/repair.py). It
+node-side repair moves the copy back to its owner later: kvstore/client/repair.py). It
 never raises for a node problem and tells exactly what happened (:class:`PutReport`).
 
 Deadlines: one node never gets the whole save deadline. A node this client never reached
@@ -14,7 +14,7 @@ left. So a dead or partitioned node costs about ``write_floor_s`` and its blocks
 redirected within the same call, while a healthy node that moves a large batch at least at
 ``write_min_bytes_per_s`` never misses a chunk deadline, however long the whole batch takes.
 
-Given in its constructor: the owner's :class:`~kvstore.cluster.route.Route` (node clients,
+Given in its constructor: the owner's :class:`~kvstore.client.route.Route` (node clients,
 healthy view, rendezvous order, connection set-up, timed fan-out), the configs and the
 counters it adds to (the owner's).
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.block import BlockHeader
-from kvstore.client import ClientConfig
-from kvstore.cluster.config import ClusterConfig
-from kvstore.cluster.route import Route
+from kvstore.client.config import ClusterConfig
+from kvstore.client.node import ClientConfig
+from kvstore.client.route import Route
 from kvstore.results import PutResult, Status
 
 # a node that answered these for a block did not store it; the next node in order may

@@ -28,7 +28,7 @@ from typing import Any
 
 from rdma.transport import MODES, Region, TransportError, fallback_reason, select_transport
 
-log = logging.getLogger("kvstore.client")
+log = logging.getLogger("kvstore.client.node")
 _said: set[str] = set()  # log lines already written by this process (one per reason and node)
 
 

@@ -23,14 +23,14 @@ import lmdb
 
 from kvstore.block import BlockHeader, checksum
 from kvstore.errors import BlockFormatError, TierError
-from kvstore.results import Status
-from kvstore.tiers.base import (
+from kvstore.node.tiers.base import (
     LruIndex,
     entry_header_len,
     entry_payload_len,
     now_s,
     pack_entry,
 )
+from kvstore.results import Status
 
 log = logging.getLogger("tierkv.disk")
 

@@ -9,7 +9,7 @@ lease grant/keepalive/revoke, and a streaming watch.
 Every call has a timeout and tries each endpoint in turn; :class:`EtcdError` names the
 endpoint and the failure (callers on the data path catch it and keep their last view).
 
-Security (:class:`kvstore.cluster.etcd_security.EtcdSecurity`, the ``cluster.etcd_*`` keys): HTTPS with a CA bundle and a
+Security (:class:`kvstore.client.etcd_security.EtcdSecurity`, the ``cluster.etcd_*`` keys): HTTPS with a CA bundle and a
 client certificate, and etcd's user auth (``/v3/auth/authenticate`` gives a token sent as the
 ``Authorization`` header of every call; a token etcd no longer accepts is renewed once).
 """
@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 
 from kvstore.address import parse_host_port
-from kvstore.cluster.etcd_security import EtcdSecurity
-from kvstore.cluster.membership import MembershipError
+from kvstore.client.etcd_security import EtcdSecurity
+from kvstore.client.membership import MembershipError
 from kvstore.errors import AddressError
 
 KEY_ROOT = "/tierkv/clusters"

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstore.block import BlockHeader
-from kvstore.client import NodeClient
-from kvstore.client_conn import byte_view
+from kvstore.client.conn import byte_view
+from kvstore.client.node import NodeClient
 
 
 class Repairer:

@@ -16,7 +16,7 @@ A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one nod
 to one event loop and safe for concurrent tasks on it. :class:`StoreClient` spreads keys over
 several nodes by rendezvous hashing (one replica; placement with replicas is the cluster's).
 
-``transport`` (``auto | tcp | rdma``, :mod:`kvstore.client_rdma`) decides how
+``transport`` (``auto | tcp | rdma``, :mod:`kvstore.client.rdma`) decides how
 ``get_into_leased``/``put_reserved`` move bytes: one-sided RDMA READ/WRITE between the node's
 slab and buffers the caller registered (``register``) when both sides have a verbs device,
 else the same LEASE/RESERVE sequence over TCP. ``transport = "rdma"`` on a host without a
@@ -38,15 +38,15 @@ import xxhash
 from kvstore import protocol as P
 from kvstore.address import parse_host_port
 from kvstore.block import BlockHeader
-from kvstore.client_conn import Conn, NodeRefused, byte_view
-from kvstore.client_leased import DescriptorPath
-from kvstore.client_rdma import ClientRdma
+from kvstore.client.conn import Conn, NodeRefused, byte_view
+from kvstore.client.leased import DescriptorPath
+from kvstore.client.rdma import ClientRdma
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.tcp import FrameError
 from rdma.transport import TransportError
 
-log = logging.getLogger("kvstore.client")
+log = logging.getLogger("kvstore.client.node")
 T = TypeVar("T")
 _FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolError, NodeRefused, EOFError)
 
@@ -277,13 +277,13 @@ class NodeClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """GET the RDMA way (kvstore/client_leased.py); same results as ``get_into``."""
+        """GET the RDMA way (kvstore/client/leased.py); same results as ``get_into``."""
         return self._count_gets(await self._leased.get_into_leased(keys, bufs, expect, deadline_s), len(keys))
 
     async def put_reserved(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult]:
-        """PUT the RDMA way (kvstore/client_leased.py); a failure drops the writes (counted)."""
+        """PUT the RDMA way (kvstore/client/leased.py); a failure drops the writes (counted)."""
         r = await self._leased.put_reserved(blocks, deadline_s)
         if isinstance(r, Status):
             self.counters["dropped_writes"] += len(blocks)

@@ -27,13 +27,13 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from kvstore.client import ClientConfig, NodeClient
-from kvstore.cluster.membership import Membership
-from kvstore.cluster.placement import Node, rank
+from kvstore.client.membership import Membership
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.placement import Node, rank
 from kvstore.config import RepairSection
 from kvstore.keys import BlockKey
 
-log = logging.getLogger("kvstore.cluster.repair")
+log = logging.getLogger("kvstore.client.repair")
 PEER_TENANT = "*"  # a HELLO asking for a peer session (docs/protocol.md)
 
 

@@ -1,8 +1,8 @@
 """What the cluster client's reads and writes are given: the :class:`Route` protocol.
 
-:class:`~kvstore.cluster.client.ClusterClient` owns the node clients, their health and the
-placement view; its read path (kvstore/cluster/reads.py) and write path
-(kvstore/cluster/writes.py) are objects it owns, each given this protocol (implemented by the
+:class:`~kvstore.client.cluster.ClusterClient` owns the node clients, their health and the
+placement view; its read path (kvstore/client/reads.py) and write path
+(kvstore/client/writes.py) are objects it owns, each given this protocol (implemented by the
 ClusterClient) plus its config and counters in its constructor, so neither reaches into state
 it was not handed.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from kvstore.client import NodeClient
-from kvstore.cluster.placement import Node
+from kvstore.client.node import NodeClient
+from kvstore.client.placement import Node
 from kvstore.keys import BlockKey
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvstore.address import parse_host_port
-from kvstore.cluster.placement import Node
+from kvstore.client.placement import Node
 from kvstore.errors import AddressError
 
 

@@ -1,6 +1,6 @@
 """The operator's view of a node: listing, describing, verifying, statistics, integrity check.
 
-A mixin of :class:`kvstore.node.NodeStore` (it uses the node's tiers, leases and counters);
+A mixin of :class:`kvstore.node.store.NodeStore` (it uses the node's tiers, leases and counters);
 kept apart so the data path in node.py stays short. Same threading rules as the node.
 """
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from kvstore.results import Status
-from kvstore.tiers.base import (
+from kvstore.node.tiers.base import (
     MAX_HEADER_LEN,
     LruIndex,
     entry_offset,
@@ -30,7 +29,8 @@ from kvstore.tiers.base import (
     now_s,
     pack_entry,
 )
-from kvstore.tiers.slab import SlabAllocator
+from kvstore.node.tiers.slab import SlabAllocator
+from kvstore.results import Status
 
 # Headers may take up to capacity / 16 of host memory beside the arena (6 %): enough for blocks
 # down to a few KiB with typical headers; smaller blocks are bounded by header room instead.
@@ -80,7 +80,7 @@ class MemoryTier(LruIndex):
 
     # ------------------------------------------------------------------ slabs
     def span_of(self, key: bytes) -> int:
-        """The allocator span (see kvstore.tiers.slab) holding ``key``'s payload."""
+        """The allocator span (see kvstore.node.tiers.slab) holding ``key``'s payload."""
         return self.alloc.span_of(entry_offset(self._index[key]))
 
     def span_blocks(self, span: int) -> list[bytes]:

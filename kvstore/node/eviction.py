@@ -1,5 +1,5 @@
 """Eviction: how a node makes room in a memory tier by moving least recently used blocks down
-(hbm -> dram -> disk -> dropped). A mixin of :class:`kvstore.node.NodeStore` (it uses the node's
+(hbm -> dram -> disk -> dropped). A mixin of :class:`kvstore.node.store.NodeStore` (it uses the node's
 tiers, leases, pins, dirty set and counters); same threading rules as the node: one event loop.
 
 Held (leased, in-flight) and pinned blocks are never chosen. A victim is held while it is
@@ -10,7 +10,7 @@ joins the common pool only once none of its slots is live.
 
 from __future__ import annotations
 
-from kvstore.tiers.memory import MemoryTier
+from kvstore.node.tiers.memory import MemoryTier
 
 # Rounds of eviction per allocation (a round is one block or one whole slab): bounded work.
 _MAX_EVICTIONS_PER_ALLOC = 64

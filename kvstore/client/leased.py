@@ -1,8 +1,8 @@
-"""The descriptor path of :class:`kvstore.client.NodeClient`: GET and PUT the RDMA way.
+"""The descriptor path of :class:`kvstore.client.node.NodeClient`: GET and PUT the RDMA way.
 
 ``get_into_leased`` runs LEASE -> read -> RELEASE and ``put_reserved`` RESERVE -> write ->
 COMMIT. The transport moving the bytes is chosen per call: one-sided RDMA READ/WRITE
-(:func:`kvstore.client_rdma.move`) when the connection has a queue pair and every local buffer
+(:func:`kvstore.client.rdma.move`) when the connection has a queue pair and every local buffer
 is registered (``register``), else :class:`rdma.tcp.TcpTransport` (the node copies the leased or
 reserved bytes over the connection). Both run the same sequence, so the TCP runs on every
 machine test the logic the RDMA runs use. Same failure contract as the rest of the client: a
@@ -18,10 +18,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kvstore import client_rdma
 from kvstore.block import BlockHeader
-from kvstore.client_conn import Conn, byte_view, check_payload
-from kvstore.client_rdma import ClientRdma
+from kvstore.client import rdma as client_rdma
+from kvstore.client.conn import Conn, byte_view, check_payload
+from kvstore.client.rdma import ClientRdma
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, PutResult, Status
 

@@ -1,6 +1,6 @@
 """The replicated cluster client: many storage nodes as one store.
 
-Contract (the same as :class:`kvstore.client.StoreClient`, so the connector can use either):
+Contract (the same as :class:`kvstore.client.node.StoreClient`, so the connector can use either):
 ``exists``, ``get_into``, ``put``, ``delete`` take a deadline and never raise for a node or
 membership problem; a failure is a miss (``None`` / a non-HIT status), a dropped write or
 ``False``, counted in ``counters``. Caller bugs (buffer count) raise ValueError at once.
@@ -11,16 +11,16 @@ node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node d
 - ``await start()``: the first membership view, then ``pool_size`` connections to every
   member opened and HELLO'd, so no request pays for connection set-up (members that join
   later are warmed up in the background).
-- Placement: weighted rendezvous over the *healthy* members (kvstore/cluster/placement.py);
+- Placement: weighted rendezvous over the *healthy* members (kvstore/client/placement.py);
   a key's owners are its first ``replicas`` nodes, on distinct nodes and zones.
 - Lookups: one batched EXISTS per node, all nodes in parallel; a key is present when any of
   its first ``replicas + lookahead`` nodes has it (``lookahead`` finds blocks whose owner
   changed when a node joined). :meth:`lookup_prefix` is the longest prefix over replicas.
-- Reads: kvstore/cluster/reads.py. Writes: kvstore/cluster/writes.py (``put_report`` tells
+- Reads: kvstore/client/reads.py. Writes: kvstore/client/writes.py (``put_report`` tells
   exactly what was stored, under-replicated and dropped). Both are objects this client owns,
-  given it as their :class:`~kvstore.cluster.route.Route` (node clients, healthy view,
+  given it as their :class:`~kvstore.client.route.Route` (node clients, healthy view,
   rendezvous order, connection set-up, timed fan-out) and its counters.
-- Health: kvstore/cluster/health.py; a node marked down is skipped until it is readmitted.
+- Health: kvstore/client/health.py; a node marked down is skipped until it is readmitted.
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from kvstore.block import BlockHeader
-from kvstore.client import ClientConfig, NodeClient
-from kvstore.cluster.config import ClusterConfig
-from kvstore.cluster.health import Health
-from kvstore.cluster.membership import Membership, StaticMembership
-from kvstore.cluster.placement import Node, rank
-from kvstore.cluster.readrepair import Repairer
-from kvstore.cluster.reads import ClusterReads
-from kvstore.cluster.writes import ClusterWrites, PutReport
+from kvstore.client.config import ClusterConfig
+from kvstore.client.health import Health
+from kvstore.client.membership import Membership, StaticMembership
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.placement import Node, rank
+from kvstore.client.readrepair import Repairer
+from kvstore.client.reads import ClusterReads
+from kvstore.client.writes import ClusterWrites, PutReport
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, PutResult, Status
 
-log = logging.getLogger("kvstore.cluster")
+log = logging.getLogger("kvstore.client")
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
 _RANK_CACHE_MAX = 1 << 17
 _WARM_KEY = BlockKey(bytes(16))  # EXISTS of this key opens and HELLOs a connection, nothing more
@@ -96,7 +96,7 @@ class ClusterClient:
     @classmethod
     def etcd(cls, url: str, client_cfg=None, cfg=None) -> ClusterClient:
         """Members from etcd (``etcd://host:port[,host:port]/CLUSTER``), watched."""
-        from kvstore.cluster.etcd_membership import EtcdMembership
+        from kvstore.client.etcd_membership import EtcdMembership
 
         return cls(EtcdMembership(url), client_cfg, cfg)
 
@@ -279,19 +279,19 @@ class ClusterClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """Fill ``bufs[i]`` with block ``keys[i]`` (kvstore/cluster/reads.py)."""
+        """Fill ``bufs[i]`` with block ``keys[i]`` (kvstore/client/reads.py)."""
         return await self._reads.get_into(keys, bufs, expect, deadline_s)
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult]:
-        """Per block, its best replica's result (kvstore/cluster/writes.py)."""
+        """Per block, its best replica's result (kvstore/client/writes.py)."""
         return await self._writes.put(blocks, deadline_s)
 
     async def put_report(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> PutReport:
-        """Store ``blocks`` on their owners and say what happened (kvstore/cluster/writes.py)."""
+        """Store ``blocks`` on their owners and say what happened (kvstore/client/writes.py)."""
         return await self._writes.put_report(blocks, deadline_s)
 
     # ---------------------------------------------------------------- the rest

@@ -17,13 +17,13 @@ import logging
 import socket
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, parse_etcd_url
-from kvstore.cluster.etcd_security import EtcdSecurity
-from kvstore.cluster.membership import Member, MembershipError
+from kvstore.client.etcd import EtcdClient, EtcdError, EtcdTarget, parse_etcd_url
+from kvstore.client.etcd_security import EtcdSecurity
+from kvstore.client.membership import Member, MembershipError
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
 
-log = logging.getLogger("kvstore.cluster")
+log = logging.getLogger("kvstore.client")
 
 
 class Registration:

@@ -4,7 +4,7 @@ Contract:
 - Estimates: every call the client makes is timed (:meth:`Health.observe`): an EWMA of each
   node's latency (small calls: EXISTS) and of its bandwidth (GET payload bytes per second).
   :meth:`expected` is a node's expected time for a call moving ``nbytes``; reads hedge to
-  another replica when a node passes it (kvstore/cluster/reads.py).
+  another replica when a node passes it (kvstore/client/reads.py).
 - Ejection: a node whose call failed or missed its deadline (its :class:`NodeClient` marked it
   down), or that is an outlier (latency over ``outlier_factor`` times the median of the other
   healthy nodes' and over ``hedge_floor_s``, or GET bandwidth under their median divided by
@@ -29,10 +29,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore.client import NodeClient
+from kvstore.client.node import NodeClient
 from kvstore.keys import BlockKey
 
-log = logging.getLogger("kvstore.cluster")
+log = logging.getLogger("kvstore.client")
 _ALPHA = 0.2  # EWMA weight of a new sample
 
 
@@ -45,7 +45,7 @@ class Estimate:
 
 class Health:
     def __init__(self, nodes: dict[str, NodeClient], cfg: Any) -> None:
-        """``cfg``: the :class:`kvstore.cluster.client.ClusterConfig` (probe_*, eject_*, ...)."""
+        """``cfg``: the :class:`kvstore.client.cluster.ClusterConfig` (probe_*, eject_*, ...)."""
         self.nodes = nodes  # shared with the cluster client, which adds and removes members
         self.cfg = cfg
         self.counters: Counter[str] = Counter()

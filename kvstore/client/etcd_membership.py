@@ -1,5 +1,5 @@
 """Membership from etcd: every daemon registers ``<prefix><addr> -> Member JSON`` under a lease
-it keeps alive (kvstore/cluster/register.py); this source lists the prefix, then watches it
+it keeps alive (kvstore/client/register.py); this source lists the prefix, then watches it
 from the next revision, so joins show up at once and departures within the lease TTL.
 
 When etcd is unreachable the last known members stay in force (the data path keeps working)
@@ -13,11 +13,11 @@ import asyncio
 import logging
 from collections import Counter
 
-from kvstore.cluster.etcd import EtcdClient, EtcdError, EtcdTarget, EtcdWatchIdle, parse_etcd_url
-from kvstore.cluster.etcd_security import EtcdSecurity
-from kvstore.cluster.membership import Member, Membership, MembershipError
+from kvstore.client.etcd import EtcdClient, EtcdError, EtcdTarget, EtcdWatchIdle, parse_etcd_url
+from kvstore.client.etcd_security import EtcdSecurity
+from kvstore.client.membership import Member, Membership, MembershipError
 
-log = logging.getLogger("kvstore.cluster")
+log = logging.getLogger("kvstore.client")
 
 
 class EtcdMembership(Membership):

@@ -25,13 +25,13 @@ from kvstore.block import BlockHeader, checksum
 from kvstore.config import StoreConfig
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
-from kvstore.leases import Lease, LeaseTable, Reservation
-from kvstore.node_evict import NodeEviction
-from kvstore.node_inspect import NodeInspection
+from kvstore.node.eviction import NodeEviction
+from kvstore.node.inspection import NodeInspection
+from kvstore.node.leases import Lease, LeaseTable, Reservation
+from kvstore.node.tiers.arena import CudaArena, HostArena
+from kvstore.node.tiers.disk import DiskTier
+from kvstore.node.tiers.memory import MemoryTier
 from kvstore.results import Expect, GetResult, PutResult, Status
-from kvstore.tiers.arena import CudaArena, HostArena
-from kvstore.tiers.disk import DiskTier
-from kvstore.tiers.memory import MemoryTier
 
 log = logging.getLogger("tierkv.node")
 
