@@ -1,10 +1,12 @@
 """Configuration: one TOML file per role, then ``TIERKV_*`` environment variables, then
-explicit overrides (CLI flags), parsed into frozen dataclasses.
+explicit overrides and command-line flags, parsed into frozen dataclasses.
 
-An unknown key or a bad value is a :class:`ConfigError` naming the key (``dram.capacity``),
-never a warning. Sizes are human strings (``"64GiB"``, ``"512MiB"``) or plain byte counts.
-Environment variables name a key as ``TIERKV_<SECTION>__<KEY>`` (``TIERKV_DRAM__CAPACITY=2GiB``).
-Every default is safe on a laptop.
+An unknown key or a bad value is a :class:`ConfigError` naming the key (``dram.capacity``) and
+where the value came from (the file, the variable, the flag), never a warning. Sizes go
+through :func:`parse_size`, the project's one size parser (docs/configuration.md has its unit
+table). Environment variables name a key as ``TIERKV_<SECTION>__<KEY>``
+(``TIERKV_DRAM__CAPACITY=2GiB``, ``TIERKV_ENGINE__KV_CACHE_BYTES=8GiB``). Every default is safe
+on a laptop.
 """
 
 from __future__ import annotations
@@ -18,31 +20,49 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal
 
 from kvstore.errors import ConfigError
 
 ENV_PREFIX = "TIERKV_"
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+# the whole unit table, matched case-insensitively: IEC units are binary, SI units decimal;
+# a bare K/M/G is refused because half the world reads it one way and half the other
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE_HELP = "a byte count, or a number with B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal)"
 
 
 def parse_size(value: Any, name: str = "size") -> int:
-    """``"8GiB"`` -> 8589934592. Binary units (KiB..PiB; ``K``/``KB`` mean KiB too). Raises
-    ConfigError naming ``name`` for anything else, or for a negative number."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{name}: expected a size like '64GiB', got {value!r}")
-    if isinstance(value, int):
+    """A size in bytes: an int >= 0, or text: a number (bytes) or a number and a unit of
+    ``SIZE_UNITS`` (case-insensitive): ``B``; ``KiB MiB GiB TiB`` = 2^10..2^40;
+    ``KB MB GB TB`` = 10^3..10^12. ``"1.5GiB"`` is fine; a result that is not a whole number
+    of bytes is not. Raises ConfigError naming ``name`` and the value for anything else (a bare
+    ``K``, ``12XB``, a negative number, a bool or float)."""
+    if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ConfigError(f"{name}: size must be >= 0, got {value}")
+            raise ConfigError(f"{name}: a size must be >= 0, got {value}")
         return value
     if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            unit = (m.group(2) or "").upper().replace("IB", "").replace("B", "") if m.group(2) else ""
-            return int(float(m.group(1)) * _UNITS[unit])
-    raise ConfigError(f"{name}: expected a size like '64GiB' or a byte count, got {value!r}")
+        m = _SIZE_RE.fullmatch(value)
+        if m and m.group(2).lower() in SIZE_UNITS:
+            n = Decimal(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+            if n != n.to_integral_value():
+                raise ConfigError(f"{name}: {value!r} is not a whole number of bytes")
+            return int(n)
+    raise ConfigError(f"{name}: {value!r} is not a size ({_SIZE_HELP})")
 
 
 def format_size(n: float) -> str:
@@ -223,56 +243,72 @@ class StoreConfig:
 # ---------------------------------------------------------------- the generic loader
 
 
+@dataclass(frozen=True)
+class _Value:
+    """One setting from one source: ``text`` values (environment, flags, URL queries) are
+    parsed into the field's type; others (TOML, Python) must already have it."""
+
+    value: Any
+    source: str  # "file node.toml", "env TIERKV_DRAM__CAPACITY", "flag --kv-cache-bytes"
+    text: bool
+
+
 def load_config(
     cls: type,
     path: str | os.PathLike | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, tuple[str, str]] | None = None,
 ):
     """Build ``cls`` (a frozen dataclass of section dataclasses) from, in rising priority: its
     defaults, the TOML file at ``path``, ``TIERKV_SECTION__KEY`` variables in ``env`` (pass
-    ``os.environ`` explicitly; None means none), and ``overrides`` (``{"dram.capacity": "1GiB"}``).
-    Raises ConfigError naming the key on any unknown key or bad value, or FileNotFoundError-like
-    ConfigError naming a missing file."""
-    raw: dict[str, dict[str, Any]] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {exc}") from exc
+    ``os.environ`` explicitly; None means none; variables of sections ``cls`` lacks belong to
+    other roles and are skipped), ``overrides`` (``{"dram.capacity": "1GiB"}``, typed as TOML
+    values are) and ``flags`` (``{"engine.page_size": ("--page-size", "16")}``: command-line
+    text, parsed as environment values are). Raises ConfigError naming the key and its source
+    on any unknown key or bad value, and naming the file when it is missing or not TOML."""
     sections = {f.name: f for f in dataclasses.fields(cls)}
-    for sec, table in raw.items():
+    merged: dict[str, dict[str, _Value]] = {s: {} for s in sections}
+
+    def put(sec: str, key: str, v: _Value) -> None:
         if sec not in sections:
-            raise ConfigError(f"{sec}: unknown section (known: {', '.join(sections)})")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{sec}: expected a table")
-    merged: dict[str, dict[str, Any]] = {s: dict(raw.get(s, {})) for s in sections}
+            raise ConfigError(f"{sec}: unknown section ({v.source}; known: {', '.join(sections)})")
+        if not key:
+            raise ConfigError(f"{sec}: a key is missing ({v.source})")
+        merged[sec][key] = v
+
+    if path is not None:
+        src = f"file {os.fspath(path)}"
+        for sec, table in _read_toml(path).items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{sec}: expected a table ({src})")
+            for key, value in table.items():
+                put(sec, key, _Value(value, src, False))
     for name, value in (env or {}).items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        sec, sep, key = name[len(ENV_PREFIX) :].lower().partition("__")
-        if not sep or sec not in sections:
-            continue  # other TIERKV_* variables belong to other roles
-        merged[sec][key] = _EnvString(value)
+        sec, sep, key = name.removeprefix(ENV_PREFIX).lower().partition("__")
+        if name.startswith(ENV_PREFIX) and sep and sec in sections:
+            put(sec, key, _Value(value, f"env {name}", True))
     for dotted, value in (overrides or {}).items():
         sec, _, key = dotted.partition(".")
-        if sec not in sections or not key:
-            raise ConfigError(f"{dotted}: unknown key")
-        merged[sec][key] = value
-    built = {}
-    for sec, f in sections.items():
-        built[sec] = _build_section(sec, _resolve(f.type, cls), merged[sec])
+        put(sec, key, _Value(value, f"override {dotted}", False))
+    for dotted, (flag, text) in (flags or {}).items():
+        sec, _, key = dotted.partition(".")
+        put(sec, key, _Value(text, f"flag {flag}", True))
+    built = {sec: _build_section(sec, _resolve(f.type, cls), merged[sec]) for sec, f in sections.items()}
     try:
         return cls(**built)
     except TypeError as exc:  # pragma: no cover - programming error
         raise ConfigError(str(exc)) from exc
 
 
-class _EnvString(str):
-    """A value from the environment: coerced to the field's type rather than type-checked."""
+def _read_toml(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {os.fspath(path)!r} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {os.fspath(path)!r} is not valid TOML: {exc}") from exc
 
 
 def _resolve(tp, owner):
@@ -282,28 +318,47 @@ def _resolve(tp, owner):
     return tp
 
 
-def _build_section(sec: str, sec_cls: type, values: dict[str, Any]):
+def _build_section(sec: str, sec_cls: type, values: dict[str, _Value]):
     hints = typing.get_type_hints(sec_cls)
     known = {f.name for f in dataclasses.fields(sec_cls)}
     kwargs = {}
-    for key, value in values.items():
+    for key, v in values.items():
         if key not in known:
-            raise ConfigError(f"{sec}.{key}: unknown key (known: {', '.join(sorted(known))})")
-        kwargs[key] = _coerce(f"{sec}.{key}", hints[key], value)
+            raise ConfigError(f"{sec}.{key}: unknown key ({v.source}; known: {', '.join(sorted(known))})")
+        try:
+            kwargs[key] = coerce(f"{sec}.{key}", hints[key], v.value, text=v.text)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({v.source})") from None
     try:
         return sec_cls(**kwargs)
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        # a check across values (__post_init__) names its key: say where that value came from
+        msg = str(exc)
+        key = next((k for k in values if msg.startswith(f"{sec}.{k}:")), None)
+        if key is None:
+            raise
+        raise ConfigError(f"{msg} ({values[key].source})") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{sec}: {exc}") from exc
 
 
-def _coerce(name: str, tp, value):
-    from_env = isinstance(value, _EnvString)
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def coerce(name: str, tp: Any, value: Any, *, text: bool = False) -> Any:
+    """``value`` as a field of type ``tp``: int, float, bool, str, :class:`Size`,
+    ``Literal[...]``, ``tuple[X, ...]`` or ``X | None``. ``text``: the value arrived as text (an
+    environment variable, a flag, a URL query) and is parsed (``"8"`` -> 8, ``"on"`` -> True,
+    ``"a,b"`` -> a tuple); otherwise (TOML, Python) it must already have the type, save that
+    an int is a float too. The one coercion of every config source: the store's and engine's
+    loader and the connector's URL. Raises ConfigError naming ``name`` and the value."""
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) != 1:  # pragma: no cover - programming error
+            raise ConfigError(f"{name}: only X | None unions are supported in config")
+        return coerce(name, args[0], value, text=text)
     if tp is Size:
-        if from_env and value.strip().isdigit():
-            value = int(value)
         return Size(parse_size(value, name))
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -312,47 +367,33 @@ def _coerce(name: str, tp, value):
         if value not in choices:
             raise ConfigError(f"{name}: expected one of {list(choices)}, got {value!r}")
         return str(value)
-    if origin in (typing.Union, types.UnionType):
-        raise ConfigError(f"{name}: union types are not supported in config")  # pragma: no cover
     if tp is bool:
-        if from_env:
-            low = value.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-        elif isinstance(value, bool):
+        if isinstance(value, bool) and not text:
             return value
+        if text and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
         raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    if tp is int:
-        if from_env:
+    if tp in (int, float):
+        if text:
             try:
-                return int(value)
+                return tp(value)
             except ValueError:
                 pass
-        elif isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name}: expected an integer, got {value!r}")
-    if tp is float:
-        if from_env:
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
+        elif isinstance(value, (int, tp)) and not isinstance(value, bool):
+            return tp(value)
+        kind = "an integer" if tp is int else "a number"
+        raise ConfigError(f"{name}: expected {kind}, got {value!r}")
     if tp is str:
         if isinstance(value, str):
             return str(value)
         raise ConfigError(f"{name}: expected a string, got {value!r}")
     if origin is tuple:  # tuple[X, ...]
         item = typing.get_args(tp)[0]
-        if from_env:
+        if text:
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{name}: expected a list, got {value!r}")
-        return tuple(_coerce(f"{name}[{i}]", item, v) for i, v in enumerate(value))
+        return tuple(coerce(f"{name}[{i}]", item, v, text=text) for i, v in enumerate(value))
     raise ConfigError(f"{name}: unsupported field type {tp!r}")  # pragma: no cover
 
 

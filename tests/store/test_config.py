@@ -62,9 +62,10 @@ def test_missing_file_and_required_path(tmp_path):
 
 @pytest.mark.parametrize(
     "text, n",
-    [("64GiB", 64 << 30), ("512MiB", 512 << 20), ("4k", 4096), ("1.5G", 3 << 29), (123, 123), ("7", 7)],
+    [("64GiB", 64 << 30), ("512MiB", 512 << 20), ("4KiB", 4096), ("1.5GiB", 3 << 29), (123, 123), ("7", 7)],
 )
 def test_sizes(text, n):
+    # the whole unit table (decimal units, refused spellings): tests/store/test_sizes_and_config.py
     assert parse_size(text) == n
 
 
