@@ -61,8 +61,14 @@ class AsyncEngine:
         engine: LLMEngine,
         connector: KVConnector | None = None,
         lookup_timeout_s: float | None = None,
+        timeline_layers: bool = False,
     ) -> None:
         """``connector`` None means no connector: no lookups, loads or saves at all.
+
+        ``timeline_layers`` turns on the runner's per-layer-group timing of prefill steps
+        (engine/runner.py); each step's record goes into the engine's timeline (per request,
+        a log line, a histogram) after the step, before its outputs are handed out. Off by
+        default: then nothing is timed or recorded.
 
         ``lookup_timeout_s`` is only a backstop against a connector that ignores its own
         deadline: by default the connector's ``lookup_deadline_s`` + LOOKUP_MARGIN_S. A
@@ -79,6 +85,8 @@ class AsyncEngine:
                     f"lookup_timeout_s {lookup_timeout_s} is below the connector's lookup_deadline_s {own}"
                 )
         self.lookup_timeout_s = lookup_timeout_s
+        if timeline_layers:
+            engine.runner.time_layers(True)
         self._started = False
         self._start_lock = asyncio.Lock()
         if connector is not None:
@@ -101,10 +109,11 @@ class AsyncEngine:
         kv_connector: str = "none",
         registry: ConnectorRegistry | None = None,
         lookup_timeout_s: float | None = None,
+        timeline_layers: bool = False,
     ) -> AsyncEngine:
         eng = LLMEngine(model_dir, config)
         connector = (registry or ConnectorRegistry()).create(kv_connector, connector_context(eng))
-        return cls(eng, connector, lookup_timeout_s)
+        return cls(eng, connector, lookup_timeout_s, timeline_layers)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -121,6 +130,7 @@ class AsyncEngine:
                     await self.connector.start()
                 if self.engine.config.warm_up:
                     await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.warm_up)
+                    self._record_layer_times(keep=False)  # the warm-up is no request's time
                 self._started = True
             if self._task is None:
                 self._wake = asyncio.Event()
@@ -277,8 +287,18 @@ class AsyncEngine:
                 except Exception as exc:  # handed to the caller of verify()
                     ev[1].set_exception(exc)
 
+    def _record_layer_times(self, keep: bool = True) -> None:
+        """Move the runner's finished layer timings into the timeline (``keep``) or drop them
+        (waiting for their events: only after a warm-up, whose last step already synced)."""
+        timer = self.engine.runner.layer_timer
+        if timer is not None:
+            for step in timer.take(wait=not keep):
+                if keep:
+                    self.engine.timeline.record_layers(step)
+
     def _after_step(self, outs) -> None:
         eng = self.engine
+        self._record_layer_times()  # before the outputs: a finished request's record is in
         if self.connector is not None:
             for seq, first, pages in eng.scheduler.to_load:
                 self._spawn(self._load(seq, first, pages))

@@ -72,6 +72,7 @@ class KVTransfer:
         self._lock = threading.Lock()
         # scatters by the number of layer groups they were cut into (what loads really did)
         self.scatter_groups: Counter[int] = Counter()
+        self.last_groups = 1  # the latest scatter's group count (step_groups without a pending load)
 
     def auto_groups(self, pages_per_block: int) -> int:
         """Layer groups a load uses when the connector is not told. Measured on an H200 with a
@@ -107,7 +108,8 @@ class KVTransfer:
         kv = self.kv
         for pages, buf in blocks:  # all or nothing: no copy is enqueued for a bad block list
             kv.check_block(pages, buf)
-        self.scatter_groups[len(layer_groups(kv.num_layers, groups))] += 1
+        self.last_groups = len(layer_groups(kv.num_layers, groups))
+        self.scatter_groups[self.last_groups] += 1
         cuda = self.cuda
         staged = cuda if staged is None else staged
         events: list = []
@@ -218,3 +220,18 @@ class KVTransfer:
                 stream.wait_event(p.events[layer])
 
         return before_layer
+
+    def step_groups(self) -> list[range]:
+        """Layer groups to time one step in (ModelRunner's layer timing): cut wherever an
+        unfinished load's per-layer event changes (where :meth:`step_barrier`'s hook makes the
+        step wait), or, with no load unfinished (always on CPU), as the latest scatter was cut
+        (one group before any). Never blocks."""
+        n = self.kv.num_layers
+        with self._lock:
+            pending = [p for p in self._pending if not p.done()]
+        if not pending:
+            return layer_groups(n, self.last_groups)
+        cuts = sorted(
+            {0, n} | {i for p in pending for i in range(1, n) if p.events[i] is not p.events[i - 1]}
+        )
+        return [range(a, b) for a, b in zip(cuts, cuts[1:])]

@@ -146,10 +146,13 @@ class CausalLM(nn.Module):
         backend,
         logits_indices: torch.Tensor,
         before_layer: Callable[[int], None] | None = None,
+        after_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """``kv_caches``: per layer ``(k_cache, v_cache[, k_scale, v_scale])`` (``KVCache.layers()``).
         ``before_layer(l)``, when given, runs before layer ``l`` (the KV transfer's wait
-        for that layer's loaded pages)."""
+        for that layer's loaded pages; with layer timing also the timer's marks).
+        ``after_layers()``, when given, runs once after the last layer, before the final norm
+        and the LM head (the layer timer's end mark)."""
         x = self.model.embed_tokens(input_ids)
         cos = self.rope_cos[positions].to(x.dtype)[:, None, :]
         sin = self.rope_sin[positions].to(x.dtype)[:, None, :]
@@ -157,5 +160,7 @@ class CausalLM(nn.Module):
             if before_layer is not None:
                 before_layer(i)
             x = layer(x, cos, sin, layer_kv, meta, backend)
+        if after_layers is not None:
+            after_layers()
         x = self.model.norm(x[logits_indices])
         return self.lm_head(x).float()

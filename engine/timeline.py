@@ -16,14 +16,26 @@ Phases (seconds; per request unless noted):
   from_thread  step thread -> event loop: from a step returning to the loop resuming (per step)
 
 Observing costs one histogram update (a lock and a bucket search): a few per step.
+
+Per layer group (opt-in: ``ModelRunner.time_layers``, off by default): for each prefill step,
+per group of layers, the time the compute waited for the group's loaded KV (``load_wait``)
+and the group's compute (``compute``), as :class:`StepLayers` records kept per request
+(:meth:`Timeline.layer_steps`, the last LAYER_STEPS_KEPT steps), one log line per step, and
+``tierkv_engine_layer_group_seconds{kind,group}``. Nothing is recorded while it is off.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
+
+log = logging.getLogger("engine")
 
 PHASES = (
     "tokenize",
@@ -57,6 +69,32 @@ _BUCKETS = (
     10,
     30,
 )
+# Per-layer-group records kept for lookups by request (each a few hundred bytes).
+LAYER_STEPS_KEPT = 256
+
+
+@dataclass(frozen=True)
+class GroupTime:
+    """One layer group of one step: layers ``[first, stop)``; ``load_wait_s`` the compute
+    stream stood waiting for the group's loaded KV (on CPU the loads are complete before the
+    step, so it is only the hook's own time), ``compute_s`` the group's layers."""
+
+    first: int
+    stop: int
+    load_wait_s: float
+    compute_s: float
+
+
+@dataclass(frozen=True)
+class StepLayers:
+    """One timed prefill step. ``request_ids``: the sequences it prefilled; ``tokens``: all
+    tokens it computed; ``wall_s``: the whole forward (on CUDA device time between events around
+    it, on CPU host time), so the groups' times sum to at most ``wall_s``."""
+
+    request_ids: tuple[str, ...]
+    tokens: int
+    wall_s: float
+    groups: tuple[GroupTime, ...]
 
 
 class Timeline:
@@ -72,6 +110,15 @@ class Timeline:
             registry=self.registry,
         )
         self._phases = {p: hist.labels(p) for p in PHASES}  # label lookup once, not per observe
+        self._groups = Histogram(
+            "tierkv_engine_layer_group_seconds",
+            "Per layer group of a prefill step: load_wait or compute (see engine/timeline.py)",
+            ["kind", "group"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self._layer_steps: deque[StepLayers] = deque(maxlen=LAYER_STEPS_KEPT)
+        self._lock = threading.Lock()
 
     def observe(self, phase: str, seconds: float) -> None:
         """Record one ``phase`` (one of PHASES; KeyError names an unknown one)."""
@@ -94,3 +141,33 @@ class Timeline:
         """Seconds observed in ``phase`` so far."""
         v = self.registry.get_sample_value("tierkv_engine_phase_seconds_sum", {"phase": phase})
         return float(v or 0.0)
+
+    def record_layers(self, step: StepLayers) -> None:
+        """Keep ``step`` for :meth:`layer_steps`, observe its groups and log it (one line)."""
+        for i, g in enumerate(step.groups):
+            self._groups.labels("load_wait", str(i)).observe(g.load_wait_s)
+            self._groups.labels("compute", str(i)).observe(g.compute_s)
+        with self._lock:
+            self._layer_steps.append(step)
+        log.info(
+            "event=layer_timeline requests=%s tokens=%d wall_ms=%.3f load_wait_ms=%s compute_ms=%s",
+            ",".join(step.request_ids),
+            step.tokens,
+            step.wall_s * 1000,
+            ",".join(f"{g.load_wait_s * 1000:.3f}" for g in step.groups),
+            ",".join(f"{g.compute_s * 1000:.3f}" for g in step.groups),
+        )
+
+    def layer_steps(self, request_id: str | None = None) -> list[StepLayers]:
+        """The kept per-layer-group records (oldest first), only those that prefilled
+        ``request_id`` when given. Empty unless layer timing is on."""
+        with self._lock:
+            steps = list(self._layer_steps)
+        return [s for s in steps if request_id is None or request_id in s.request_ids]
+
+    def group_count(self, kind: str, group: int) -> int:
+        """How many steps observed ``kind`` (load_wait / compute) for group ``group``."""
+        v = self.registry.get_sample_value(
+            "tierkv_engine_layer_group_seconds_count", {"kind": kind, "group": str(group)}
+        )
+        return int(v or 0)
