@@ -20,8 +20,10 @@ A Llama-3.1-8B-shaped model with random bf16 weights, a 32K-token prompt:
 
 Writes a JSON list of rows ``{"case", "tokens", "ttft_ms", "hit_tokens", "floor_ms", "x_floor",
 "tok_s"[, "x_bf16"]}`` to ``--json`` and each case's engine timeline (ms per phase) beside it
-(``--timeline``). ``--tiny`` runs the same script on CPU with a tiny model and short prompts
-(a smoke check; its numbers mean nothing).
+(``--timeline``); remote_hit's also has ``layer_groups``: per prefill step its wall time and,
+per layer group its load arrived in, ``[first, stop, load_wait_ms, compute_ms]`` (the engine's
+layer timing, engine/runner.py), printed as a ``layers:`` line too. ``--tiny`` runs the same
+script on CPU with a tiny model and short prompts (a smoke check; its numbers mean nothing).
 
     python bench/gpu_serving.py --json OUT/gpu_serving.json [--tokens 32768]
     python bench/gpu_serving.py --tiny --json /tmp/x.json
@@ -71,6 +73,21 @@ def _snap(aeng) -> dict[str, float]:
     return {p: aeng.engine.timeline.total(p) for p in PHASES}
 
 
+def _layer_groups_ms(aeng) -> list[dict]:
+    """The engine's per-layer-group records so far (layer timing on), in ms."""
+    return [
+        {
+            "tokens": s.tokens,
+            "wall_ms": round(s.wall_s * 1000, 3),
+            "groups": [
+                [g.first, g.stop, round(g.load_wait_s * 1000, 3), round(g.compute_s * 1000, 3)]
+                for g in s.groups
+            ],
+        }
+        for s in aeng.engine.timeline.layer_steps()
+    ]
+
+
 def _row(case, tokens, ttft_ms=None, hit=None, floor_ms=None, tok_s=None, x=None) -> dict:
     if x is None and ttft_ms is not None and floor_ms:
         x = ttft_ms / floor_ms
@@ -115,8 +132,13 @@ async def serving(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, ti
         floors["loopback_bytes_per_s"] = bw_net
         for case, policy in (("remote_hit", "always"), ("auto_remote_hit", "auto")):
             e = build(mc, cfg, remote + f"&policy={policy}", prefix_cache=False)
+            if case == "remote_hit":  # where its time goes, per layer group (no sync added)
+                e.engine.runner.time_layers(True)
             await e.start()
             ms, cached = await _measure(e, prompt, timelines, case)
+            if case == "remote_hit":
+                layers = timelines[case]["layer_groups"] = _layer_groups_ms(e)
+                print("layers:", json.dumps({"case": case, "steps": layers}), flush=True)
             floor = cold_ms if policy == "auto" else kv_bytes / bw_net * 1000 + tail
             rows.append(_row(case, n, ms, cached, floor))
             await e.stop()

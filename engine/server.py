@@ -83,7 +83,9 @@ class Metrics:
         conn_registry = getattr(getattr(aeng.connector, "metrics", None), "registry", None)
         if conn_registry is not None:
             r.register(conn_registry)
-        r.register(aeng.engine.timeline.registry)  # tierkv_engine_phase_seconds{phase=...}
+        # tierkv_engine_phase_seconds{phase} and, with layer timing on (AsyncEngine
+        # timeline_layers), tierkv_engine_layer_group_seconds{kind,group}
+        r.register(aeng.engine.timeline.registry)
         cached = Gauge("tierkv_engine_pages_cached", "Unreferenced pages kept for prefix reuse", registry=r)
         cached.set_function(lambda: len(aeng.engine.bm.lru))
 
