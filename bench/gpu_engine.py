@@ -92,15 +92,15 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench/gpu_engine.py needs a CUDA device")
 
-    from engine.cli import parse_size
     from engine.config import EngineConfig
     from engine.llm import LLMEngine
     from engine.sequence import SamplingParams
+    from kvstore.config import parse_size
 
     mc = llama31_8b()
     max_len = max(args.prefill) + 16
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", kv_cache_bytes=parse_size(args.kv_cache), max_num_batched_tokens=max_len,
+        device="cuda", dtype="bfloat16", kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"), max_num_batched_tokens=max_len,
         max_num_seqs=max(args.batches), max_model_len=max_len + args.decode_tokens, attention_backend=args.backend,
     )  # fmt: skip
     eng = LLMEngine.from_random(mc, cfg)

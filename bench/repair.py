@@ -37,6 +37,7 @@ from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
 from kvstore.client.repair import PEER_TENANT  # noqa: E402
+from kvstore.config import parse_size  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 
 NS = Namespace("bench-repair", "uint8", 16)
@@ -210,7 +211,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--blocks", type=int, default=4000)
-    ap.add_argument("--block-bytes", type=int, default=64 * 1024)
+    ap.add_argument("--block-bytes", type=lambda v: parse_size(v, "--block-bytes"), default=64 * 1024)
     ap.add_argument("--rate", default="64MiB", help="repair.max_bytes_per_s of every node")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()

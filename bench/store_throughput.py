@@ -233,12 +233,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results here")
-    ap.add_argument("--sizes", default="2,32", help="block sizes in MiB")
+    ap.add_argument("--sizes", default="2MiB,32MiB", help="block sizes (whole MiB), e.g. 2MiB,32MiB")
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--repeat", default=3, type=int, help="runs per cell (median reported)")
     ap.add_argument("--bytes-per-client", default=256, type=int, help="MiB moved per client per measurement")
     args = ap.parse_args()
-    sizes = [int(s) * MiB for s in args.sizes.split(",")]
+    from kvstore.config import parse_size  # the project's one size parser (its unit table)
+
+    sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     clients_list = [int(c) for c in args.clients.split(",")]
     redis_bin = shutil.which("redis-server")
     rows = []

@@ -10,14 +10,14 @@ URLs:
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
+import typing
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvstore.address import parse_host_port
-from kvstore.config import Size, parse_size
+from kvstore.config import Size, coerce
 from kvstore.errors import AddressError, ConfigError
 
 
@@ -53,12 +53,15 @@ class ConnectorConfig:
         return [a for a in self.target.split(",") if a] if self.kind == "kvstore" else []
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ConnectorConfig)}
+def _fields() -> dict[str, object]:
+    return {k: t for k, t in typing.get_type_hints(ConnectorConfig).items() if k not in ("kind", "target")}
 
 
 def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorConfig:
-    """Parse ``url`` (and the TOML at ``config_path`` or ``?config=``) into a config.
-    Raises ConfigError naming the URL and the bad key."""
+    """Parse ``url`` (and the TOML at ``config_path`` or ``?config=``) into a config. TOML
+    values must have their key's type; query values are text, parsed by the same coercion as
+    the store's environment (kvstore.config.coerce: sizes by parse_size). Raises ConfigError
+    naming the URL, the bad key and where its value came from."""
     parts = urlsplit(url)
     kind = parts.scheme
     if kind not in ("kvstore", "local", "etcd"):
@@ -71,22 +74,25 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         target = parts.netloc
     if not target:
         raise ConfigError(f"--kv-connector {url!r}: missing {'PATH' if kind == 'local' else 'host:port'}")
-    values: dict[str, object] = {}
+    values: dict[str, tuple[object, str, bool]] = {}  # key -> (value, source, text)
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
     path = query.pop("config", None) or config_path
     if path:
         try:
             with open(path, "rb") as f:
-                values.update(tomllib.load(f))
+                values.update((k, (v, f"file {path}", False)) for k, v in tomllib.load(f).items())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--kv-connector config {path!r}: {exc}") from exc
-    values.update(query)
+    values.update((k, (v, "URL query", True)) for k, v in query.items())
+    fields = _fields()
     kwargs: dict[str, object] = {}
-    for key, value in values.items():
-        f = _FIELDS.get(key)
-        if f is None or key in ("kind", "target"):
-            raise ConfigError(f"--kv-connector {url!r}: unknown option {key!r}")
-        kwargs[key] = _coerce(url, key, f.type, value)
+    for key, (value, source, text) in values.items():
+        if key not in fields:
+            raise ConfigError(f"--kv-connector {url!r}: unknown option {key!r} ({source})")
+        try:
+            kwargs[key] = coerce(key, fields[key], value, text=text)
+        except ConfigError as exc:
+            raise ConfigError(f"--kv-connector {url!r}: option {exc} ({source})") from None
     cfg = ConnectorConfig(kind=kind, target=target, **kwargs)
     for key in ("lookup_deadline_s", "load_deadline_s", "save_deadline_s", "prefill_tokens_per_s"):
         if getattr(cfg, key) <= 0:
@@ -107,39 +113,3 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
             except AddressError as exc:
                 raise ConfigError(f"--kv-connector {url!r}: {exc}") from exc
     return cfg
-
-
-_CHOICES = {"policy": ("auto", "always", "never")}
-
-
-def _coerce(url: str, key: str, tp, value):
-    tp = (
-        {"int": int, "float": float, "bool": bool, "str": str, "Size": Size}.get(tp, tp)
-        if isinstance(tp, str)
-        else tp
-    )
-    try:
-        if key in _CHOICES:
-            if value not in _CHOICES[key]:
-                raise ValueError(f"expected one of {', '.join(_CHOICES[key])}")
-            return value
-        if tp is Size:
-            return Size(parse_size(int(value) if isinstance(value, str) and value.isdigit() else value, key))
-        if tp is bool:
-            if isinstance(value, bool):
-                return value
-            low = str(value).lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("expected true or false")
-        if tp is int:
-            if isinstance(value, bool):
-                raise ValueError("expected an integer")
-            return int(value)
-        if tp is float:
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError, ConfigError) as exc:
-        raise ConfigError(f"--kv-connector {url!r}: option {key}={value!r}: {exc}") from exc

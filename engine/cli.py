@@ -4,78 +4,85 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
-from engine.config import KV_CACHE_DTYPES
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-}
+from engine.config import KV_CACHE_DTYPES, EngineSection
 
 
-def parse_size(text: str) -> int:
-    """``"64GiB"`` -> bytes. Raises argparse.ArgumentTypeError naming the bad value."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 512MiB, 2GiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+class _Given(argparse.Action):
+    """Keeps a flag's text and notes that it was given: a given flag overrides the environment
+    and the config file; an absent one leaves them be (its default is only for --help)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = {**namespace.given, self.dest: option_string}
+
+
+def _flag(p: argparse.ArgumentParser, name: str, help_text: str | None = None, **kw) -> None:
+    """``--name`` for the EngineSection key of the same name (dashes as underscores); its
+    default shown is the key's default."""
+    key = name.replace("-", "_")
+    p.add_argument(
+        f"--{name}", dest=key, action=_Given, default=getattr(EngineSection(), key), help=help_text, **kw
+    )
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(given={})
     p.add_argument(
-        "--model", required=True, help="Hugging Face model folder (see import-gguf, make-tiny-model)"
+        "--config",
+        default=None,
+        metavar="TOML",
+        help="settings from the [engine] table of a TOML file (keys: the flags' names with "
+        "underscores); TIERKV_ENGINE__<KEY> variables override it, flags override both "
+        "(docs/configuration.md)",
     )
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--num-pages", type=int, default=None)
-    p.add_argument("--kv-cache-bytes", type=parse_size, default=parse_size("512MiB"))
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton", "flash_attn"])
-    p.add_argument("--no-prefix-cache", action="store_true")
-    p.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=list(KV_CACHE_DTYPES),
-        help="what the KV pages (and stored blocks) hold: auto = the model dtype; fp8_e4m3 = half of "
+    _flag(p, "model", "Hugging Face model folder (see import-gguf, make-tiny-model); required")
+    _flag(p, "device", "cpu or cuda[:N] (default: cuda if available)")
+    _flag(p, "dtype", metavar="{float32,bfloat16,float16}")
+    _flag(p, "page-size")
+    _flag(p, "num-pages")
+    _flag(p, "kv-cache-bytes", "page pool size, e.g. 8GiB or 8GB (docs/configuration.md: units)")
+    _flag(p, "max-num-batched-tokens")
+    _flag(p, "max-num-seqs")
+    _flag(p, "max-model-len")
+    _flag(p, "attention-backend", metavar="{auto,torch,triton,flash_attn}")
+    _flag(p, "no-prefix-cache", nargs=0, const="true")
+    _flag(
+        p,
+        "kv-cache-dtype",
+        "what the KV pages (and stored blocks) hold: auto = the model dtype; fp8_e4m3 = half of "
         "bf16's bytes, static per-(layer, KV head) scales calibrated at start",
+        metavar="{" + ",".join(KV_CACHE_DTYPES) + "}",
     )
 
 
-def _config(a):
-    from engine.config import EngineConfig
+def load_settings(a: argparse.Namespace) -> EngineSection:
+    """The EngineSection of a parsed serve/generate/bench command line: defaults, then its
+    ``--config`` file, then ``TIERKV_ENGINE__*`` variables, then the flags it gave. Raises
+    kvstore's ConfigError naming the key and its source (main reports it as a usage error)."""
+    import os
 
-    device = a.device
+    from engine.config import EngineSettings
+    from kvstore.config import load_config
+    from kvstore.errors import ConfigError
+
+    flags = {f"engine.{key}": (flag, getattr(a, key)) for key, flag in a.given.items()}
+    s = load_config(EngineSettings, a.config, os.environ, flags=flags).engine
+    if not s.model:
+        raise ConfigError("engine.model: required (--model, TIERKV_ENGINE__MODEL or [engine] model)")
+    return s
+
+
+def _config(s):
+    device = s.device
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EngineConfig(
-        page_size=a.page_size,
-        num_pages=a.num_pages,
-        kv_cache_bytes=a.kv_cache_bytes,
-        max_num_batched_tokens=a.max_num_batched_tokens,
-        max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len,
-        device=device,
-        dtype=a.dtype,
-        enable_prefix_cache=not a.no_prefix_cache,
-        attention_backend=a.attention_backend,
-        kv_cache_dtype=a.kv_cache_dtype,
-    )
+    return s.engine_config(device)
 
 
 def cmd_serve(a) -> int:
@@ -86,18 +93,19 @@ def cmd_serve(a) -> int:
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
 
-    url = a.kv_connector
-    if a.kv_connector_config:
+    s = load_settings(a)
+    url = s.kv_connector
+    if s.kv_connector_config:
         from urllib.parse import quote
 
-        url += ("&" if "?" in url else "?") + "config=" + quote(a.kv_connector_config)
-    aeng = AsyncEngine.from_model(a.model, _config(a), url, lookup_timeout_s=a.kv_lookup_timeout_s)
-    name = a.served_model_name or os.path.basename(os.path.normpath(a.model))
+        url += ("&" if "?" in url else "?") + "config=" + quote(s.kv_connector_config)
+    aeng = AsyncEngine.from_model(s.model, _config(s), url, lookup_timeout_s=s.kv_lookup_timeout_s)
+    name = s.served_model_name or os.path.basename(os.path.normpath(s.model))
     app = create_app(aeng, name)
     print(
-        f"event=serving model={name} url=http://{a.host}:{a.port} kv_connector={a.kv_connector}", flush=True
+        f"event=serving model={name} url=http://{s.host}:{s.port} kv_connector={s.kv_connector}", flush=True
     )
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    uvicorn.run(app, host=s.host, port=s.port, log_level=s.log_level)
     return 0
 
 
@@ -109,7 +117,8 @@ def cmd_generate(a) -> int:
         text = Path(a.prompt_file).read_text(encoding="utf-8")
     else:
         text = a.prompt if a.prompt is not None else sys.stdin.read()
-    eng = LLMEngine(a.model, _config(a))
+    s = load_settings(a)
+    eng = LLMEngine(s.model, _config(s))
     ids = (
         eng.tokenizer.apply_chat_template([{"role": "user", "content": text}])
         if a.chat
@@ -142,7 +151,8 @@ def cmd_bench(a) -> int:
     from engine.llm import LLMEngine
     from engine.sequence import SamplingParams
 
-    eng = LLMEngine(a.model, _config(a))
+    s = load_settings(a)
+    eng = LLMEngine(s.model, _config(s))
     vocab = eng.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
     results = {}
@@ -193,29 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _engine_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument(
-        "--kv-connector",
-        default="none",
-        help="none | memory:// | kvstore://host:port,... | local://PATH | etcd://...",
-    )
-    s.add_argument(
-        "--kv-connector-config",
-        default=None,
+    _flag(s, "host")
+    _flag(s, "port")
+    _flag(s, "kv-connector", "none | memory:// | kvstore://host:port,... | local://PATH | etcd://...")
+    _flag(
+        s,
+        "kv-connector-config",
+        "connector options from a TOML file (the URL's query overrides them); see docs/connector.md",
         metavar="TOML",
-        help="connector options from a TOML file (the URL's query overrides them); see docs/connector.md",
     )
-    s.add_argument(
-        "--kv-lookup-timeout-s",
-        type=float,
-        default=None,
-        metavar="S",
-        help="the engine's backstop on one connector lookup (default: the connector's "
+    _flag(
+        s,
+        "kv-lookup-timeout-s",
+        "the engine's backstop on one connector lookup (default: the connector's "
         "lookup_deadline_s + 1 s; never below it)",
+        metavar="S",
     )
-    s.add_argument("--served-model-name", default=None)
-    s.add_argument("--log-level", default="warning")
+    _flag(s, "served-model-name")
+    _flag(s, "log-level")
     s.set_defaults(fn=cmd_serve)
     g = sub.add_parser(
         "generate", help="one prompt (--prompt, --prompt-file or stdin); prints TTFT and tokens/s"
@@ -248,12 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A bad setting (kvstore's ConfigError: a key, a value, its source) or an
+    engine error is one line on stderr and status 2, like an argparse usage error."""
     from engine.errors import EngineError
+    from kvstore.errors import ConfigError
 
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
-    except EngineError as exc:
+    except (EngineError, ConfigError) as exc:
         print(f"kvengine: error: {exc}", file=sys.stderr)
         return 2
 

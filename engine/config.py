@@ -1,13 +1,16 @@
-"""Frozen configuration: the model's shape (from ``config.json``) and the engine's knobs."""
+"""Frozen configuration: the model's shape (from ``config.json``), the engine's knobs, and
+``kvengine``'s settings (``[engine]`` table, ``TIERKV_ENGINE__*``, flags; see EngineSection)."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from engine.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from kvstore.config import Size
+from kvstore.errors import ConfigError as SettingError
 
 # Architectures this engine implements; all share one decoder (engine/model.py).
 ARCHITECTURES = {
@@ -202,3 +205,63 @@ class EngineConfig:
 
     def torch_dtype_name(self) -> str:
         return self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
+
+
+@dataclass(frozen=True)
+class EngineSection:
+    """``kvengine serve|generate|bench`` settings: the ``[engine]`` table of ``--config FILE``,
+    ``TIERKV_ENGINE__<KEY>`` variables and the flags, loaded by kvstore.config.load_config
+    (flags over environment over file over these defaults). Each key is its flag's name
+    (``--kv-cache-bytes`` -> ``kv_cache_bytes``); generate and bench ignore the serve-only
+    keys (host .. log_level). A bad value is a kvstore ConfigError naming ``engine.<key>``."""
+
+    model: str = ""  # required (from some source)
+    device: str | None = None  # None: cuda if available, else cpu
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    page_size: int = 16
+    num_pages: int | None = None  # None: as many as kv_cache_bytes holds
+    kv_cache_bytes: Size = Size(512 << 20)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
+    no_prefix_cache: bool = False
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"
+    # serve only
+    host: str = "127.0.0.1"
+    port: int = 8000
+    kv_connector: str = "none"
+    kv_connector_config: str = ""
+    kv_lookup_timeout_s: float | None = None
+    served_model_name: str = ""
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        # EngineConfig's checks, named as this table's keys so that the loader adds the source
+        try:
+            self.engine_config("cpu")
+        except ConfigError as exc:
+            raise SettingError(f"engine.{str(exc).split()[0]}: {exc}") from None
+
+    def engine_config(self, device: str) -> EngineConfig:
+        """The engine's knobs, on ``device`` (the caller resolves ``device=None``)."""
+        return EngineConfig(
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+            kv_cache_bytes=self.kv_cache_bytes,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            device=device,
+            dtype=self.dtype,
+            enable_prefix_cache=not self.no_prefix_cache,
+            attention_backend=self.attention_backend,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The root kvstore.config.load_config builds for kvengine: one ``[engine]`` section."""
+
+    engine: EngineSection = field(default_factory=EngineSection)

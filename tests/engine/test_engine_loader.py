@@ -10,11 +10,12 @@ import struct
 import pytest
 import torch
 
-from engine.cli import main, parse_size
+from engine.cli import main
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ConfigError, ModelLoadError, UnsupportedModelError
 from engine.llm import LLMEngine
 from engine.loader import Tokenizer, iter_safetensors
+from kvstore.config import parse_size
 
 
 @pytest.fixture

@@ -125,3 +125,18 @@ def test_coerce_parses_text_and_checks_typed_values(tp, value, text, out):
 def test_coerce_refusals_name_the_key(tp, value, text):
     with pytest.raises(ConfigError, match=r"^k: expected"):
         coerce("k", tp, value, text=text)
+
+
+def test_connector_url_and_toml_sizes_use_the_same_parser(tmp_path):
+    from connector.config import parse_connector_url
+
+    f = tmp_path / "conn.toml"
+    f.write_text('save_queue_bytes = "512MB"\ndram_capacity = "1GiB"\npolicy = "never"\n')
+    cfg = parse_connector_url(f"local://{tmp_path}/s?config={f}&disk_capacity=2GB")
+    assert (cfg.save_queue_bytes, cfg.dram_capacity, cfg.disk_capacity) == (512 * 10**6, GiB, 2 * 10**9)
+    assert cfg.policy == "never"
+    with pytest.raises(ConfigError, match=r"option dram_capacity: '4k' is not a size .*\(URL query\)"):
+        parse_connector_url(f"local://{tmp_path}/s?dram_capacity=4k")
+    f.write_text("load_parallel = true\n")
+    with pytest.raises(ConfigError, match=r"option load_parallel: expected an integer, got True \(file "):
+        parse_connector_url(f"local://{tmp_path}/s?config={f}")
