@@ -16,6 +16,11 @@ Contract:
   token-bucket link) and readmits the node only when all of them finish within
   ``probe_deadline_s``. So a node that accepts connections but moves bytes slowly (a congested
   or policed link, an overloaded host) stays out.
+- Slowness is a preference, a failure a loss: when a node is ejected because it went down,
+  every node that is out only for being slow (``outlier``, ``late``) and whose connection is
+  up is readmitted at once (``readmitted_on_failure``), since a slow replica beats none (with
+  replicas=2, the blocks a slow and a dead node shared would otherwise all miss). Outlier
+  checks need two healthy peers, so a shrunken cluster does not eject it again at once.
 Loop-bound, like the node clients.
 """
 
@@ -50,7 +55,7 @@ class Health:
         self.cfg = cfg
         self.counters: Counter[str] = Counter()
         self.estimates: dict[str, Estimate] = {}
-        self._suspect: set[str] = set()
+        self._suspect: dict[str, str] = {}  # address -> why it is out
         self._out_until: dict[str, float] = {}
         self._ejections: dict[str, list[float]] = {}
         self._probes: dict[str, asyncio.Task] = {}
@@ -63,7 +68,7 @@ class Health:
 
     def forget(self, addr: str) -> None:
         """The member left."""
-        self._suspect.discard(addr)
+        self._suspect.pop(addr, None)
         self.estimates.pop(addr, None)
         self._ejections.pop(addr, None)
         self._out_until.pop(addr, None)
@@ -141,7 +146,7 @@ class Health:
         self._ejections[addr] = recent
         out_s = min(self.cfg.eject_max_s, self.cfg.eject_base_s * 2 ** (len(recent) - 1))
         self._out_until[addr] = now + out_s
-        self._suspect.add(addr)
+        self._suspect[addr] = why
         self.counters["marked_down"] += 1
         self.counters[f"ejected_{why}"] += 1
         e = self.estimates.get(addr)
@@ -155,6 +160,22 @@ class Health:
         )
         if addr not in self._probes or self._probes[addr].done():
             self._probes[addr] = asyncio.get_running_loop().create_task(self._probe(addr))
+        if why == "down":
+            self._readmit_slow()
+
+    def _readmit_slow(self) -> None:
+        """A node failed: take back the nodes that are out only for being slow."""
+        for addr, why in list(self._suspect.items()):
+            node = self.nodes.get(addr)
+            if why in ("outlier", "late") and node is not None and node.up:
+                del self._suspect[addr]
+                self.estimates.pop(addr, None)
+                t = self._probes.pop(addr, None)
+                if t is not None:
+                    t.cancel()
+                self.counters["marked_up"] += 1
+                self.counters["readmitted_on_failure"] += 1
+                log.info("event=cluster_node_up node=%s why=another_node_failed", addr)
 
     async def _probe(self, addr: str) -> None:
         while not self._closed and addr in self.nodes:
@@ -165,7 +186,7 @@ class Health:
             if node is None or not node.up:
                 continue  # the node client reconnects by itself first
             if await self._probe_ok(node):
-                self._suspect.discard(addr)
+                self._suspect.pop(addr, None)
                 self.estimates.pop(addr, None)  # start afresh: old samples described the slow node
                 self.counters["marked_up"] += 1
                 log.info("event=cluster_node_up node=%s", addr)

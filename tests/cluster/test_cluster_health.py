@@ -48,3 +48,39 @@ async def test_cluster_slow_node_behind_a_token_bucket_stays_out_and_replicas_se
     assert misses <= 2, misses  # only the request that found it slow may miss, then replicas serve
     hosts.net.heal(slow.host)
     await c.close()
+
+
+async def test_a_node_failure_readmits_a_node_that_was_out_only_for_being_slow(hosts):
+    """An outlier ejection is a preference, a failure is a loss: with one node out for
+    slowness (on a busy 2-core machine a few ms of scheduling noise can do it) and another
+    killed, the blocks those two held must still be read from the slow one. Before the fix a
+    third of the blocks (owners = the two nodes) missed until the slow node's backoff ended."""
+    ds = [hosts.start_node() for _ in range(3)]
+    c = ClusterClient.static(
+        [d.addr for d in ds], hosts.client_cfg(op_timeout_s=1.0), ClusterConfig(replicas=2)
+    )
+    await c.start(5.0)
+    prompts = [make_blocks(4, NBYTES, seed=700 + i, ns=TENANT_NS) for i in range(30)]
+    for p in prompts:
+        assert all(r.status.ok for r in await c.put(p, 5.0))
+    c.health.eject(ds[0].addr, "outlier")
+    assert ds[0].addr not in c.live_addrs()
+    ds[1].kill9()
+
+    async def read_all() -> int:
+        missing = 0
+        for p in prompts:
+            keys = [h.key for h, _ in p]
+            n = await c.lookup_prefix(keys, 1.0)
+            bufs = [bytearray(NBYTES) for _ in keys]
+            res = await c.get_into(keys[:n], bufs[:n], None, 1.0)
+            missing += len(keys) - sum(r.status is Status.HIT for r in res)
+            assert all(bytes(b) == x for r, b, (_, x) in zip(res, bufs, p) if r.status is Status.HIT)
+        return missing
+
+    await read_all()  # finds the dead node
+    assert ds[1].addr not in c.live_addrs()
+    assert ds[0].addr in c.live_addrs()
+    assert await read_all() == 0
+    assert c.counters["readmitted_on_failure"] == 1
+    await c.close()
