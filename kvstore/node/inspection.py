@@ -1,22 +1,51 @@
 """The operator's view of a node: listing, describing, verifying, statistics, integrity check.
 
-A mixin of :class:`kvstore.node.store.NodeStore` (it uses the node's tiers, leases and counters);
-kept apart so the data path in node.py stays short. Same threading rules as the node.
+Kept apart from the data path (kvstore.node.store); it reads the node's state it is handed and
+changes nothing but corrupt copies (verify with repair). Same threading rules as the node.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from collections import Counter
 from collections.abc import Sequence
 
-from kvstore.block import BlockHeader, checksum
+from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
-from kvstore.results import BlockInfo, Status
+from kvstore.node.leases import LeaseTable
+from kvstore.node.tiers.base import Tier
+from kvstore.results import BlockInfo
 
 
-class NodeInspection:
+class Inspector:
+    """Inspection of one node named ``name``: its ``tiers`` (top first), ``leases``, and the
+    key sets it keeps -- ``pinned``, ``dirty`` (write-back, not yet on disk), ``doomed``
+    (deleted while held: invisible) -- and its ``counters`` (shared with the node: a
+    verify that drops a copy counts a checksum failure)."""
+
+    def __init__(
+        self,
+        name: str,
+        tiers: list[Tier],
+        leases: LeaseTable,
+        pinned: set[bytes],
+        dirty: set[bytes],
+        doomed: set[bytes],
+        counters: Counter[str],
+    ) -> None:
+        self.name = name
+        self.tiers = tiers
+        self.leases = leases
+        self.pinned = pinned
+        self.dirty = dirty
+        self.doomed = doomed
+        self.counters = counters
+
+    def _stored(self, key: bytes) -> bool:
+        return key not in self.doomed and any(key in t for t in self.tiers)
+
     async def _header(self, key: bytes) -> BlockHeader | None:
         for t in self.tiers:
             if key in t:
@@ -80,7 +109,7 @@ class NodeInspection:
 
     async def describe(self, key: BlockKey) -> tuple[BlockHeader, BlockInfo] | None:
         """The block's header and what the node knows of it, or None when absent."""
-        if self._where(key.raw) is None:
+        if not self._stored(key.raw):
             return None
         h = await self._header(key.raw)
         return None if h is None else (h, self._info(key.raw, h))
@@ -98,30 +127,14 @@ class NodeInspection:
                 if k not in t:
                     continue
                 checked += 1
-                ok = await self._copy_ok(t, k)
-                if ok:
+                if await t.intact(k):
                     continue
                 corrupt.append(f"{k.hex()}@{t.name}")  # reported, not counted: verify may run often
                 if repair and not self.leases.held(k):
-                    if t is self.disk:
-                        await t.delete([k])
-                    else:
-                        t.remove(k)
+                    await t.delete([k])
                     dropped += 1
                     self.counters["checksum_failures"] += 1  # like the read path: once per dropped copy
         return {"checked": checked, "corrupt": corrupt, "dropped": dropped}
-
-    async def _copy_ok(self, tier, key: bytes) -> bool:
-        if tier is self.disk:
-            buf = bytearray(tier.payload_len(key))
-            [(st, _)] = await tier.get_into([key], [buf], drop_corrupt=False)
-            return st is Status.HIT
-        raw = tier.header_sync(key)
-        try:
-            h = BlockHeader.decode(raw)
-        except BlockFormatError:
-            return False
-        return h.key.raw == key and checksum(tier.payload_host(key)) == h.checksum
 
     def stats(self) -> dict:
         """Counters of the node and usage of each tier (plain JSON-able dict)."""
@@ -143,6 +156,6 @@ class NodeInspection:
         for t in self.tiers:
             t.check()
         for k in self.pinned:
-            assert self._where(k) is not None, f"pinned key {k.hex()} not stored"
+            assert self._stored(k), f"pinned key {k.hex()} not stored"
         assert all(n > 0 for n in self.leases.holds.values())
         assert set(self.leases.reserved_keys.values()) == set(self.leases.reservations)

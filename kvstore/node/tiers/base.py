@@ -1,147 +1,184 @@
-"""What every tier offers the node, and the compact per-block index entry they share.
+"""What a tier offers the node: the :class:`Tier` protocol every tier implements, and
+:class:`SlotTier`, the part a memory tier adds (slots written and read in place).
 
-A tier stores (key, encoded header, payload) triples and keeps its own LRU order. Batched calls
-take and return lists in input order. The node owns placement and policy: which tier takes a
-block, when a block moves down, which blocks may not be evicted (leases, pins). A tier's
-``victims()`` is its eviction hook: least recently used keys first.
+A tier stores (key, encoded header, payload) triples and keeps its own LRU order and index
+(see kvstore.node.tiers.index). Batched calls take and return lists in input order. The node
+owns placement and policy: which tier takes a block, when a block moves down, which blocks may
+not be evicted (leases, pins). The node drives tiers only through these two protocols.
 
-Index entries are one packed int per block (payload and header offsets, lengths, access
-time), so 1M blocks cost a few hundred bytes each, not kilobytes of Python objects.
+Methods without ``async`` never do I/O; the async ones may run I/O on threads but never block
+the event loop. Not thread-safe: call from the event loop that opened the node.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from itertools import islice
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from kvstore.results import Status
 
-_OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
-_HOFF_SHIFT = _OFF_BITS
-_HLEN_SHIFT = 2 * _OFF_BITS
-_LEN_SHIFT = _HLEN_SHIFT + _HLEN_BITS
-_T_SHIFT = _LEN_SHIFT + _LEN_BITS
-_OFF_MASK = (1 << _OFF_BITS) - 1
-MAX_HEADER_LEN = (1 << _HLEN_BITS) - 1
-MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
-
-
-def pack_entry(offset: int, header_offset: int, header_len: int, payload_len: int, atime: int) -> int:
-    """One int per block: payload slot offset, a second offset (always 0 now: no tier keeps a
-    header in its arena), header and payload lengths, access time (seconds). The disk tier
-    leaves both offsets 0."""
-    return (
-        offset
-        | (header_offset << _HOFF_SHIFT)
-        | (header_len << _HLEN_SHIFT)
-        | (payload_len << _LEN_SHIFT)
-        | (atime << _T_SHIFT)
-    )
-
-
-def entry_offset(e: int) -> int:
-    return e & _OFF_MASK
-
-
-def entry_header_offset(e: int) -> int:
-    return (e >> _HOFF_SHIFT) & _OFF_MASK
-
-
-def entry_header_len(e: int) -> int:
-    return (e >> _HLEN_SHIFT) & MAX_HEADER_LEN
-
-
-def entry_payload_len(e: int) -> int:
-    return (e >> _LEN_SHIFT) & MAX_PAYLOAD_LEN
-
-
-def entry_atime(e: int) -> int:
-    return e >> _T_SHIFT
-
-
-def entry_touch(e: int, atime: int) -> int:
-    return (e & ((1 << _T_SHIFT) - 1)) | (atime << _T_SHIFT)
-
-
-def now_s() -> int:
-    """Wall-clock seconds, the resolution of access times in the index."""
-    return int(time.time())
-
-
-class LruIndex:
-    """The per-tier index both tiers share: ``_index`` maps a key to its packed entry, least
-    recently used first. Subclasses set ``self._index = OrderedDict()``."""
-
-    _index: OrderedDict[bytes, int]
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._index
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        idx = self._index
-        return [k in idx for k in keys]
-
-    def payload_len(self, key: bytes) -> int:
-        return entry_payload_len(self._index[key])
-
-    def atime(self, key: bytes) -> int:
-        return entry_atime(self._index[key])
-
-    def touch(self, key: bytes) -> None:
-        """Mark ``key`` most recently used (no-op when absent)."""
-        e = self._index.get(key)
-        if e is not None:
-            self._index[key] = entry_touch(e, now_s())
-            self._index.move_to_end(key)
-
-    def victims(self, limit: int = 256) -> Iterator[bytes]:
-        """Up to ``limit`` keys, least recently used first (a snapshot: safe to mutate after)."""
-        return iter(list(islice(self._index, limit)))
-
-    def keys(self) -> Iterator[bytes]:
-        return iter(self._index)
+# A reserved slot of a SlotTier: (payload offset in the tier, encoded header). Opaque to the
+# node, which hands it back to the tier that gave it.
+Slot = tuple[int, bytes]
 
 
 class Tier(Protocol):
-    """The interface the node drives. Methods named ``*_sync`` never do I/O; the async ones may
-    run I/O on threads but never block the event loop. Not thread-safe: call from the loop."""
+    """Every tier: an index of whole blocks with reads, writes, deletes and usage."""
 
     name: str
 
     @property
-    def capacity_bytes(self) -> int: ...
+    def capacity_bytes(self) -> int:
+        """Bytes the tier may hold (payloads, and headers where the tier counts them)."""
+        ...
 
     @property
-    def used_bytes(self) -> int: ...
+    def used_bytes(self) -> int:
+        """Bytes in use now; never above :attr:`capacity_bytes`."""
+        ...
 
-    def __contains__(self, key: bytes) -> bool: ...
+    @property
+    def durable(self) -> bool:
+        """Whether a block :meth:`put` reported stored is on stable storage."""
+        ...
+
+    def __contains__(self, key: bytes) -> bool:
+        """Whether ``key`` is stored (committed) here. No I/O."""
+        ...
 
     def __len__(self) -> int: ...
 
-    def contains(self, keys: Sequence[bytes]) -> list[bool]: ...
+    def keys(self) -> Iterator[bytes]:
+        """Stored keys, least recently used first (iterate before mutating the tier)."""
+        ...
+
+    def payload_len(self, key: bytes) -> int:
+        """Payload bytes of a stored key (KeyError when absent). No I/O."""
+        ...
+
+    def atime(self, key: bytes) -> int:
+        """Last access of a stored key, wall-clock seconds (KeyError when absent)."""
+        ...
+
+    def namespace(self, key: bytes) -> bytes | None:
+        """The raw namespace id in the stored header of ``key``; None when absent or when the
+        header has none. No I/O, no decode: it is kept in the index when the block is stored
+        (or its header read at open)."""
+        ...
+
+    def touch(self, key: bytes) -> None:
+        """Mark ``key`` most recently used (no-op when absent)."""
+        ...
+
+    def victims(self, limit: int = 256) -> Iterator[bytes]:
+        """Up to ``limit`` eviction candidates, least recently used first (a snapshot)."""
+        ...
+
+    def fits(self, payload_len: int, header_len: int) -> bool:
+        """Whether a block of these sizes can ever be stored here (room aside)."""
+        ...
+
+    def protect(self, protected: Callable[[bytes], bool]) -> None:
+        """Never drop a key for which ``protected`` is true when the tier evicts on its own to
+        make room for a :meth:`put` (a tier that never evicts on its own ignores it)."""
+        ...
 
     async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
-        """Copy each payload into its buffer; per key (status, encoded header or None)."""
+        """Copy each payload into its buffer (one copy, verified where the tier verifies).
+        Per key: (HIT, header), (MISS, None), (BUF_TOO_SMALL, header) or (CORRUPT, None); a
+        corrupt copy is deleted before return."""
+        ...
+
+    async def read_header(self, key: bytes) -> bytes | None:
+        """The stored encoded header, None when absent."""
+        ...
+
+    async def intact(self, key: bytes) -> bool:
+        """Whether this tier's copy of a stored ``key`` reads back whole: its header decodes
+        and names ``key``, its payload matches the header's checksum. Drops nothing."""
         ...
 
     async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
-        """Store (key, header, payload) triples; False where there is no room."""
+        """Store (key, header, payload) triples; True where stored (or already there), False
+        where there is no room. The caller keeps each payload unchanged until this returns."""
         ...
 
-    async def delete(self, keys: Sequence[bytes]) -> list[bool]: ...
-
-    async def read_header(self, key: bytes) -> bytes | None: ...
-
-    def touch(self, key: bytes) -> None: ...
-
-    def victims(self) -> Iterator[bytes]:
-        """Keys in least-recently-used order (the eviction hook)."""
+    async def delete(self, keys: Sequence[bytes]) -> list[bool]:
+        """Remove keys; False where absent."""
         ...
 
-    def stats(self) -> dict: ...
+    def stats(self) -> dict:
+        """Usage and counters (plain JSON-able)."""
+        ...
+
+    def check(self) -> None:
+        """Integrity check for tests: raises AssertionError when the tier is inconsistent."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release the tier's resources. Nothing may be called after."""
+        ...
+
+
+class SlotTier(Tier, Protocol):
+    """A memory tier (DRAM, HBM): payloads sit in slots of one arena, written and read in
+    place. A slot is reserved, filled, then committed (visible) or abandoned."""
+
+    @property
+    def host_buffer(self) -> memoryview | None:
+        """The whole arena when it is host memory (to register once for RDMA), else None."""
+        ...
+
+    def can_alloc(self, payload_len: int, header_len: int) -> bool:
+        """Whether :meth:`reserve` would succeed now, without eviction."""
+        ...
+
+    def reserve(self, header: bytes, payload_len: int) -> Slot | None:
+        """A slot for a block with this header, invisible to readers; None when there is no
+        room now (the node evicts and retries). ValueError when the block never fits."""
+        ...
+
+    def slot_view(self, slot: Slot, payload_len: int) -> memoryview | None:
+        """The writable host memory of a reserved slot's payload, None when the slot is not in
+        host memory (write it with :meth:`fill`)."""
+        ...
+
+    def fill(self, slot: Slot, payload) -> None:
+        """Copy ``payload`` into a reserved slot."""
+        ...
+
+    def commit(self, key: bytes, slot: Slot, header_len: int, payload_len: int) -> None:
+        """Make a filled slot visible as ``key`` (most recently used). ``key`` must be absent."""
+        ...
+
+    def abandon(self, slot: Slot) -> None:
+        """Give back a reserved, uncommitted slot."""
+        ...
+
+    def header_sync(self, key: bytes) -> bytes | None:
+        """The stored encoded header, None when absent. No I/O."""
+        ...
+
+    def payload_host(self, key: bytes):
+        """A stored payload as a host bytes-like: in place in host memory, a copy otherwise.
+        Valid until the block is removed."""
+        ...
+
+    def lease_view(self, key: bytes) -> tuple[memoryview, int | None]:
+        """A read-only view of a stored payload for a lease, and its offset in
+        :attr:`host_buffer`: in place (valid until the slot is freed) when the arena is host
+        memory, else a private copy and None."""
+        ...
+
+    def victims_for(
+        self, payload_len: int, header_len: int, evictable: Callable[[bytes], bool]
+    ) -> tuple[list[bytes], bool]:
+        """What to evict next so that a block of these sizes can be reserved, least recently
+        used first, among keys ``evictable`` allows; and whether they empty whole spans for
+        another size class (a slab move). Empty when nothing evictable helps."""
+        ...
+
+    def remove(self, key: bytes, evicted: bool = False) -> bool:
+        """Free a stored block's slot now (counted as an eviction with ``evicted``); False
+        when absent. The caller makes sure nobody reads the slot any more."""
+        ...

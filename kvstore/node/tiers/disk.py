@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,12 +22,12 @@ import lmdb
 
 from kvstore.block import BlockHeader, checksum
 from kvstore.errors import BlockFormatError, TierError
-from kvstore.node.tiers.base import (
+from kvstore.node.tiers.index import (
     LruIndex,
     entry_header_len,
     entry_payload_len,
+    header_namespace,
     now_s,
-    pack_entry,
 )
 from kvstore.results import Status
 
@@ -40,6 +39,9 @@ _MAP_FULL_RETRIES = 6
 
 
 class DiskTier(LruIndex):
+    """A :class:`kvstore.node.tiers.base.Tier` over LMDB at ``path``. ``protected``: see
+    :meth:`protect`."""
+
     name = "disk"
 
     def __init__(
@@ -52,6 +54,7 @@ class DiskTier(LruIndex):
         writemap: bool = False,
         protected: Callable[[bytes], bool] = lambda k: False,
     ) -> None:
+        super().__init__()
         self.path = path
         self._capacity = capacity
         self.sync = sync
@@ -75,7 +78,6 @@ class DiskTier(LruIndex):
         self.env.reader_check()  # clear reader slots left by a killed process
         self._hdr = self.env.open_db(b"hdr")
         self._data = self.env.open_db(b"data")
-        self._index: OrderedDict[bytes, int] = OrderedDict()
         self.payload_bytes = 0
         self._used = 0
         self.evictions = 0
@@ -90,7 +92,8 @@ class DiskTier(LruIndex):
     # ------------------------------------------------------------------ startup
     def _rebuild(self) -> None:
         """Index every stored block, oldest first; drop headers that do not decode."""
-        found: list[tuple[float, bytes, int, int]] = []
+        found: list[tuple[float, bytes, int, int, bytes]] = []
+        seen_ns: dict[bytes, bytes] = {}
         bad: list[bytes] = []
         with self.env.begin() as txn:
             for key, hdr in txn.cursor(db=self._hdr):
@@ -102,7 +105,8 @@ class DiskTier(LruIndex):
                 if h.key.raw != key:
                     bad.append(bytes(key))
                     continue
-                found.append((h.created, bytes(key), len(hdr), h.payload_len))
+                ns = seen_ns.setdefault(h.namespace.raw, h.namespace.raw)  # one object per namespace
+                found.append((h.created, bytes(key), len(hdr), h.payload_len, ns))
         if bad:
             with self.env.begin(write=True) as txn:
                 for k in bad:
@@ -111,8 +115,8 @@ class DiskTier(LruIndex):
             log.warning("event=disk_rebuild_dropped count=%d path=%s", len(bad), self.path)
         found.sort()
         t = now_s()
-        for _, key, hlen, plen in found:
-            self._index[key] = pack_entry(0, 0, hlen, plen, t)
+        for _, key, hlen, plen, ns in found:
+            self._index_add(key, 0, hlen, plen, t, ns)
             self.payload_bytes += plen
             self._used += plen + hlen
 
@@ -124,6 +128,19 @@ class DiskTier(LruIndex):
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def durable(self) -> bool:
+        """With ``sync``, a stored block is flushed before :meth:`put` returns."""
+        return self.sync
+
+    def fits(self, payload_len: int, header_len: int) -> bool:
+        return payload_len + header_len <= self._capacity
+
+    def protect(self, protected: Callable[[bytes], bool]) -> None:
+        """Never evict a key for which ``protected`` is true to make room for a put (the node
+        passes its leased and pinned keys: a reader's block stays on disk)."""
+        self._protected = protected
 
     # ------------------------------------------------------------------ reads
     async def get_into(
@@ -182,14 +199,10 @@ class DiskTier(LruIndex):
         with self.env.begin() as txn:
             return txn.get(key, db=self._hdr)
 
-    async def read_headers(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Encoded headers of ``keys`` (None where absent), in one read transaction."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._readers, self._read_headers, list(keys))
-
-    def _read_headers(self, keys: list[bytes]) -> list[bytes | None]:
-        with self.env.begin() as txn:
-            return [txn.get(k, db=self._hdr) for k in keys]
+    async def intact(self, key: bytes) -> bool:
+        """Whether the stored copy reads back and verifies; a bad copy is not dropped."""
+        [(st, _)] = await self.get_into([key], [bytearray(self.payload_len(key))], drop_corrupt=False)
+        return st is Status.HIT
 
     # ------------------------------------------------------------------ writes
     async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
@@ -228,7 +241,7 @@ class DiskTier(LruIndex):
         t = now_s()
         for key, hdr, payload in todo:
             plen = memoryview(payload).nbytes
-            self._index[key] = pack_entry(0, 0, len(hdr), plen, t)
+            self._index_add(key, 0, len(hdr), plen, t, header_namespace(hdr))
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]
@@ -300,7 +313,7 @@ class DiskTier(LruIndex):
         return [self._drop(k) for k in keys]
 
     def _drop(self, key: bytes) -> bool:
-        e = self._index.pop(key, None)
+        e = self._index_pop(key)
         if e is None:
             return False
         self.payload_bytes -= entry_payload_len(e)

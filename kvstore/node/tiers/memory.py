@@ -18,17 +18,20 @@ invisible to readers until commit. Not thread-safe; no I/O (copies only).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from kvstore.node.tiers.base import (
+from kvstore.block import BlockHeader, checksum
+from kvstore.errors import BlockFormatError
+from kvstore.node.tiers.base import Slot
+from kvstore.node.tiers.index import (
     MAX_HEADER_LEN,
     LruIndex,
     entry_offset,
     entry_payload_len,
+    header_namespace,
     now_s,
-    pack_entry,
 )
+from kvstore.node.tiers.room import pick_victims
 from kvstore.node.tiers.slab import SlabAllocator
 from kvstore.results import Status
 
@@ -38,11 +41,15 @@ HEADER_BUDGET_DIV = 16
 
 
 class MemoryTier(LruIndex):
+    """A :class:`kvstore.node.tiers.base.SlotTier` over ``arena`` (a HostArena or CudaArena)."""
+
+    durable = False
+
     def __init__(self, name: str, arena, slab_size: int) -> None:
+        super().__init__()
         self.name = name
         self.arena = arena
         self.alloc = SlabAllocator(arena.size, slab_size)
-        self._index: OrderedDict[bytes, int] = OrderedDict()
         # span (start page) -> {key: encoded header} of the blocks whose payload is in it: one
         # map serves both the header lookup and emptying a span
         self._spans: dict[int, dict[bytes, bytes]] = {}
@@ -65,6 +72,11 @@ class MemoryTier(LruIndex):
     @property
     def max_block_bytes(self) -> int:
         return self.alloc.slab_size
+
+    @property
+    def host_buffer(self) -> memoryview | None:
+        """The whole arena when it is host memory (registered once for RDMA), else None."""
+        return self.arena.view
 
     def fits(self, payload_len: int, header_len: int) -> bool:
         return 0 < payload_len <= self.alloc.slab_size and 0 < header_len <= min(
@@ -92,7 +104,7 @@ class MemoryTier(LruIndex):
         return self.alloc.span_used(span) == len(self._spans.get(span, ()))
 
     # ------------------------------------------------------------------ two-phase write
-    def reserve(self, header: bytes, payload_len: int) -> tuple[int, bytes] | None:
+    def reserve(self, header: bytes, payload_len: int) -> Slot | None:
         """A slot for a block with this header; the header is kept, the payload is not written.
         Returns (payload offset, header), or None when no slab can serve the size or header
         room is spent (the caller evicts and retries). Raises ValueError when the block can
@@ -107,22 +119,43 @@ class MemoryTier(LruIndex):
         self.header_bytes += len(header)
         return off, bytes(header)
 
-    def commit(self, key: bytes, slots: tuple[int, bytes], header_len: int, payload_len: int) -> None:
-        """Index a reservation as ``key`` (most recently used). The key must be absent."""
+    def commit(self, key: bytes, slots: Slot, header_len: int, payload_len: int) -> None:
+        """Index a reservation as ``key`` (most recently used). The key must be absent. The
+        header's namespace goes into the index entry (see ``namespace``)."""
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
-        self._index[key] = pack_entry(slots[0], 0, header_len, payload_len, now_s())
+        self._index_add(key, slots[0], header_len, payload_len, now_s(), header_namespace(slots[1]))
         self._spans.setdefault(self.alloc.span_of(slots[0]), {})[key] = slots[1]
         self.payload_bytes += payload_len
 
-    def abandon(self, slots: tuple[int, bytes]) -> None:
+    def abandon(self, slots: Slot) -> None:
         """Return a reserved, uncommitted slot."""
         self.alloc.free(slots[0])
         self.header_bytes -= len(slots[1])
 
-    def writable(self, offset: int, payload_len: int):
-        """The payload area of a reserved slot (a memoryview on host, a tensor on GPU)."""
-        return self.arena.slice(offset, payload_len)
+    def slot_view(self, slots: Slot, payload_len: int) -> memoryview | None:
+        """The payload area of a reserved slot in host memory (written in place by recv_into
+        or RDMA WRITE); None on a GPU arena (use :meth:`fill`)."""
+        if self.arena.view is None:
+            return None
+        return self.arena.slice(slots[0], payload_len)
+
+    def fill(self, slots: Slot, payload) -> None:
+        """Copy ``payload`` into a reserved slot."""
+        self.arena.write(slots[0], memoryview(payload).cast("B"))
+
+    def victims_for(
+        self, payload_len: int, header_len: int, evictable: Callable[[bytes], bool]
+    ) -> tuple[list[bytes], bool]:
+        """What to evict for a block of these sizes (see kvstore.node.tiers.room); a slab
+        move is counted in ``slab_moves``."""
+        keys, slab_move = pick_victims(self, payload_len, header_len, evictable)
+        if slab_move:
+            self.slab_moves += 1
+        return keys, slab_move
+
+    def protect(self, protected: Callable[[bytes], bool]) -> None:
+        """No-op: a memory tier never evicts on its own (the node evicts from it)."""
 
     # ------------------------------------------------------------------ batched interface
     async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
@@ -160,6 +193,14 @@ class MemoryTier(LruIndex):
     async def read_header(self, key: bytes) -> bytes | None:
         return self.header_sync(key)
 
+    async def intact(self, key: bytes) -> bool:
+        """Header decodes and names ``key``; payload matches its checksum. No I/O."""
+        try:
+            h = BlockHeader.decode(self.header_sync(key))
+        except BlockFormatError:
+            return False
+        return h.key.raw == key and checksum(self.payload_host(key)) == h.checksum
+
     # ------------------------------------------------------------------ single-key, sync
     def read_into(self, key: bytes, buf) -> bytes | None:
         """Copy the payload into ``buf`` (at least payload_len bytes); return the header."""
@@ -173,10 +214,13 @@ class MemoryTier(LruIndex):
         e = self._index.get(key)
         return None if e is None else self._spans[self.alloc.span_of(entry_offset(e))][key]
 
-    def payload_view(self, key: bytes):
-        """The stored payload in place (valid until the block is removed) and its offset."""
+    def lease_view(self, key: bytes) -> tuple[memoryview, int | None]:
+        """Read-only payload in place and its offset (host arena), or a private copy and None
+        (GPU arena: the bytes must be in host memory to be sent)."""
         e = self._index[key]
-        return self.arena.slice(entry_offset(e), entry_payload_len(e)), entry_offset(e)
+        if self.arena.view is not None:
+            return self.arena.slice(entry_offset(e), entry_payload_len(e)).toreadonly(), entry_offset(e)
+        return memoryview(self.arena.read(entry_offset(e), entry_payload_len(e))), None
 
     def payload_host(self, key: bytes):
         """The payload as a host bytes-like: in place on host arenas, a copy from a GPU."""
@@ -188,10 +232,12 @@ class MemoryTier(LruIndex):
     def slot_size(self, key: bytes) -> int:
         return self.alloc.slot_size(entry_offset(self._index[key]))
 
-    def remove(self, key: bytes) -> bool:
-        e = self._index.pop(key, None)
+    def remove(self, key: bytes, evicted: bool = False) -> bool:
+        """Free ``key``'s slot now (an eviction when ``evicted``); False when absent."""
+        e = self._index_pop(key)
         if e is None:
             return False
+        self.evictions += evicted
         self.payload_bytes -= entry_payload_len(e)
         span = self.alloc.span_of(entry_offset(e))
         blocks = self._spans[span]
@@ -229,7 +275,7 @@ class MemoryTier(LruIndex):
             assert key in self._spans[self.alloc.span_of(entry_offset(e))]
         assert self.header_bytes >= sum(len(h) for s in self._spans.values() for h in s.values())
 
-    def close(self) -> None:
-        self._index.clear()
+    async def close(self) -> None:
+        self._index_clear()
         self._spans.clear()
         self.arena.close()

@@ -1,0 +1,192 @@
+"""A node's writes: the two-phase put (reserve a slot, fill it, commit: verify, index, write
+through to disk; or abort) and the write-back flush. Where a block lands is the node's
+placement (``place``, see kvstore.node.store). Same threading rules as the node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+
+from kvstore.block import BlockHeader, checksum
+from kvstore.node.leases import LeaseTable, Reservation
+from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.results import PutResult, Status
+
+
+class Writer:
+    """Writes into the ``memory`` tiers (a reservation names its tier) or, for private
+    buffers, into ``disk``. ``place(header, lazy)``: the node's placement, a reservation (not
+    yet recorded) or None when nothing can take the block; ``where(key)``: the highest tier
+    holding a visible key; ``doomed``: keys deleted while held (a write to one is BUSY). With
+    ``write_back`` a memory block is acknowledged at once and marked ``dirty`` (it reaches
+    disk when evicted or at :meth:`flush`); otherwise it is written through to disk before
+    the result. ``unhold``: the node's release of a hold taken here."""
+
+    def __init__(
+        self,
+        memory: list[SlotTier],
+        disk: Tier | None,
+        leases: LeaseTable,
+        place: Callable[[BlockHeader, bool], Awaitable[Reservation | None]],
+        where: Callable[[bytes], Tier | None],
+        doomed: set[bytes],
+        dirty: set[bytes],
+        write_back: bool,
+        unhold: Callable[[bytes], None],
+        counters: Counter[str],
+    ) -> None:
+        self._tiers = memory
+        self._memory = {t.name: t for t in memory}
+        self._disk = disk
+        self._leases = leases
+        self._place = place
+        self._where = where
+        self._doomed = doomed
+        self._dirty = dirty
+        self._write_back = write_back
+        self._unhold = unhold
+        self._counters = counters
+
+    async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:
+        """Store (header, payload) pairs: reserve, copy, commit. INVALID when the payload does
+        not match its header, EXISTS when the key is stored, BUSY when it is being written."""
+        results: list[PutResult | None] = [None] * len(blocks)
+        headers, payloads, idx = [], [], []
+        for i, (h, p) in enumerate(blocks):
+            mv = memoryview(p).cast("B")
+            if mv.nbytes != h.payload_len:  # the checksum is verified once, at commit
+                self._counters["put_invalid"] += 1
+                results[i] = PutResult(Status.INVALID)
+                continue
+            headers.append(h)
+            payloads.append(mv)
+            idx.append(i)
+        reserved = await self.reserve(headers)
+        to_commit = []
+        for i, mv, r in zip(idx, payloads, reserved):
+            if isinstance(r, Status):
+                results[i] = PutResult(r)
+            else:
+                r.view[:] = mv
+                to_commit.append((i, r))
+        committed = await self.commit([r for _, r in to_commit])
+        for (i, _), res in zip(to_commit, committed):
+            results[i] = res
+        return results  # type: ignore[return-value]
+
+    async def reserve(self, headers: Sequence[BlockHeader], lazy: bool = False) -> list[Reservation | Status]:
+        """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise). The
+        slot is invisible to readers until :meth:`commit`; it expires after the lease TTL.
+        A reservation without a host slot (disk, GPU) gets a private buffer; with ``lazy`` that
+        buffer is not allocated here: its ``view`` is empty and the caller hands the payload
+        over with :meth:`attach_payload` (no memory is committed before the bytes come).
+        The caller sweeps expired reservations first."""
+        out: list[Reservation | Status] = []
+        for h in headers:
+            key = h.key.raw
+            if self._where(key) is not None:
+                self._counters["put_exists"] += 1
+                out.append(Status.EXISTS)
+                continue
+            if key in self._leases.reserved_keys or key in self._doomed:
+                out.append(Status.BUSY)
+                continue
+            r = await self._place(h, lazy)
+            if r is None:
+                self._counters["put_no_space"] += 1
+                out.append(Status.NO_SPACE)
+            elif self._where(key) is not None or key in self._leases.reserved_keys:
+                self.free(r)  # another writer won the race while we made room
+                out.append(Status.EXISTS)
+            else:
+                self._leases.add_reservation(r)
+                out.append(r)
+        return out
+
+    async def commit(self, reservations: Sequence[Reservation]) -> list[PutResult]:
+        """Verify each reservation's payload against its header checksum, index it, and
+        (write-through) store it on disk in one transaction. INVALID for a reservation that
+        is no longer live or whose bytes do not match; durable when synced to disk."""
+        results: list[PutResult] = []
+        to_disk: list[tuple[int, Reservation]] = []
+        for r in reservations:
+            key = r.header.key.raw
+            if not self._leases.pop_reservation(r):
+                results.append(PutResult(Status.INVALID))  # expired or already done
+                continue
+            if checksum(r.view) != r.header.checksum:
+                self.free(r)
+                self._counters["put_invalid"] += 1
+                results.append(PutResult(Status.INVALID))
+                continue
+            if r.tier is not None:
+                tier = self._memory[r.tier]
+                if r.scratch is not None:  # staged in host memory: the slot is not (a GPU's)
+                    tier.fill(r.slots, r.view)
+                tier.commit(key, r.slots, len(r.header_bytes), r.header.payload_len)
+                self._counters["puts"] += 1
+                self._counters["bytes_in"] += r.header.payload_len
+                if self._disk is None or self._write_back:
+                    if self._disk is not None:
+                        self._dirty.add(key)
+                    results.append(PutResult(Status.STORED, r.tier, False))
+                    continue
+            results.append(None)  # type: ignore[arg-type]
+            to_disk.append((len(results) - 1, r))
+        if to_disk:
+            await self._write_through(to_disk, results)
+        return results
+
+    async def _write_through(self, to_disk: list[tuple[int, Reservation]], results: list[PutResult]) -> None:
+        disk = self._disk
+        keys = [r.header.key.raw for _, r in to_disk]
+        for k in keys:
+            self._leases.hold(k)  # the slot must not be freed while the writer thread reads it
+        try:
+            stored = await disk.put([(k, r.header_bytes, r.view) for k, (_, r) in zip(keys, to_disk)])  # type: ignore[union-attr]
+        finally:
+            for k in keys:
+                self._unhold(k)
+        durable = disk.durable  # type: ignore[union-attr]
+        for (i, r), ok in zip(to_disk, stored):
+            if r.tier is not None:
+                results[i] = PutResult(Status.STORED, r.tier, ok and durable)
+                continue
+            if ok:
+                self._counters["puts"] += 1
+                self._counters["bytes_in"] += r.header.payload_len
+            else:
+                self._counters["put_no_space"] += 1
+            results[i] = PutResult(Status.STORED if ok else Status.NO_SPACE, "disk", ok and durable)
+
+    def abort(self, reservations: Sequence[Reservation]) -> None:
+        """Give back uncommitted reservations (idempotent)."""
+        for r in reservations:
+            if self._leases.pop_reservation(r):
+                self.free(r)
+
+    def free(self, r: Reservation) -> None:
+        """Give back a reservation's slot (nothing for a private buffer)."""
+        if r.tier is not None:
+            self._memory[r.tier].abandon(r.slots)
+
+    def attach_payload(self, r: Reservation, payload: bytearray) -> None:
+        """Give a lazy reservation (see :meth:`reserve`) its received payload buffer.
+        ValueError when ``r`` is not a lazy one."""
+        if r.scratch is None or r.view.nbytes:
+            raise ValueError(f"reservation {r.id} is not a lazy one")
+        r.scratch, r.view = payload, memoryview(payload)
+
+    async def flush(self) -> int:
+        """Write every dirty (write-back) memory block to disk; the number left unwritten."""
+        if self._disk is None:
+            return 0
+        for tier in self._tiers:
+            items = [(k, tier.header_sync(k), tier.payload_host(k)) for k in list(self._dirty) if k in tier]
+            if items:
+                ok = await self._disk.put(items)
+                for (k, _, _), stored in zip(items, ok):
+                    if stored:
+                        self._dirty.discard(k)
+        return len(self._dirty)
