@@ -162,7 +162,7 @@ class LLMEngine:
         the layout (for a dtype other than the compute dtype: the compute dtype and, for fp8, a
         digest of the scales; engine/kv_dtype.py) and ``block_tokens`` (a multiple of the page
         size)."""
-        from kvstore.keys import Namespace, model_fingerprint
+        from kvstore.keys import Namespace
 
         if fingerprint is None and self.model_dir is None:
             raise ValueError("an engine over random weights has no model folder to fingerprint")
@@ -170,11 +170,12 @@ class LLMEngine:
             raise ValueError(
                 f"block_tokens {block_tokens} is not a multiple of page_size {self.config.page_size}"
             )
-        return Namespace(
-            fingerprint or model_fingerprint(self.model_dir),
+        return Namespace.for_model(
+            self.model_dir,
             dtype_name(self.kv.dtype),
             block_tokens,
             layout=layout_name(self.kv.dtype, self.dtype, self.kv.scales),
+            fingerprint=fingerprint or None,
         )
 
     @property

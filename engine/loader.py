@@ -1,5 +1,9 @@
 """Loading a Hugging Face model folder: safetensors weights memory-mapped without an extra
-copy, the tokenizer (``tokenizer.json`` via ``tokenizers``) and the chat template."""
+copy, the tokenizer (``tokenizer.json`` via ``tokenizers``) and the chat template.
+
+torch is imported only by the weight loaders: ``kvstore lookup --prompt`` tokenizes through
+:class:`Tokenizer` (one chat template implementation) without paying for torch.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +13,25 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import ModelLoadError
 
+if TYPE_CHECKING:
+    import torch
+
+# safetensors dtype names -> torch dtype attribute names
 _ST_DTYPES = {
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F64": torch.float64,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F64": "float64",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 
 
@@ -44,6 +50,8 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of one safetensors file. Tensors are views of
     a private (copy-on-write) memory map of the file: no bytes are copied until written.
     Raises ModelLoadError naming the file when the header or an offset is bad."""
+    import torch
+
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -63,7 +71,7 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         if name == "__metadata__":
             continue
         try:
-            dtype = _ST_DTYPES[meta["dtype"]]
+            dtype = getattr(torch, _ST_DTYPES[meta["dtype"]])
             start, end = (int(x) for x in meta["data_offsets"])
             shape = [int(d) for d in meta["shape"]]
         except (KeyError, TypeError, ValueError) as exc:

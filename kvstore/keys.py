@@ -146,6 +146,31 @@ class Namespace:
         """``key_{-1}``: the namespace's own key; every chain starts from it."""
         return BlockKey(self._root)
 
+    @classmethod
+    def for_model(
+        cls,
+        model_dir: str | os.PathLike | None,
+        dtype: str,
+        block_tokens: int,
+        *,
+        layout: str = "LKTHD",
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        fingerprint: str | None = None,
+    ) -> Namespace:
+        """The namespace of a model's blocks: the one rule the engine (``LLMEngine.namespace``)
+        and ``kvstore lookup`` both follow, so their keys agree. ``dtype``: the KV dtype the
+        pages hold (a torch dtype name); ``layout``: the payload layout the engine logs at start
+        (``LKTHD`` unless the KV dtype differs from the compute dtype); ``fingerprint``: instead
+        of :func:`model_fingerprint` of ``model_dir`` (engines over random weights name theirs).
+        No tenant: add one with :meth:`with_tenant`. Raises FileNotFoundError naming a missing
+        ``config.json``, KeyFormatError naming a bad field."""
+        if fingerprint is None:
+            if model_dir is None:
+                raise KeyFormatError("Namespace.for_model: a model folder or a fingerprint is needed")
+            fingerprint = model_fingerprint(model_dir)
+        return cls(fingerprint, dtype, block_tokens, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
+
     def with_tenant(self, salt: str) -> Namespace:
         """The same namespace for another tenant (salt); blocks never cross tenants."""
         return Namespace(

@@ -1,9 +1,9 @@
-"""A prompt as the engine sees it, without importing the engine: token ids from a model
-folder's ``tokenizer.json`` (same calls as engine/loader.py's ``Tokenizer``), the chat template
-rendering of ``kvengine``'s chat endpoint, and the engine's block-key namespace
-(``LLMEngine.namespace``: model fingerprint, KV dtype, block_tokens, tp, tenant salt).
+"""A prompt as the engine sees it: token ids through the engine's own tokenizer and chat
+template (engine/loader.py's ``Tokenizer``, imported lazily), and the engine's block-key
+namespace (``Namespace.for_model``, the rule ``LLMEngine.namespace`` follows: model
+fingerprint, KV dtype, layout, block_tokens, tp; plus the tenant salt the daemons derive).
 
-tests/cli/test_cli_lookup.py checks all three against the engine's own functions.
+tests/cli/test_cli_lookup.py checks the tokens and the namespace against a real engine's.
 """
 
 from __future__ import annotations
@@ -27,69 +27,33 @@ def _read_json(path: str) -> Any:
 
 
 def load_tokenizer(model_dir: str):
-    """``tokenizers.Tokenizer`` of ``model_dir/tokenizer.json``; UsageError naming the file."""
-    from tokenizers import Tokenizer
+    """The engine's :class:`engine.loader.Tokenizer` of ``model_dir`` (``tokenizer.json``, its
+    special tokens and chat template); UsageError naming the file. The engine's own code, not a
+    copy, so the CLI's token ids are the engine's. The import is lazy, inside this function:
+    only the prompt and decode paths need the engine (whose loader imports torch only for
+    weights)."""
+    from engine.errors import ModelLoadError
+    from engine.loader import Tokenizer
 
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.isfile(path):
-        raise UsageError(f"{path}: no such file (--model/--tokenizer must be a model folder)")
     try:
-        return Tokenizer.from_file(path)
-    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-        raise UsageError(f"cannot load {path}: {exc}") from exc
-
-
-def _special(tok: Any) -> str:
-    if isinstance(tok, dict):
-        return str(tok.get("content", ""))
-    return tok if isinstance(tok, str) else ""
-
-
-def chat_text(model_dir: str, user_text: str) -> str:
-    """``user_text`` as one user message rendered by the folder's chat template with a
-    generation prompt (tokenizer_config.json's ``chat_template`` or chat_template.jinja), or the
-    engine's plain fallback (``user: ...\\nassistant: ``) when the folder has none."""
-    cfg_path = os.path.join(model_dir, "tokenizer_config.json")
-    cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
-    template = cfg.get("chat_template")
-    if isinstance(template, list):
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    jinja_path = os.path.join(model_dir, "chat_template.jinja")
-    if template is None and os.path.isfile(jinja_path):
-        with open(jinja_path, encoding="utf-8") as f:
-            template = f.read()
-    messages = [{"role": "user", "content": user_text}]
-    if not template:
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(msg: str) -> None:
-        raise jinja2.TemplateError(msg)
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
-    try:
-        return env.from_string(template).render(
-            messages=messages,
-            add_generation_prompt=True,
-            bos_token=_special(cfg.get("bos_token")),
-            eos_token=_special(cfg.get("eos_token")),
-        )
-    except jinja2.TemplateError as exc:
-        raise UsageError(f"{model_dir}: chat template failed: {exc}") from exc
+        return Tokenizer(model_dir)
+    except ModelLoadError as exc:
+        raise UsageError(f"{exc} (--model/--tokenizer must be a model folder)") from exc
 
 
 def prompt_tokens(model_dir: str, text: str, chat: bool) -> list[int]:
     """Token ids of ``text`` as ``/v1/completions`` (special tokens added) or, with ``chat``,
-    as ``/v1/chat/completions`` with one user message (template carries its own specials)."""
+    as ``/v1/chat/completions`` with one user message (the engine's chat template, which
+    carries its own special tokens). UsageError naming the folder when its template fails."""
+    import jinja2
+
     tok = load_tokenizer(model_dir)
-    if chat:
-        return tok.encode(chat_text(model_dir, text), add_special_tokens=False).ids
-    return tok.encode(text, add_special_tokens=True).ids
+    if not chat:
+        return tok.encode(text)
+    try:
+        return tok.apply_chat_template([{"role": "user", "content": text}])
+    except jinja2.TemplateError as exc:
+        raise UsageError(f"{model_dir}: chat template failed: {exc}") from exc
 
 
 def tokens_from_json(path: str) -> list[int]:
@@ -119,16 +83,16 @@ def engine_namespace(
     without, it is the tenant's name (daemons without a secret)."""
     from kvstore.daemon.auth import read_salt_secret, secret_salt
     from kvstore.errors import ConfigError, KeyFormatError
-    from kvstore.keys import Namespace, model_fingerprint
+    from kvstore.keys import Namespace
 
     if dtype not in DTYPE_SIZES:
         raise UsageError(f"--dtype {dtype!r}: expected one of {sorted(DTYPE_SIZES)}")
-    try:
-        fp = model_fingerprint(model_dir)
+    try:  # the engine's rule (LLMEngine.namespace calls it too)
+        ns = Namespace.for_model(
+            model_dir, dtype, block_tokens, layout=layout, tp_size=tp_size, tp_rank=tp_rank
+        )
     except FileNotFoundError as exc:
         raise UsageError(f"--model {model_dir}: {exc.strerror}: {exc.filename}") from exc
-    try:
-        ns = Namespace(fp, dtype, block_tokens, layout=layout, tp_size=tp_size, tp_rank=tp_rank)
     except KeyFormatError as exc:
         raise UsageError(str(exc)) from exc
     if not tenant:
