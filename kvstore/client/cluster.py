@@ -1,7 +1,7 @@
 """The replicated cluster client: many storage nodes as one store.
 
-Contract (the same as :class:`kvstore.client.node.StoreClient`, so the connector can use either):
-``exists``, ``get_into``, ``put``, ``delete`` take a deadline and never raise for a node or
+Contract: a :class:`~kvstore.client.api.StoreClient` (what ``kvstore.client.open`` returns for
+``kvstore://`` and ``etcd://``): ``exists``, ``get_into``, ``put``, ``delete`` take a deadline and never raise for a node or
 membership problem; a failure is a miss (``None`` / a non-HIT status), a dropped write or
 ``False``, counted in ``counters``. Caller bugs (buffer count) raise ValueError at once.
 Every call is bounded by its caller's deadline and by nothing shorter: a connection's set-up
@@ -13,9 +13,15 @@ node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node d
   later are warmed up in the background).
 - Placement: weighted rendezvous over the *healthy* members (kvstore/client/placement.py);
   a key's owners are its first ``replicas`` nodes, on distinct nodes and zones.
-- Lookups: one batched EXISTS per node, all nodes in parallel; a key is present when any of
-  its first ``replicas + lookahead`` nodes has it (``lookahead`` finds blocks whose owner
-  changed when a node joined). :meth:`lookup_prefix` is the longest prefix over replicas.
+- Lookups: each key goes to its owners only (its first ``replicas`` healthy nodes; one
+  batched EXISTS per node, all in parallel); the keys no owner holds then go to the next
+  ``lookahead`` nodes in their rendezvous order, which find blocks whose owner changed when a
+  node joined. A key is present when any of its first ``replicas + lookahead`` nodes has it;
+  its tier is the best its owners hold (a lookahead node's for a block no owner holds).
+  :meth:`lookup_prefix` is the longest prefix over replicas.
+- Transfers: node clients share one :class:`~kvstore.client.rdma.ClientRdma` (one device
+  probe, at most one device opened, buffers registered once with ``register``); reads and
+  writes take the descriptor path to nodes that negotiated RDMA (kvstore/client/node.py).
 - Reads: kvstore/client/reads.py. Writes: kvstore/client/writes.py (``put_report`` tells
   exactly what was stored, under-replicated and dropped). Both are objects this client owns,
   given it as their :class:`~kvstore.client.route.Route` (node clients, healthy view,
@@ -34,16 +40,18 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from kvstore.block import BlockHeader
+from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.health import Health
 from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.placement import Node, rank
+from kvstore.client.rdma import ClientRdma
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
-from kvstore.client.writes import ClusterWrites, PutReport
+from kvstore.client.writes import ClusterWrites
 from kvstore.keys import BlockKey
-from kvstore.results import Expect, GetResult, PutResult, Status
+from kvstore.results import Expect, GetResult, Status
 
 log = logging.getLogger("kvstore.client")
 _TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
@@ -54,7 +62,10 @@ __all__ = ["ClusterClient", "ClusterConfig", "PutReport"]
 
 
 class ClusterClient:
-    """Bound to the event loop of its first call. See the module docstring."""
+    """Bound to the event loop of its first call. See the module docstring. TransportError at
+    construction when ``transport`` is ``rdma`` and this host has no RDMA device."""
+
+    in_process = False
 
     def __init__(
         self,
@@ -68,6 +79,8 @@ class ClusterClient:
         # the call's deadline bounds a connection's set-up; the node client's own (short)
         # connect timeout would mark a node down for a late HELLO under a long deadline
         self._node_cfg = dataclasses.replace(self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s)
+        c = self.client_cfg
+        self.rdma = ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)  # one device for all nodes
         self.nodes: dict[str, NodeClient] = {}
         self._weights: dict[str, Node] = {}
         self.health = Health(self.nodes, self.cfg)
@@ -101,6 +114,10 @@ class ClusterClient:
         return cls(EtcdMembership(url), client_cfg, cfg)
 
     # ---------------------------------------------------------------- membership and health
+
+    def register(self, buf: Any) -> None:
+        """Register a staging buffer once for every node (see NodeClient.register)."""
+        self.rdma.register(buf)
 
     async def start(self, wait_s: float = 2.0, connect: bool = True) -> None:
         """Load the first membership view (waiting up to ``wait_s`` for etcd), then, with
@@ -146,7 +163,7 @@ class ClusterClient:
                 log.info("event=member_left node=%s", addr)
         for addr, m in current.items():
             if addr not in self.nodes:
-                self.nodes[addr] = NodeClient(addr, self._node_cfg)
+                self.nodes[addr] = NodeClient(addr, self._node_cfg, self.rdma)
                 log.info("event=member_joined node=%s zone=%s", addr, m.zone)
                 if self._warm_joiners and not self._closed:  # joined after start(): warm it up now
                     t = asyncio.get_running_loop().create_task(self._warm([addr], self.cfg.connect_timeout_s))
@@ -199,24 +216,44 @@ class ClusterClient:
 
     # ---------------------------------------------------------------- lookups
 
-    def _lookup_groups(self, keys: Sequence[BlockKey], view: list[Node]) -> dict[str, list[int]]:
-        width = self.cfg.replicas + self.cfg.lookahead
-        if width >= len(view):  # every node is a candidate for every key: no ranking needed
-            everything = list(range(len(keys)))
-            return {n.id: everything for n in view}
-        groups: dict[str, list[int]] = {n.id: [] for n in view}
-        for i, k in enumerate(keys):
-            for a in self.rank(k)[:width]:
-                groups[a].append(i)
-        return {a: idx for a, idx in groups.items() if idx}
-
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        """Per key: the best tier any of its candidate nodes holds it in (``None``: nowhere)."""
+        """Per key: the best tier its owners hold it in; for a key no owner holds, the best
+        of the next ``lookahead`` nodes (``None``: nowhere). See the module docstring."""
         out: list[str | None] = [None] * len(keys)
         view = await self.healthy_view(deadline_s)
         if not keys or not view:
             return out
-        groups = self._lookup_groups(keys, view)
+        end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
+        owners = self.cfg.replicas
+        pending: Sequence[int] = range(len(keys))
+        for lo, hi in ((0, owners), (owners, owners + self.cfg.lookahead)):
+            if lo >= len(view) or lo >= hi:
+                break
+            groups = self._rank_groups(keys, pending, lo, hi, view)
+            await self._exists_round(keys, groups, out, max(end - time.monotonic(), 1e-3))
+            pending = [i for i in pending if out[i] is None]
+            if not pending:
+                break
+        return out
+
+    def _rank_groups(
+        self, keys: Sequence[BlockKey], idx: Sequence[int], lo: int, hi: int, view: list[Node]
+    ) -> dict[str, list[int]]:
+        """Per node, the indices of ``keys[idx]`` whose rendezvous ranks ``lo..hi-1`` it holds."""
+        if lo == 0 and hi >= len(view):  # every node is a candidate for every key: no ranking
+            every = list(idx)
+            return {n.id: every for n in view}
+        groups: dict[str, list[int]] = {}
+        for i in idx:
+            for a in self.rank(keys[i])[lo:hi]:
+                groups.setdefault(a, []).append(i)
+        return groups
+
+    async def _exists_round(
+        self, keys: Sequence[BlockKey], groups: dict[str, list[int]], out: list[str | None], deadline_s: float
+    ) -> None:
+        """One batched EXISTS per node of ``groups``, in parallel; each answer's tiers merged
+        into ``out`` (the best tier wins). Returns early once every key of the round is found."""
         tasks = {
             asyncio.ensure_future(
                 self._timed(
@@ -229,6 +266,7 @@ class ClusterClient:
             ): a
             for a, idx in groups.items()
         }
+        asked = {i for idx in groups.values() for i in idx}
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -238,15 +276,14 @@ class ClusterClient:
                         out[i] is None or _TIER_ORDER.get(tier, 9) < _TIER_ORDER.get(out[i], 9)
                     ):
                         out[i] = tier
-            if pending and all(t is not None for t in out):
+            if pending and all(out[i] is not None for i in asked):
                 # every key was found: a late node cannot change the answer. Its call goes on in
                 # the background (bounded by the deadline) and its time still feeds health.
                 self._own_counters["lookups_answered_early"] += 1
                 for t in pending:
                     self._stragglers.add(t)
                     t.add_done_callback(self._stragglers.discard)
-                break
-        return out
+                return
 
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
         """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
@@ -262,7 +299,7 @@ class ClusterClient:
         view = await self.healthy_view(deadline_s)
         if not keys or not view:
             return out
-        groups = self._lookup_groups(keys, view)
+        groups = self._rank_groups(keys, range(len(keys)), 0, self.cfg.replicas + self.cfg.lookahead, view)
         for addr, res in await self.fan(
             groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s), "delete"
         ):
@@ -284,15 +321,19 @@ class ClusterClient:
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
-        """Per block, its best replica's result (kvstore/client/writes.py)."""
-        return await self._writes.put(blocks, deadline_s)
-
-    async def put_report(
-        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> PutReport:
-        """Store ``blocks`` on their owners and say what happened (kvstore/client/writes.py)."""
+        """Store ``blocks`` on their owners and say what happened (kvstore/client/writes.py);
+        the report is also the sequence of each block's best replica result."""
         return await self._writes.put_report(blocks, deadline_s)
+
+    put_report = put  # the name its older callers use
+
+    async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
+        """Per member (down ones too): its STATS document, None when it did not answer."""
+        self._sync()
+        addrs = sorted(self.nodes)
+        got = await asyncio.gather(*(self.nodes[a].stats(deadline_s) for a in addrs))
+        return dict(zip(addrs, got))
 
     # ---------------------------------------------------------------- the rest
 
@@ -325,6 +366,7 @@ class ClusterClient:
         self.repairer.close()
         await self.membership.close()
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
+        self.rdma.close()
         self._weights.clear()
         self._ranks.clear()
         self._view, self._view_key = [], ()

@@ -16,11 +16,15 @@ A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one nod
 to one event loop and safe for concurrent tasks on it. :class:`StoreClient` spreads keys over
 several nodes by rendezvous hashing (one replica; placement with replicas is the cluster's).
 
-``transport`` (``auto | tcp | rdma``, :mod:`kvstore.client.rdma`) decides how
-``get_into_leased``/``put_reserved`` move bytes: one-sided RDMA READ/WRITE between the node's
-slab and buffers the caller registered (``register``) when both sides have a verbs device,
-else the same LEASE/RESERVE sequence over TCP. ``transport = "rdma"`` on a host without a
-device raises TransportError at construction.
+One read path and one write path: :meth:`NodeClient.get_into` and :meth:`NodeClient.put`.
+Each takes the descriptor path (kvstore/client/leased.py: LEASE, one-sided READ, RELEASE;
+RESERVE, one-sided WRITE, COMMIT) when this client's connections to the node negotiated RDMA
+and every buffer of the call is registered (``register``), else the inline TCP GET / PUT
+(bytes in the reply / request frame). ``descriptors = "always"`` takes the descriptor path on
+every connection, moving the bytes over TCP where there is no queue pair: the same sequence,
+so it can be checked on a host without a device. ``transport`` (``auto | tcp | rdma``,
+:mod:`kvstore.client.rdma`) decides whether a device is opened at all; ``transport = "rdma"``
+on a host without a device raises TransportError at construction.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class ClientConfig:
     writes (without tenant salt: the node applies the salt of the token's tenant).
     ``transport``: ``auto`` (RDMA when this host and the node have a verbs device, else TCP),
     ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
-    ``server.rdma_*`` keys."""
+    ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
+    one-sidedly) or ``always`` (also over TCP; see the module docstring)."""
 
     token: str = ""
     tenant: str | None = None
@@ -69,10 +74,13 @@ class ClientConfig:
     transport: str = "auto"
     rdma_device: str = ""
     rdma_gid_index: int = 0
+    descriptors: str = "auto"
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
             raise ValueError(f"transport: expected auto, tcp or rdma, got {self.transport!r}")
+        if self.descriptors not in ("auto", "always"):
+            raise ValueError(f"descriptors: expected auto or always, got {self.descriptors!r}")
         if self.pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
@@ -94,6 +102,9 @@ class NodeClient:
         self.counters: Counter[str] = Counter()
         self._leased = DescriptorPath(addr, self.rdma, self.counters, self._run)
         self.up = True
+        # whether the latest connection to the node negotiated RDMA (every connection offers
+        # the same, so the next ones will too): reads and writes then take the descriptor path
+        self.one_sided = False
         self.hello: dict[str, Any] | None = None
         self._idle: list[Conn] = []
         self._slots = asyncio.Semaphore(self.cfg.pool_size)
@@ -131,6 +142,7 @@ class NodeClient:
             conn.close()
             raise
         self.hello = conn.hello
+        self.one_sided = conn.verbs is not None
         return conn
 
     def _pooled(self) -> Conn | None:
@@ -244,6 +256,7 @@ class NodeClient:
         """Per key: the highest tier holding it (visible to this tenant), or None."""
         if not keys:
             return []
+        self.counters["exists_keys"] += len(keys)  # what a cluster lookup costs each node
         r = await self._run("EXISTS", lambda c: _chunked(keys, P.MAX_BATCH, c.exists), deadline_s)
         return [None] * len(keys) if isinstance(r, Status) else r
 
@@ -255,19 +268,25 @@ class NodeClient:
         deadline_s: float | None = None,
     ) -> list[GetResult]:
         """Fill ``bufs[i]`` with block ``keys[i]``'s payload; HIT only when it arrived whole and
-        verified. Bytes of a buffer whose result is not HIT are unspecified."""
+        verified. Bytes of a buffer whose result is not HIT are unspecified. The descriptor
+        path or the inline GET, as the module docstring says; the same results either way."""
+        return await self._read(keys, bufs, expect, deadline_s, self.cfg.descriptors == "always")
+
+    async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> list[GetResult]:
         if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         views = [byte_view(b) for b in bufs]
-        exp = list(expect) if expect is not None else [None] * len(keys)
-
-        r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
+        if descriptors or (self.one_sided and self.rdma.covers(views)):
+            r = await self._leased.get_into_leased(keys, views, expect, deadline_s)
+        else:
+            exp = list(expect) if expect is not None else [None] * len(keys)
+            r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
         return self._count_gets(r, len(keys))
 
     def register(self, buf: Any) -> None:
         """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
-        once, so ``get_into_leased``/``put_reserved`` can move its bytes one-sidedly; a no-op
-        over TCP. Calls whose buffers are not all registered move their bytes over TCP."""
+        once, so ``get_into``/``put`` through it can move its bytes one-sidedly; a no-op over
+        TCP. Calls whose buffers are not all registered take the inline path."""
         self.rdma.register(buf)
 
     async def get_into_leased(
@@ -277,23 +296,16 @@ class NodeClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """GET the RDMA way (kvstore/client/leased.py); same results as ``get_into``."""
-        return self._count_gets(await self._leased.get_into_leased(keys, bufs, expect, deadline_s), len(keys))
+        """Deprecated: ``get_into`` on a client with ``descriptors = "always"``. Kept only for
+        the daemon tests that still call it; it goes with them."""
+        return await self._read(keys, bufs, expect, deadline_s, True)
 
     async def put_reserved(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult]:
-        """PUT the RDMA way (kvstore/client/leased.py); a failure drops the writes (counted)."""
-        r = await self._leased.put_reserved(blocks, deadline_s)
-        if isinstance(r, Status):
-            self.counters["dropped_writes"] += len(blocks)
-            return [PutResult(r)] * len(blocks)
-        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
-            if p.status.ok:
-                self.counters["stored"] += 1
-            else:
-                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
-        return r
+        """Deprecated: ``put`` on a client with ``descriptors = "always"``. Kept only for the
+        daemon tests that still call it; it goes with them."""
+        return await self._write(blocks, deadline_s, True)
 
     def _count_gets(self, r: list[GetResult] | Status, n: int) -> list[GetResult]:
         if isinstance(r, Status):
@@ -309,15 +321,26 @@ class NodeClient:
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult]:
-        """Store blocks (header, payload bytes-like). A failure drops the writes (counted)."""
+        """Store blocks (header, payload bytes-like). A failure drops the writes (counted). The
+        descriptor path or the inline PUT, as the module docstring says."""
+        return await self._write(blocks, deadline_s, self.cfg.descriptors == "always")
+
+    async def _write(self, blocks, deadline_s: float | None, descriptors: bool) -> list[PutResult]:
         if not blocks:
             return []
-        r = await self._run("PUT", lambda c: c.put(blocks), deadline_s)
+        one_sided = self.one_sided and self.rdma.covers([memoryview(p).cast("B") for _, p in blocks])
+        if descriptors or one_sided:
+            r = await self._leased.put_reserved(blocks, deadline_s)
+        else:
+            r = await self._run("PUT", lambda c: c.put(blocks), deadline_s)
         if isinstance(r, Status):
             self.counters["dropped_writes"] += len(blocks)
             return [PutResult(r)] * len(blocks)
-        for p in r:
-            self.counters["stored" if p.status.ok else "refused_writes"] += 1
+        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
+            if p.status.ok:
+                self.counters["stored"] += 1
+            else:
+                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
         self.counters["bytes_out"] += sum(h.payload_len for h, _ in blocks)
         return r
 

@@ -4,7 +4,8 @@ Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the f
 nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
 space, node down) goes to the next node in that order while the caller's deadline lasts (a
 node-side repair moves the copy back to its owner later: kvstore/client/repair.py). It
-never raises for a node problem and tells exactly what happened (:class:`PutReport`).
+never raises for a node problem and tells exactly what happened
+(:class:`~kvstore.client.api.PutReport`).
 
 Deadlines: one node never gets the whole save deadline. A node this client never reached
 first gets its connections opened within the caller's deadline (``start()`` does that ahead). Its blocks go in chunks of at most
@@ -25,10 +26,10 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvstore.block import BlockHeader
+from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.node import ClientConfig
 from kvstore.client.route import Route
@@ -36,36 +37,6 @@ from kvstore.results import PutResult, Status
 
 # a node that answered these for a block did not store it; the next node in order may
 _REDIRECT = frozenset({Status.ERROR, Status.TIMEOUT, Status.NO_SPACE, Status.MISS})
-
-
-@dataclass(frozen=True)
-class PutReport:
-    """What one ``put`` did. ``results[i]``: block ``i``'s best replica result (STORED or
-    EXISTS when any node holds it now); ``copies[i]``: how many nodes took or already held it;
-    ``wanted``: ``replicas``, or fewer when the cluster has fewer members (down ones count);
-    ``node_failures``: node writes that failed (one per block per node); ``redirected``: block
-    writes sent past a failed owner."""
-
-    results: list[PutResult]
-    copies: list[int]
-    wanted: int
-    node_failures: int = 0
-    redirected: int = 0
-
-    @property
-    def stored(self) -> int:
-        """Blocks held by at least one node."""
-        return sum(1 for c in self.copies if c > 0)
-
-    @property
-    def dropped(self) -> int:
-        """Blocks stored nowhere: the caller's data is lost for this write."""
-        return sum(1 for c in self.copies if c == 0)
-
-    @property
-    def under_replicated(self) -> int:
-        """Blocks stored, on fewer than ``wanted`` nodes (repair adds the rest later)."""
-        return sum(1 for c in self.copies if 0 < c < self.wanted)
 
 
 class ClusterWrites:
@@ -76,12 +47,6 @@ class ClusterWrites:
         self.cfg = cfg
         self.client_cfg = client_cfg
         self.counters = counters
-
-    async def put(
-        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
-        """Per block, its best replica's result (the store-client contract); see put_report."""
-        return (await self.put_report(blocks, deadline_s)).results
 
     async def put_report(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None

@@ -217,3 +217,124 @@ async def test_cluster_idle_watch_is_renewed_and_still_sees_joins(etcd, start_da
         assert time.monotonic() < end, m.members
         await m.wait_changed(m.version, 0.2)
     await m.close()
+
+
+# ---------------------------------------------------------------- lookups ask owners only
+
+
+async def test_cluster_lookup_asks_each_node_only_about_the_keys_it_owns(start_daemon):
+    """3 nodes, 2 replicas, 1 lookahead: a lookup whose blocks are all on their owners asks
+    each node only about its own keys (2 of 3 nodes per key, not all 3); a key no owner holds
+    goes on to its third node, which finds a copy placed there alone; the answers are the same."""
+    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    addrs = [d.addr for d in ds]
+    c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, lookahead=1, probe_interval_s=0.1))
+    await c.start(5.0)
+    blocks = make_blocks(30, NBYTES, seed=51, ns=NS)
+    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    keys = [h.key for h, _ in blocks]
+    view = [c._weights[a] for a in sorted(addrs)]
+    before = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
+    assert await c.exists(keys, 5.0) == ["dram"] * len(keys)
+    asked = {a: c.nodes[a].counters["exists_keys"] - before[a] for a in addrs}
+    owned = {a: sum(a in {n.id for n in owners(k.raw, view, 2)} for k in keys) for a in addrs}
+    assert asked == owned and sum(asked.values()) == 2 * len(keys)
+
+    # a block stored on its third-ranked node only (its owners changed): found one round later
+    (h, p) = make_blocks(1, NBYTES, seed=52, ns=NS)[0]
+    third = rank_of(h.key, view)[2]
+    n = NodeClient(third, FAST)
+    assert (await n.put([(h, p)]))[0].status is Status.STORED
+    await n.close()
+    missing = make_blocks(1, NBYTES, seed=53, ns=NS)[0][0].key
+    before = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
+    assert await c.exists([keys[0], h.key, missing], 5.0) == ["dram", "dram", None]
+    asked = {a: c.nodes[a].counters["exists_keys"] - before[a] for a in addrs}
+    assert sum(asked.values()) == 2 * 3 + 2  # owners of all three, then the third node of two
+    assert await c.lookup_prefix([keys[0], h.key, missing, keys[1]], 5.0) == 2
+    await c.close()
+
+
+def rank_of(key, view) -> list[str]:
+    from kvstore.client.placement import rank
+
+    return [n.id for n in rank(key.raw, view, 2)]
+
+
+# ---------------------------------------------------------------- one read path, one write path
+
+
+async def test_cluster_node_clients_share_one_rdma_state_and_no_device_is_probed_per_node(start_daemon):
+    from rdma.verbs import device_available
+
+    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    c = ClusterClient.static([d.addr for d in ds], FAST, CFG)
+    await c.start(5.0)
+    assert len(c.nodes) == 3 and all(n.rdma is c.rdma for n in c.nodes.values())
+    if not device_available():  # auto without a device: no device, no queue pair offered
+        assert c.rdma.device is None and c.rdma.offer() is None
+        assert not any(n.one_sided for n in c.nodes.values())
+    await c.close()
+
+
+async def ops(d, op: str) -> float:
+    """The daemon's count of successful ``op`` requests (its /metrics)."""
+    import re
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"{d.admin}/metrics") as r:
+        text = await r.text()
+    m = re.search(rf'^tierkv_ops_total{{op="{op}",result="ok"}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def test_node_client_get_into_and_put_take_the_descriptor_path_when_configured(start_daemon):
+    """Moved from tests/daemon/test_rdma_wiring.py (it called put_reserved/get_into_leased):
+    registered staging buffers, ``descriptors = "always"`` without a device, so RESERVE/COMMIT
+    and LEASE/RELEASE run with the bytes over TCP; every byte back, nothing counted failed."""
+    import numpy as np
+
+    d = start_daemon(use_disk=False)
+    c = NodeClient(d.addr, ClientConfig(namespaces=(NS,), descriptors="always"))
+    staging = np.zeros((4, 5000), np.uint8)
+    c.register(staging)
+    blocks = make_blocks(4, 5000, seed=3, ns=NS)
+    for i, (_, p) in enumerate(blocks):
+        staging[i] = np.frombuffer(p, np.uint8)
+    res = await c.put([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
+    assert [r.status for r in res] == [Status.STORED] * 4
+    out = np.zeros((4, 5000), np.uint8)
+    got = await c.get_into([h.key for h, _ in blocks], list(out))
+    assert [g.status for g in got] == [Status.HIT] * 4
+    assert all(out[i].tobytes() == p for i, (_, p) in enumerate(blocks))
+    assert c.counters["rdma_failures"] == 0 and c.counters["hits"] == 4 and c.counters["stored"] == 4
+    assert await ops(d, "RESERVE") == 1 and await ops(d, "COMMIT") == 1
+    assert await ops(d, "LEASE") == 1 and await ops(d, "RELEASE") == 1
+    assert await ops(d, "GET") == 0 and await ops(d, "PUT") == 0
+    await c.close()
+    # the default (auto) without RDMA: the inline GET and PUT, the same results
+    inline = NodeClient(d.addr, ClientConfig(namespaces=(NS,)))
+    more = make_blocks(2, 5000, seed=4, ns=NS)
+    assert [r.status for r in await inline.put(more)] == [Status.STORED] * 2
+    bufs = [bytearray(5000) for _ in more]
+    assert [g.status for g in await inline.get_into([h.key for h, _ in more], bufs)] == [Status.HIT] * 2
+    assert bufs == [bytearray(p) for _, p in more]
+    assert await ops(d, "GET") == 1 and await ops(d, "PUT") == 1 and await ops(d, "LEASE") == 1
+    await inline.close()
+
+
+async def test_cluster_reads_and_writes_go_through_the_node_clients_one_path(start_daemon):
+    """The cluster client's get_into and put are the node clients': with descriptors on, its
+    blocks are RESERVEd/COMMITted and LEASEd/RELEASEd, every byte back."""
+    ds = [start_daemon(use_disk=False) for _ in range(2)]
+    cfg = ClientConfig(namespaces=(NS,), op_timeout_s=5.0, descriptors="always")
+    c = ClusterClient.static([d.addr for d in ds], cfg, CFG)
+    blocks = make_blocks(12, NBYTES, seed=61, ns=NS)
+    report = await c.put(blocks, 5.0)
+    assert report.dropped == 0 and report.copies == [2] * 12 and len(report) == 12
+    assert (await read_all(c, blocks))[0] == 12
+    for d in ds:
+        assert await ops(d, "COMMIT") >= 1 and await ops(d, "PUT") == 0
+    assert sum([await ops(d, "LEASE") for d in ds]) >= 1 and sum([await ops(d, "GET") for d in ds]) == 0
+    await c.close()

@@ -1,0 +1,156 @@
+"""``kvstore.client.open(url, **options)``: the one way in to a store.
+
+URLs (options may also come as the URL's query, ``?replicas=3&transport=tcp``; keyword
+options win over the query):
+
+  local://PATH                        an in-process node: DRAM + LMDB disk under PATH
+                                      (:class:`kvstore.client.local.LocalClient`)
+  kvstore://host:port[,host:port...]  storage daemons, a static list
+  etcd://host:port[,...]/CLUSTER      daemons registered in etcd (watched)
+
+The last two are the replicated :class:`kvstore.client.cluster.ClusterClient`.
+
+Options. Every scheme: ``op_timeout_s`` (a call's default deadline). ``local://``:
+``dram_capacity``, ``disk_capacity`` (bytes or sizes like ``"1GiB"``), ``disk_sync``.
+Daemons: the fields of :class:`kvstore.client.node.ClientConfig` (``token``, ``tenant``,
+``namespaces``, ``pool_size``, ``connect_timeout_s``, ``probe_interval_s``, ``transport``,
+``rdma_device``, ``rdma_gid_index``, ``descriptors``), ``token_file`` (a file whose first word
+is the token, read when no ``token`` is given) and the fields of
+:class:`kvstore.client.config.ClusterConfig` (``replicas``, ``lookahead``, ...).
+
+Errors: ConfigError naming the URL and the option for a bad scheme, target or option;
+TransportError when ``transport`` is ``rdma`` and this host has no RDMA device. Nothing is
+connected or opened here: ``start()`` or the first call does that. Everything heavy is
+imported only when a URL asks for it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from kvstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kvstore.client.api import StoreClient
+
+SCHEMES = ("local", "kvstore", "etcd")
+_LOCAL = {"dram_capacity": "size", "disk_capacity": "size", "disk_sync": bool, "op_timeout_s": float}
+
+
+def open(url: str, **options: Any) -> StoreClient:  # noqa: A001 - the facade's one verb
+    """A :class:`~kvstore.client.api.StoreClient` for ``url``; see the module docstring."""
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    if scheme not in SCHEMES:
+        raise ConfigError(f"store URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
+    opts: dict[str, Any] = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    opts.update(options)
+    if scheme == "local":
+        return _local(url, unquote(parts.netloc + parts.path), opts)
+    target = parts.netloc + (parts.path if scheme == "etcd" else "")
+    if not target:
+        raise ConfigError(f"store URL {url!r}: missing host:port")
+    return _cluster(url, scheme, target, opts)
+
+
+def _local(url: str, path: str, opts: dict[str, Any]) -> StoreClient:
+    from kvstore.client.local import LocalClient
+
+    if not path:
+        raise ConfigError(f"store URL {url!r}: missing PATH")
+    kwargs = {}
+    for key, value in opts.items():
+        if key not in _LOCAL:
+            raise ConfigError(f"store URL {url!r}: unknown option {key!r} for local://")
+        kwargs[key] = _coerce(url, key, _LOCAL[key], value)
+    return LocalClient(path, **kwargs)
+
+
+def _cluster(url: str, scheme: str, target: str, opts: dict[str, Any]) -> StoreClient:
+    from kvstore.address import parse_host_port
+    from kvstore.client.cluster import ClusterClient
+    from kvstore.client.config import ClusterConfig
+    from kvstore.client.membership import MembershipError
+    from kvstore.client.node import ClientConfig
+    from kvstore.errors import AddressError
+
+    client_fields = {f.name: f for f in dataclasses.fields(ClientConfig)}
+    cluster_fields = {f.name: f for f in dataclasses.fields(ClusterConfig)}
+    token_file = opts.pop("token_file", "")
+    client_kw: dict[str, Any] = {}
+    cluster_kw: dict[str, Any] = {}
+    for key, value in opts.items():
+        if key in client_fields:
+            kind = tuple if key == "namespaces" else client_fields[key].type
+            client_kw[key] = value if key == "namespaces" else _coerce(url, key, kind, value)
+        elif key in cluster_fields:
+            cluster_kw[key] = _coerce(url, key, cluster_fields[key].type, value)
+        else:
+            raise ConfigError(f"store URL {url!r}: unknown option {key!r}")
+    if token_file and not client_kw.get("token"):
+        client_kw["token"] = _read_token(url, token_file)
+    if client_kw.get("tenant") == "":
+        client_kw["tenant"] = None  # no tenant: the token's own
+    try:
+        ccfg = ClientConfig(**client_kw)
+        cluster = ClusterConfig(**cluster_kw)
+    except ValueError as exc:  # the configs name the field
+        raise ConfigError(f"store URL {url!r}: {exc}") from exc
+    if scheme == "etcd":
+        try:
+            return ClusterClient.etcd(f"etcd://{target}", ccfg, cluster)
+        except MembershipError as exc:
+            raise ConfigError(f"store URL {url!r}: {exc}") from exc
+    addrs = [a for a in target.split(",") if a]
+    for a in addrs:
+        try:
+            parse_host_port(a, "node address")
+        except AddressError as exc:
+            raise ConfigError(f"store URL {url!r}: {exc}") from exc
+    return ClusterClient.static(addrs, ccfg, cluster)
+
+
+def _read_token(url: str, path: str) -> str:
+    """The first word of ``token_file`` (as the daemons' token files are written)."""
+    try:
+        with builtins.open(path) as f:
+            words = f.read().split()
+    except OSError as exc:
+        raise ConfigError(f"store URL {url!r}: token_file {path!r}: {exc.strerror}") from exc
+    if not words:
+        raise ConfigError(f"store URL {url!r}: token_file {path!r} is empty")
+    return words[0]
+
+
+def _coerce(url: str, key: str, kind: Any, value: Any) -> Any:
+    """``value`` (a Python value, or a string from the URL's query) as ``kind``."""
+    names = {"int": int, "float": float, "bool": bool, "str": str}
+    kind = names.get(kind, kind) if isinstance(kind, str) and kind != "size" else kind
+    try:
+        if kind == "size":
+            from kvstore.config import parse_size
+
+            return parse_size(int(value) if isinstance(value, str) and value.isdigit() else value, key)
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            low = str(value).lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError("expected an integer")
+            return int(value)
+        if kind is float:
+            return float(value)
+        if kind is str:
+            return str(value)
+        return value
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError too
+        raise ConfigError(f"store URL {url!r}: option {key}={value!r}: {exc}") from exc

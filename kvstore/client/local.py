@@ -1,0 +1,245 @@
+"""``local://PATH``: a :class:`~kvstore.client.api.StoreClient` over an in-process node.
+
+The node (:class:`kvstore.node.store.NodeStore`: DRAM, then LMDB disk under ``PATH/disk``) is
+opened on the first call or at :meth:`LocalClient.start`, in the caller's event loop. Reads
+lease each block, copy it into the caller's buffer and release it; writes reserve a slot,
+copy the payload in and commit it: the node's own two-phase sequences, the ones a daemon runs
+for its clients. :meth:`LocalClient.get_views` reads in place instead (zero copy), for the
+connector's loads from DRAM.
+
+Same contract as every StoreClient (kvstore/client/api.py): a failure of the node (an I/O
+error, a deadline) is a miss or a dropped write, logged, never an exception to the caller.
+There are no tenants: namespaces are not salted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvstore.block import BlockHeader
+from kvstore.client.api import PutReport
+from kvstore.client.conn import byte_view
+from kvstore.keys import BlockKey, Namespace
+from kvstore.results import Expect, GetResult, PutResult, Status
+
+log = logging.getLogger("kvstore.client.local")
+
+
+class LocalClient:
+    """An in-process node under ``path``; sizes in bytes. See the module docstring."""
+
+    in_process = True
+
+    def __init__(
+        self,
+        path: str,
+        dram_capacity: int = 1 << 30,
+        disk_capacity: int = 8 << 30,
+        disk_sync: bool = False,
+        op_timeout_s: float = 5.0,
+    ) -> None:
+        if not path:
+            raise ValueError("local store: the path is empty")
+        self.path = path
+        self.dram_capacity = dram_capacity
+        self.disk_capacity = disk_capacity
+        self.disk_sync = disk_sync
+        self.op_timeout_s = op_timeout_s
+        self._counters: Counter[str] = Counter()
+        self._node = None
+        self._opening: asyncio.Lock | None = None
+
+    @property
+    def node(self):
+        """The open :class:`~kvstore.node.store.NodeStore`, or None before the first call."""
+        return self._node
+
+    async def _get(self):
+        if self._node is None:
+            from kvstore.config import load_store_config
+            from kvstore.node.store import NodeStore  # heavy (tiers, LMDB): only when used
+
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._node is None:
+                    cfg = load_store_config(
+                        None,
+                        {
+                            "node.name": "local",
+                            "dram.capacity": self.dram_capacity,
+                            "disk.path": os.path.join(self.path, "disk"),
+                            "disk.capacity": self.disk_capacity,
+                            "disk.sync": self.disk_sync,
+                        },
+                        env={},  # the engine's environment does not configure its cache
+                    )
+                    self._node = await NodeStore.open(cfg)
+        return self._node
+
+    async def start(self, deadline_s: float = 0.0) -> None:
+        # Opening allocates the DRAM tier and opens LMDB: seconds for a large tier. No deadline
+        # of its own: start waits for it, so the first request never does.
+        await self._get()
+
+    async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
+        return base  # an in-process node has no tenants
+
+    def register(self, buf: Any) -> None:
+        """Nothing moves one-sidedly in process."""
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self._counters["errors"] += 1
+        log.warning("event=local_%s_failed error=%r", op, exc)
+
+    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
+        try:
+            # the first call may open the node: it gets longer than a lookup's deadline
+            node = await asyncio.wait_for(self._get(), (deadline_s or self.op_timeout_s) * 20)
+            return await node.contains(keys)
+        except Exception as exc:  # the cache path never raises to the engine
+            self._failed("exists", exc)
+            return [None] * len(keys)
+
+    async def get_into(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[GetResult]:
+        """Lease, copy into ``bufs``, release. A block that does not match its key and
+        expectation is MISMATCH; one the node cannot read whole (corrupt on disk) a MISS."""
+        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
+            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
+        views = [byte_view(b) for b in bufs]
+        exp = list(expect) if expect is not None else [None] * len(keys)
+        deadline = deadline_s or self.op_timeout_s
+        try:
+            node = await self._get()
+            leases = await asyncio.wait_for(node.lease(keys, max(deadline, 1.0) * 4), deadline)
+        except Exception as exc:
+            self._failed("get", exc)
+            return [GetResult(Status.ERROR)] * len(keys)
+        try:
+            out = []
+            for key, view, e, lease in zip(keys, views, exp, leases):
+                out.append(_copy_out(key, view, e, lease))
+        finally:
+            node.release([x for x in leases if x is not None])
+        for r in out:
+            self._counters["hits" if r.status is Status.HIT else "misses"] += 1
+        return out
+
+    async def get_views(
+        self, keys: Sequence[BlockKey], expect: Sequence[Expect], deadline_s: float | None = None
+    ) -> tuple[list[GetResult], list[Any], Callable[[], None]] | None:
+        """Zero-copy reads of blocks in DRAM: per key a result and a read-only view of the
+        payload in its slot, valid until ``release()`` is called (then the slots may be reused).
+        None when a block is on disk only: :meth:`get_into` reads it into the caller's warm
+        staging buffers rather than a fresh private copy."""
+        deadline = deadline_s or self.op_timeout_s
+        try:
+            node = await self._get()
+            if any(t == "disk" for t in await node.contains(keys)):
+                return None
+            leases = await asyncio.wait_for(node.lease(keys, max(deadline, 1.0) * 4), deadline)
+        except Exception as exc:
+            self._failed("lease", exc)
+            return [GetResult(Status.ERROR)] * len(keys), [None] * len(keys), lambda: None
+        results, views = [], []
+        for key, exp, lease in zip(keys, expect, leases):
+            if lease is None:
+                results.append(GetResult(Status.MISS))
+                views.append(None)
+            elif not lease.header.matches(key, exp.parent, exp.token_bytes):
+                results.append(GetResult(Status.MISMATCH, lease.header, lease.tier))
+                views.append(None)
+            else:
+                results.append(GetResult(Status.HIT, lease.header, lease.tier))
+                views.append(lease.view)
+        return results, views, lambda: node.release([x for x in leases if x is not None])
+
+    async def put(
+        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
+    ) -> PutReport:
+        """Reserve a slot per block, copy its payload in, commit (the checksum is verified at
+        commit: INVALID). ValueError for a payload whose length is not its header's."""
+        views = [memoryview(p).cast("B") for _, p in blocks]
+        for (h, _), mv in zip(blocks, views):
+            if mv.nbytes != h.payload_len:
+                raise ValueError(f"block {h.key}: payload is {mv.nbytes} bytes, header says {h.payload_len}")
+        try:
+            node = await self._get()
+            results = await asyncio.wait_for(
+                _reserve_copy_commit(node, blocks, views), deadline_s or self.op_timeout_s
+            )
+        except Exception as exc:
+            self._failed("put", exc)
+            results = [PutResult(Status.ERROR)] * len(blocks)
+        for r in results:
+            self._counters["stored" if r.status.ok else "dropped_writes"] += 1
+        return PutReport.single(results)
+
+    async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
+        try:
+            node = await self._get()
+            return await asyncio.wait_for(node.delete(keys), deadline_s or self.op_timeout_s)
+        except Exception as exc:
+            self._failed("delete", exc)
+            return [False] * len(keys)
+
+    async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
+        try:
+            return {"local": (await self._get()).stats()}
+        except Exception as exc:
+            self._failed("stats", exc)
+            return {"local": None}
+
+    @property
+    def counters(self) -> Counter[str]:
+        """This client's counts (hits, misses, stored, dropped_writes, errors)."""
+        return Counter(self._counters)
+
+    async def close(self) -> None:
+        if self._node is not None:
+            await self._node.close()
+            self._node = None
+
+
+def _copy_out(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> GetResult:
+    """One leased block into the caller's buffer (before its release)."""
+    if lease is None:
+        return GetResult(Status.MISS)
+    hdr = lease.header
+    if not hdr.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
+        return GetResult(Status.MISMATCH, hdr, lease.tier)
+    if hdr.payload_len > view.nbytes:
+        return GetResult(Status.BUF_TOO_SMALL, hdr, lease.tier)
+    view[: hdr.payload_len] = lease.view
+    return GetResult(Status.HIT, hdr, lease.tier)
+
+
+async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[PutResult]:
+    """The node's two-phase write: a slot per block, the payload copied in, then commit."""
+    reserved = await node.reserve([h for h, _ in blocks])
+    out: list[PutResult] = [PutResult(Status.ERROR)] * len(blocks)
+    held = []
+    try:
+        for i, (mv, r) in enumerate(zip(views, reserved)):
+            if isinstance(r, Status):
+                out[i] = PutResult(r)
+            else:
+                r.view[:] = mv
+                held.append((i, r))
+    except BaseException:  # give every slot back now rather than at the lease TTL
+        node.abort([r for r in reserved if not isinstance(r, Status)])
+        raise
+    for (i, _), res in zip(held, await node.commit([r for _, r in held])):
+        out[i] = res
+    return out
