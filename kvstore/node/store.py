@@ -279,18 +279,25 @@ class NodeStore:
             if not present:
                 continue
             self.pinned.discard(k)
-            if self.leases.held(k):
-                self.doomed.add(k)
-            else:
-                for t in self.memory:
-                    t.remove(k)
-                self.dirty.discard(k)
+            self._forget(k)
             if self.disk is not None and k in self.disk:
                 disk_keys.append(k)
         if disk_keys:
             await self.disk.delete(disk_keys)
+            for k in disk_keys:  # a read that raced the delete may have promoted it meanwhile
+                if any(k in t for t in self.memory):
+                    self._forget(k)
         self.counters["deletes"] += sum(out)
         return out
+
+    def _forget(self, key: bytes) -> None:
+        """Drop ``key`` from the memory tiers now, or (held) hide it until its last release."""
+        if self.leases.held(key):
+            self.doomed.add(key)
+            return
+        for t in self.memory:
+            t.remove(key)
+        self.dirty.discard(key)
 
     async def pin(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Exempt stored blocks from eviction until :meth:`unpin`. False where absent."""

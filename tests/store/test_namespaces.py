@@ -1,0 +1,100 @@
+"""NodeStore.namespaces answers from the tiers' indexes (no header read, no decode): it must
+give exactly the decoded header's namespace for DRAM and disk blocks -- also after a restart
+rebuilds the disk index -- and None for absent, deleted and corrupt blocks."""
+
+from __future__ import annotations
+
+from storeutil import make_blocks
+
+from kvstore.block import BlockHeader
+from kvstore.keys import Namespace
+from kvstore.node.store import NodeStore
+from kvstore.node.tiers.index import NamespaceIds
+
+KiB = 1 << 10
+OTHER = Namespace("other-model", "float16", 4)
+TENANT = Namespace("test-model", "float16", 4).with_tenant("acme")
+
+
+def _decoded_ns(node_tier, key: bytes) -> bytes:
+    return BlockHeader.decode(node_tier.header_sync(key)).namespace.raw
+
+
+async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
+    cfg = cfg_factory(disk__sync=True)
+    node = await NodeStore.open(cfg)
+    mine, other, tenant = make_blocks(3), make_blocks(2, ns=OTHER, seed=4), make_blocks(2, ns=TENANT, seed=5)
+    blocks = mine + other + tenant
+    missing = make_blocks(1, seed=99)[0][0].key
+    try:
+        await node.put(blocks)
+        keys = [h.key for h, _ in blocks] + [missing]
+        got = await node.namespaces(keys)
+        assert got == [_decoded_ns(node.dram, h.key.raw) for h, _ in blocks] + [None]
+        assert len(set(got[:-1])) == 3, "three namespaces, told apart"
+    finally:
+        await node.close()
+    # reopened without DRAM: every block is on disk only, its namespace read at open
+    node = await NodeStore.open(cfg_factory(disk__sync=True, dram__capacity=0))
+    try:
+        assert await node.contains(keys) == ["disk"] * len(blocks) + [None]
+        assert await node.namespaces(keys) == [h.namespace.raw for h, _ in blocks] + [None]
+    finally:
+        await node.close()
+
+
+async def test_deleted_and_leased_then_deleted_blocks_have_no_namespace(node):
+    blocks = make_blocks(3)
+    await node.put(blocks)
+    keys = [h.key for h, _ in blocks]
+    [lease] = await node.lease(keys[:1])
+    assert await node.delete(keys[:2]) == [True, True]
+    # the leased one is still in DRAM (freed at release) but deleted: no namespace
+    assert await node.namespaces(keys) == [None, None, blocks[2][0].namespace.raw]
+    node.release([lease])
+    assert await node.namespaces(keys[:1]) == [None]
+
+
+async def test_a_namespace_id_freed_by_deletes_serves_the_next_namespace(node):
+    a, b = make_blocks(4), make_blocks(4, ns=OTHER, seed=6)
+    await node.put(a)
+    await node.delete([h.key for h, _ in a])
+    await node.put(b)
+    assert await node.namespaces([h.key for h, _ in b]) == [OTHER.id.raw] * 4
+    assert await node.namespaces([h.key for h, _ in a]) == [None] * 4
+
+
+async def test_corrupt_disk_header_is_dropped_at_open_and_has_no_namespace(cfg_factory):
+    cfg = cfg_factory(dram__capacity=0, disk__sync=True)
+    node = await NodeStore.open(cfg)
+    blocks = make_blocks(3, nbytes=64 * KiB)
+    await node.put(blocks)
+    await node.close()
+    enc = blocks[1][0].encode()
+    with open(f"{cfg.disk.path}/data.mdb", "r+b") as f:
+        data = f.read()
+        off = data.find(enc)
+        assert off >= 0, "header not found in the LMDB file"
+        f.seek(off)
+        f.write(b"\x01")  # the map marker becomes an int: the header no longer parses
+    node = await NodeStore.open(cfg)
+    try:
+        got = await node.namespaces([h.key for h, _ in blocks])
+        assert got == [blocks[0][0].namespace.raw, None, blocks[2][0].namespace.raw]
+    finally:
+        await node.close()
+
+
+def test_namespace_ids_are_counted_and_reused():
+    ids = NamespaceIds()
+    assert ids.acquire(None) == 0 and ids.get(0) is None
+    a = ids.acquire(b"a" * 16)
+    assert ids.acquire(b"a" * 16) == a and len(ids) == 1
+    b = ids.acquire(b"b" * 16)
+    assert b != a and ids.get(b) == b"b" * 16
+    ids.release(a)
+    assert ids.get(a) == b"a" * 16, "one block still holds it"
+    ids.release(a)
+    assert ids.get(a) is None and len(ids) == 1
+    assert ids.acquire(b"c" * 16) == a, "a freed id is reused"
+    assert ids.get(a) == b"c" * 16 and ids.get(b) == b"b" * 16
