@@ -10,14 +10,16 @@ payload costs a few syscalls and no per-chunk futures.
 :class:`SocketChannel` is bound to one event loop and is not safe for concurrent use: one
 request/reply at a time per channel (the daemon serves a connection serially; the client
 pools connections). :class:`TcpTransport` implements :class:`rdma.transport.Transport` over
-a channel: READ/WRITE frames whose payloads are the bytes of the named leases/reservations.
+a channel: it moves the bytes of a batch of descriptors between the local buffers and the
+channel, in frames whose headers the store builds and reads (:class:`DescriptorFrames`):
+this package knows framing and bytes, never the store's ops or fields.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
-import itertools
 import socket
 import struct
 from collections.abc import Callable, Sequence
@@ -29,11 +31,17 @@ import msgpack
 from rdma.transport import RemoteDescriptor, Transport, TransportError, batches, check_pairs
 
 _LEN = struct.Struct(">I")
+_PLEN = "plen"  # the header field that says how many payload bytes follow (framing's only one)
 _IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 _DISCARD_CHUNK = 1 << 20
 _GROW_CHUNK = 256 << 10
 _SOCK_BUF = 4 << 20
 OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread hop costs ~50 us
+
+
+def payload_len(header: dict[str, Any]) -> int:
+    """The payload bytes that follow a frame header (checked by :meth:`SocketChannel.recv_header`)."""
+    return header.get(_PLEN, 0)
 
 
 class FrameError(TransportError):
@@ -240,7 +248,7 @@ class SocketChannel:
         """Send one frame; ``plen`` is set from ``payloads`` (which are sent without copying)."""
         plen = sum(memoryview(p).nbytes for p in payloads)
         if plen:
-            header = {**header, "plen": plen}
+            header = {**header, _PLEN: plen}
         body = msgpack.packb(header, use_bin_type=True)
         await self.send([_LEN.pack(len(body)) + body, *payloads])
 
@@ -262,7 +270,7 @@ class SocketChannel:
             raise FrameError("bad_frame", f"header is not valid msgpack: {type(exc).__name__}") from exc
         if not isinstance(header, dict):
             raise FrameError("bad_frame", f"header is a {type(header).__name__}, not a map")
-        plen = header.get("plen", 0)
+        plen = header.get(_PLEN, 0)
         if not isinstance(plen, int) or isinstance(plen, bool) or plen < 0:
             raise FrameError("bad_frame", f"plen must be a non-negative integer, got {plen!r}")
         if hlen + plen > max_frame:
@@ -321,19 +329,38 @@ def _recv_burst(sock: socket.socket, mv: memoryview, pos: int) -> int:
     return pos
 
 
+class DescriptorFrames(abc.ABC):
+    """The store's half of :class:`TcpTransport`: the frame header that asks the peer to send
+    (read) or take (write) the bytes of a batch of descriptors, and what its reply says. The
+    store that hands out the descriptors owns these ops; this package only moves the bytes."""
+
+    @abc.abstractmethod
+    def request(self, write: bool, descs: Sequence[RemoteDescriptor]) -> tuple[int, dict[str, Any]]:
+        """``(request id, frame header)`` for ``descs`` (a WRITE's payload is their bytes)."""
+
+    @abc.abstractmethod
+    def completions(self, write: bool, rid: int, reply: dict[str, Any], n: int) -> list[bool]:
+        """Per descriptor of request ``rid``, whether its bytes moved (a read's follow the reply
+        in order, ``payload_len(reply)`` in all). TransportError when ``reply`` does not answer
+        that request (the channel is then closed)."""
+
+
 class TcpTransport(Transport):
-    """One-sided reads and writes emulated over a :class:`SocketChannel`: the node copies the
-    named lease (READ) or reservation (WRITE) bytes to or from the socket, so the same
-    descriptor-driven code runs on every machine. A reply or connection failure completes
-    the affected pairs with False; the channel is then closed (it may be mid-frame)."""
+    """One-sided reads and writes emulated over a :class:`SocketChannel`: the peer copies the
+    bytes a descriptor names to or from the socket, so the same descriptor-driven code runs
+    on every machine. ``frames`` builds each batch's request and reads its reply. A reply or
+    connection failure completes the affected pairs with False; the channel is then closed
+    (it may be mid-frame)."""
 
     name = "tcp"
 
-    def __init__(self, channel: SocketChannel, max_wr: int = 256, max_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self, channel: SocketChannel, frames: DescriptorFrames, max_wr: int = 256, max_bytes: int = 64 << 20
+    ) -> None:
         self.channel = channel
+        self.frames = frames
         self.max_wr = max_wr
         self.max_bytes = max_bytes
-        self._rid = itertools.count(1)
 
     async def read(self, pairs: Sequence[tuple[Any, RemoteDescriptor]]) -> list[bool]:
         views = check_pairs(pairs)
@@ -341,49 +368,39 @@ class TcpTransport(Transport):
         for idx in batches(pairs, self.max_wr, self.max_bytes):
             try:
                 await self._read_batch(idx, pairs, views, done)
-            except (ConnectionError, FrameError):
+            except (ConnectionError, TransportError):
                 self.channel.close()
                 break
         return done
 
     async def _read_batch(self, idx, pairs, views, done) -> None:
-        rid = next(self._rid)
-        await self.channel.send_frame(
-            {"op": "READ", "rid": rid, "descs": [pairs[i][1].to_wire() for i in idx]}
-        )
+        rid, header = self.frames.request(False, [pairs[i][1] for i in idx])
+        await self.channel.send_frame(header)
         reply = await self.channel.recv_header(1 << 20, 1 << 62)
-        ok = reply.get("res")
-        if reply.get("rid") != rid or not isinstance(ok, list) or len(ok) != len(idx):
-            raise FrameError("bad_frame", f"READ reply does not answer request {rid}")
-        plen = reply.get("plen", 0)
+        ok = self.frames.completions(False, rid, reply, len(idx))
+        plen = payload_len(reply)
         for i, good in zip(idx, ok):
-            if good is True:
+            if good:
                 await self.channel.recv_into(views[i])
                 plen -= views[i].nbytes
                 done[i] = True
         if plen:
-            raise FrameError("bad_frame", f"READ reply payload length off by {plen}")
+            raise FrameError("bad_frame", f"read reply payload length off by {plen}")
 
     async def write(self, pairs: Sequence[tuple[Any, RemoteDescriptor]]) -> list[bool]:
         views = check_pairs(pairs)
         done = [False] * len(pairs)
         for idx in batches(pairs, self.max_wr, self.max_bytes):
-            rid = next(self._rid)
             try:
-                await self.channel.send_frame(
-                    {"op": "WRITE", "rid": rid, "descs": [pairs[i][1].to_wire() for i in idx]},
-                    [views[i] for i in idx],
-                )
+                rid, header = self.frames.request(True, [pairs[i][1] for i in idx])
+                await self.channel.send_frame(header, [views[i] for i in idx])
                 reply = await self.channel.recv_header(1 << 20, 1 << 20)
-            except (ConnectionError, FrameError):
-                self.channel.close()
-                break
-            ok = reply.get("res")
-            if reply.get("rid") != rid or not isinstance(ok, list) or len(ok) != len(idx):
+                ok = self.frames.completions(True, rid, reply, len(idx))
+            except (ConnectionError, TransportError):
                 self.channel.close()
                 break
             for i, good in zip(idx, ok):
-                done[i] = good is True
+                done[i] = good
         return done
 
     def destroy(self) -> None:

@@ -7,14 +7,18 @@ one-sided transport once :mod:`kvstore.client.rdma` attached it (None: bytes ove
 Methods raise ConnectionError/FrameError/ProtocolError (connection now unusable: the caller
 closes it) or :class:`NodeRefused` (the node answered with an error that closed the
 connection, e.g. a refused token); per-key failures are results, not exceptions.
-GET payloads are received with ``recv_into`` straight into the caller's buffers and each one
-is checked against its header (key, expectation, checksum) before it counts as a hit.
+Requests are the typed messages of :mod:`kvstore.protocol` and replies are parsed with their
+``from_wire`` (which names a bad field); no field name appears here. A hit's header comes as
+the node stores it and is decoded once, in ``from_wire``. GET payloads are received with
+``recv_into`` straight into the caller's buffers and each one is checked against its header
+(key, expectation, checksum) before it counts as a hit. :meth:`Conn.transport` lends the
+connection to :class:`rdma.tcp.TcpTransport`, whose READ/WRITE frames this module builds.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -22,7 +26,7 @@ from kvstore import protocol as P
 from kvstore.block import BlockHeader, checksum
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
-from rdma.tcp import FrameError, SocketChannel, TcpTransport
+from rdma.tcp import DescriptorFrames, FrameError, SocketChannel, TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches
@@ -54,14 +58,19 @@ def byte_view(buf: Any) -> memoryview:
 
 
 class Conn:
+    """``hello`` is the node's HELLO reply map (kept as received for NodeClient, which reads its
+    ``salt``); ``welcome`` is the same reply parsed (:class:`~kvstore.protocol.HelloReply`)."""
+
     def __init__(self, ch: SocketChannel, hello: dict[str, Any]) -> None:
         self.ch = ch
         self.hello = hello
-        self.max_frame = int(hello.get("max_frame", 64 << 20))
-        self.peer_rdma = P.RdmaReply.from_wire(hello.get("rdma"))
+        self.welcome = P.HelloReply.from_wire(hello)
+        self.max_frame = self.welcome.max_frame
+        self.peer_rdma = self.welcome.rdma
         self.verbs: Any = None  # rdma.verbs.VerbsTransport once attached
         self.slab: Region | None = None
         self._rid = itertools.count(1)
+        self.frames = _Frames(self._rid)
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -77,23 +86,15 @@ class Conn:
         rdma: QPInfo | None = None,
     ) -> Conn:
         """Connect and HELLO (offering ``rdma`` when given). Raises OSError, ConnectionError,
-        FrameError, NodeRefused, or ProtocolError for a reply whose ``rdma`` is malformed."""
+        FrameError, NodeRefused, or ProtocolError for a malformed reply (its ``rdma`` too)."""
         ch = await SocketChannel.connect(host, port, offload)
         try:
-            await ch.send_frame(
-                {
-                    "op": "HELLO",
-                    "rid": 0,
-                    "v": P.PROTOCOL_VERSION,
-                    "token": token,
-                    "tenant": tenant,
-                    "ns": [P.namespace_to_wire(ns) for ns in namespaces],
-                    "rdma": rdma.to_wire() if rdma is not None else None,
-                }
-            )
+            hello = P.Hello.of(token, tenant, namespaces, rdma)
+            await ch.send_frame(hello.to_wire())
             reply = await ch.recv_header(P.MAX_HEADER, P.MAX_HEADER)
-            if not reply.get("ok"):
-                raise NodeRefused(str(reply.get("code")), str(reply.get("err")))
+            failed = P.check_reply(reply, hello.rid)
+            if failed is not None:
+                raise NodeRefused(failed.code, failed.err)
             return cls(ch, reply)
         except BaseException:
             ch.close()
@@ -118,25 +119,24 @@ class Conn:
     def closed(self) -> bool:
         return self.ch.closed
 
-    async def _call(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> dict[str, Any]:
-        rid = next(self._rid)
-        await self.ch.send_frame({**header, "rid": rid}, payloads)
+    def _next(self) -> int:
+        return next(self._rid)
+
+    async def _call(self, req: Any, payloads: Sequence[Any] = ()) -> dict[str, Any]:
+        """Send ``req`` (a protocol request), read its reply header; NodeRefused for an error
+        reply (its payload, if any, skipped), ProtocolError for one that answers another."""
+        await self.ch.send_frame(req.to_wire(), payloads)
         reply = await self.ch.recv_header(P.MAX_REPLY_HEADER, 1 << 62)
-        if reply.get("rid") != rid and reply.get("ok") is not False:
-            raise P.bad(f"reply for request {reply.get('rid')!r}, expected {rid}")
-        if not reply.get("ok"):
-            code, err = str(reply.get("code")), str(reply.get("err"))
-            if reply.get("plen"):
-                await self.ch.discard(reply["plen"])
-            raise NodeRefused(code, err)
+        failed = P.check_reply(reply, req.rid)
+        if failed is not None:
+            if failed.plen:
+                await self.ch.discard(failed.plen)
+            raise NodeRefused(failed.code, failed.err)
         return reply
 
     async def exists(self, keys: Sequence[BlockKey]) -> list[str | None]:
-        reply = await self._call({"op": "EXISTS", "keys": [k.raw for k in keys]})
-        tiers = reply.get("tiers")
-        if not isinstance(tiers, list) or len(tiers) != len(keys):
-            raise P.bad("EXISTS reply has the wrong number of tiers")
-        return [t if isinstance(t, str) else None for t in tiers]
+        reply = await self._call(P.ExistsRequest(self._next(), tuple(keys)))
+        return list(P.ExistsReply.from_wire(reply, len(keys)).tiers)
 
     async def get_into(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
@@ -150,24 +150,11 @@ class Conn:
     async def _get_batch(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
-        exp = [None if e is None else [e.parent.raw if e.parent else None, e.token_bytes] for e in expect]
-        reply = await self._call(
-            {
-                "op": "GET",
-                "keys": [k.raw for k in keys],
-                "caps": [v.nbytes for v in views],
-                "exp": exp if any(e is not None for e in exp) else None,
-            }
-        )
-        res = reply.get("res")
-        if not isinstance(res, list) or len(res) != len(keys):
-            raise P.bad("GET reply has the wrong number of results")
-        parsed = [P.get_result_from_wire(r) for r in res]
-        plen = reply.get("plen", 0)
-        if plen != sum(h.payload_len for st, h, _ in parsed if st is Status.HIT):
-            raise P.bad("GET reply payload length does not match its headers")
+        req = P.GetRequest(self._next(), tuple(keys), tuple(v.nbytes for v in views), tuple(expect))
+        reply = P.GetReply.from_wire(await self._call(req), len(keys))
         out = []
-        for i, (st, hdr, tier) in enumerate(parsed):
+        for i, e in enumerate(reply.entries):
+            st, hdr = e.status, e.block
             if st is Status.HIT:
                 if hdr.payload_len > views[i].nbytes:
                     raise P.bad("GET reply sent a payload larger than the buffer")
@@ -175,7 +162,7 @@ class Conn:
                 await self.ch.recv_into(dst)
                 self.bytes_in += hdr.payload_len
                 st = check_payload(hdr, keys[i], expect[i], dst)
-            out.append(GetResult(st, hdr, tier))
+            out.append(GetResult(st, hdr, e.tier))
         return out
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
@@ -200,87 +187,79 @@ class Conn:
                 raise ValueError(
                     f"block {hdr.key}: payload is {mv.nbytes} bytes, header says {hdr.payload_len}"
                 )
-        reply = await self._call(
-            {"op": "PUT", "hdrs": [h.encode() for h, _ in batch]}, [mv for _, mv in batch]
-        )
+        req = P.PutRequest(self._next(), tuple(h for h, _ in batch))
+        reply = await self._call(req, [mv for _, mv in batch])
         self.bytes_out += sum(mv.nbytes for _, mv in batch)
-        return _put_results(reply.get("res"), len(batch))
+        return list(P.PutReply.from_wire(reply, len(batch)).results)
 
     async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
-        reply = await self._call({"op": "DELETE", "keys": [k.raw for k in keys]})
-        return _bools(reply.get("res"), len(keys))
+        reply = await self._call(P.DeleteRequest(self._next(), tuple(keys)))
+        return list(P.DeleteReply.from_wire(reply, len(keys)).res)
 
     async def stats(self) -> dict[str, Any]:
-        reply = await self._call({"op": "STATS"})
-        return reply.get("stats") or {}
+        reply = await self._call(P.StatsRequest(self._next()))
+        return P.StatsReply.from_wire(reply).stats
 
     # ---------------------------------------------------------- descriptor (RDMA-shaped) path
 
-    def _one_sided(self, req: dict[str, Any], rdma: bool) -> dict[str, Any]:
-        if rdma:
-            if self.slab is None:
-                raise TransportError("one-sided descriptors asked for on a connection without RDMA")
-            req["rdma"] = True
-        return req
+    def _one_sided(self, rdma: bool) -> bool:
+        if rdma and self.slab is None:
+            raise TransportError("one-sided descriptors asked for on a connection without RDMA")
+        return rdma
 
-    def _check_desc(self, raw: Any, rdma: bool) -> RemoteDescriptor | None:
-        """Parse a descriptor; with ``rdma`` it must lie in the node's registered slab."""
-        try:
-            desc = RemoteDescriptor.from_wire(raw) if raw is not None else None
-        except TransportError as exc:
-            raise P.bad(str(exc)) from exc
+    def _check_desc(self, desc: RemoteDescriptor | None, rdma: bool) -> RemoteDescriptor | None:
+        """With ``rdma`` a descriptor must lie in the node's registered slab."""
         if rdma and desc is not None and not self.slab.contains(desc):  # its key is a window's
-            raise P.bad(f"descriptor {raw!r} is outside the node's registered slab")
+            raise P.bad(f"descriptor {desc.to_wire()!r} is outside the node's registered slab")
         return desc
 
     async def lease(self, keys: Sequence[BlockKey], ttl_s: float | None, rdma: bool = False) -> list[tuple]:
         """``[(status, header, tier, RemoteDescriptor | None)]`` per key; leases live on this
         connection until RELEASE or the connection ends. With ``rdma`` the descriptors point
         into the node's slab, and a HIT without one is a block to GET inline (nothing held)."""
-        req = self._one_sided({"op": "LEASE", "keys": [k.raw for k in keys]}, rdma)
-        if ttl_s is not None:
-            req["ttl"] = ttl_s
-        reply = await self._call(req)
-        res = reply.get("res")
-        if not isinstance(res, list) or len(res) != len(keys):
-            raise P.bad("LEASE reply has the wrong number of results")
-        out = []
-        for item in res:
-            if not isinstance(item, list) or len(item) != 4:
-                raise P.bad("LEASE result must be [status, header, tier, descriptor]")
-            st, hdr, tier = P.get_result_from_wire(item[:3])
-            out.append((st, hdr, tier, self._check_desc(item[3], rdma)))
-        return out
+        req = P.LeaseRequest(self._next(), tuple(keys), ttl_s, self._one_sided(rdma))
+        reply = P.LeaseReply.from_wire(await self._call(req), len(keys))
+        return [(e.status, e.block, e.tier, self._check_desc(e.desc, rdma)) for e in reply.entries]
 
     async def release(self, handles: Sequence[int]) -> list[bool]:
-        reply = await self._call({"op": "RELEASE", "handles": list(handles)})
-        return _bools(reply.get("res"), len(handles))
+        reply = await self._call(P.ReleaseRequest(self._next(), tuple(handles)))
+        return list(P.ReleaseReply.from_wire(reply, len(handles)).res)
 
     async def reserve(
         self, headers: Sequence[BlockHeader], rdma: bool = False
     ) -> list[tuple[Status | None, RemoteDescriptor | None]]:
         """Per header ``(None, descriptor)`` for a reserved slot or ``(status, None)``; with
         ``rdma``, ``(None, None)`` is a block to PUT inline (its slot is not in the slab)."""
-        req = self._one_sided({"op": "RESERVE", "hdrs": [h.encode() for h in headers]}, rdma)
-        reply = await self._call(req)
-        res = reply.get("res")
-        if not isinstance(res, list) or len(res) != len(headers):
-            raise P.bad("RESERVE reply has the wrong number of results")
-        out = []
-        for item in res:
-            if not isinstance(item, list) or len(item) != 2:
-                raise P.bad("RESERVE result must be [status, descriptor]")
-            desc = self._check_desc(item[1], rdma)
-            out.append((P.status_from_wire(item[0]) if item[0] is not None else None, desc))
-        return out
+        req = P.ReserveRequest(self._next(), tuple(headers), self._one_sided(rdma))
+        reply = P.ReserveReply.from_wire(await self._call(req), len(headers))
+        return [(e.status, self._check_desc(e.desc, rdma)) for e in reply.entries]
 
     async def commit(self, handles: Sequence[int]) -> list[PutResult]:
-        reply = await self._call({"op": "COMMIT", "handles": list(handles)})
-        return _put_results(reply.get("res"), len(handles))
+        reply = await self._call(P.CommitRequest(self._next(), tuple(handles)))
+        return list(P.CommitReply.from_wire(reply, len(handles)).results)
 
     def transport(self) -> TcpTransport:
         """A TCP transport sharing this connection (for descriptors from lease/reserve)."""
-        return TcpTransport(self.ch)
+        return TcpTransport(self.ch, self.frames)
+
+
+class _Frames(DescriptorFrames):
+    """The READ/WRITE requests of :class:`TcpTransport` on a connection (its request ids)."""
+
+    def __init__(self, rids: Iterator[int]) -> None:
+        self._rids = rids
+
+    def request(self, write: bool, descs: Sequence[RemoteDescriptor]) -> tuple[int, dict[str, Any]]:
+        req = (P.WriteRequest if write else P.ReadRequest)(next(self._rids), tuple(descs))
+        return req.rid, req.to_wire()
+
+    def completions(self, write: bool, rid: int, reply: dict[str, Any], n: int) -> list[bool]:
+        try:
+            if P.check_reply(reply, rid) is not None:
+                raise FrameError("bad_frame", f"request {rid} failed")
+            return list((P.WriteReply if write else P.ReadReply).from_wire(reply, n).res)
+        except P.ProtocolError as exc:
+            raise FrameError("bad_frame", f"reply to request {rid}: {exc}") from exc
 
 
 def check_payload(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview) -> Status:
@@ -304,27 +283,6 @@ def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]
         total += s
     if start < len(sizes):
         out.append((start, len(sizes)))
-    return out
-
-
-def _bools(res: Any, n: int) -> list[bool]:
-    if not isinstance(res, list) or len(res) != n:
-        raise P.bad("reply has the wrong number of results")
-    return [r is True for r in res]
-
-
-def _put_results(res: Any, n: int) -> list[PutResult]:
-    if not isinstance(res, list) or len(res) != n:
-        raise P.bad("PUT reply has the wrong number of results")
-    out = []
-    for item in res:
-        if not isinstance(item, list) or len(item) != 3:
-            raise P.bad("PUT result must be [status, tier, durable]")
-        out.append(
-            PutResult(
-                P.status_from_wire(item[0]), item[1] if isinstance(item[1], str) else None, item[2] is True
-            )
-        )
     return out
 
 

@@ -19,7 +19,7 @@ from kvstore.daemon.admission import Admission
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.transfer import Transfers
-from kvstore.results import Status
+from kvstore.results import PutResult, Status
 
 
 class BlockOps:
@@ -47,13 +47,14 @@ class BlockOps:
         self.max_frame = max_frame
 
     def ops(self) -> dict[str, Callable]:
-        """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
+        """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
+        op's typed request (kvstore/protocol.py) and ``plen`` the payload bytes that follow."""
         return {
-            "EXISTS": self._op_exists,
-            "GET": self._op_get,
-            "PUT": self._op_put,
-            "DELETE": self._op_delete,
-            "STATS": self._op_stats,
+            P.ExistsRequest.OP: self._op_exists,
+            P.GetRequest.OP: self._op_get,
+            P.PutRequest.OP: self._op_put,
+            P.DeleteRequest.OP: self._op_delete,
+            P.StatsRequest.OP: self._op_stats,
         }
 
     async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
@@ -67,15 +68,13 @@ class BlockOps:
                     out[i] = tiers[i]
         return out
 
-    async def _op_exists(self, ch, sess, rid, h, plen) -> None:
-        keys = P.req_keys(h)
+    async def _op_exists(self, ch, sess, req: P.ExistsRequest, plen) -> None:
+        keys = list(req.keys)
         tiers = await self._visible(sess, keys, await self.node.contains(keys))
-        await ch.send_frame({"rid": rid, "ok": True, "tiers": tiers})
+        await ch.send_frame(P.ExistsReply(req.rid, tuple(tiers)).to_wire())
 
-    async def _op_get(self, ch, sess, rid, h, plen) -> None:
-        keys = P.req_keys(h)
-        exp = P.req_expects(h, len(keys))
-        caps = P.req_ints(h, "caps", len(keys)) if h.get("caps") is not None else None
+    async def _op_get(self, ch, sess, req: P.GetRequest, plen) -> None:
+        keys, exp, caps = list(req.keys), req.expects, req.caps
         # disk-resident keys are read into private buffers: at most max_frame bytes of them per
         # GET (the rest are misses); no up-front refusal, which would tell another tenant's
         # key exists
@@ -86,12 +85,13 @@ class BlockOps:
             # (and its slot been reused) by now: that key is a miss, its view is never sent.
             res, views, sent = [], [], []
             for i, lease in enumerate(leases):
-                st = Status.HIT
                 hdr = lease.header if lease is not None else None
-                tier = lease.tier if lease is not None else None
                 if lease is None or not self.node.is_live(lease) or not sess.allows(hdr):
-                    st, hdr, tier = Status.MISS, None, None  # another tenant's block is absent
-                elif exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
+                    res.append(P.GetEntry(Status.MISS))  # another tenant's block is absent
+                    self.metrics.misses.inc()
+                    continue
+                st = Status.HIT
+                if exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
                     st = Status.MISMATCH
                 elif caps is not None and caps[i] < hdr.payload_len:
                     st = Status.BUF_TOO_SMALL
@@ -101,11 +101,10 @@ class BlockOps:
                     self.metrics.hits.inc()
                 else:
                     self.metrics.misses.inc()
-                res.append(P.get_result_to_wire(st, hdr, tier))
+                res.append(P.GetEntry(st, stored_header(lease), lease.tier))
             nbytes = sum(v.nbytes for v in views)
-            await self.transfers.moving(
-                sent, lambda _: ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
-            )
+            reply = P.GetReply(req.rid, tuple(res))
+            await self.transfers.moving(sent, lambda _: ch.send_frame(reply.to_wire(), views))
             self.metrics.bytes_out.inc(nbytes)
             ts = self.tenant_stats[sess.tenant]
             ts["hits"] += len(sent)
@@ -114,8 +113,8 @@ class BlockOps:
         finally:
             self.node.release([x for x in leases if x is not None])
 
-    async def _op_put(self, ch, sess, rid, h, plen) -> None:
-        hdrs = P.req_headers(h)
+    async def _op_put(self, ch, sess, req: P.PutRequest, plen) -> None:
+        hdrs = req.headers
         if sum(x.payload_len for x in hdrs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
@@ -148,23 +147,21 @@ class BlockOps:
         res = []
         for i in range(len(hdrs)):
             r = slot.get(i)
-            if r is None:
-                res.append([int(Status.INVALID), None, False])
+            if r is None or (not isinstance(r, Status) and id(r) not in committed):
+                res.append(PutResult(Status.INVALID))
             elif isinstance(r, Status):
                 # EXISTS only for the tenant's own block: another tenant's key answers BUSY,
                 # the answer for a key being written (docs/security.md)
-                res.append([int(await self._own_status(sess, hdrs[i], r)), None, False])
-            elif id(r) not in committed:
-                res.append([int(Status.INVALID), None, False])
+                res.append(PutResult(await self._own_status(sess, hdrs[i], r)))
             else:
                 pr = committed[id(r)]
                 if pr.status is Status.INVALID:
                     self.metrics.checksum_failures.inc()
-                res.append([int(pr.status), pr.tier, bool(pr.durable)])
+                res.append(pr)
         ts = self.tenant_stats[sess.tenant]
         ts["bytes_in"] += plen
-        ts["puts"] += sum(1 for x in res if x[0] == int(Status.STORED))
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+        ts["puts"] += sum(1 for x in res if x.status is Status.STORED)
+        await ch.send_frame(P.PutReply(req.rid, tuple(res)).to_wire())
 
     async def _own_status(self, sess: Session, header, st: Status) -> Status:
         if st is not Status.EXISTS:
@@ -172,14 +169,16 @@ class BlockOps:
         [ns] = await self.node.namespaces([header.key])
         return st if ns is None or sess.sees(ns) else Status.BUSY
 
-    async def _op_delete(self, ch, sess, rid, h, plen) -> None:
-        keys = P.req_keys(h)
+    async def _op_delete(self, ch, sess, req: P.DeleteRequest, plen) -> None:
+        keys = list(req.keys)
         mine = await self._visible(sess, keys, await self.node.contains(keys))
         todo = [k for k, t in zip(keys, mine) if t is not None]
         done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
-        await ch.send_frame({"rid": rid, "ok": True, "res": [bool(done.get(k.raw, False)) for k in keys]})
+        await ch.send_frame(
+            P.DeleteReply(req.rid, tuple(bool(done.get(k.raw, False)) for k in keys)).to_wire()
+        )
 
-    async def _op_stats(self, ch, sess, rid, h, plen) -> None:
+    async def _op_stats(self, ch, sess, req: P.StatsRequest, plen) -> None:
         """With auth: the tenant's own counters only. Without: the node's (one tenant)."""
         mine = {
             "tenant": sess.tenant,
@@ -192,4 +191,11 @@ class BlockOps:
             stats = plain(self.node.stats())
             stats["daemon"] = self.metrics.snapshot()
             stats["tenant"] = mine
-        await ch.send_frame({"rid": rid, "ok": True, "stats": stats})
+        await ch.send_frame(P.StatsReply(req.rid, stats).to_wire())
+
+
+def stored_header(lease: Any) -> bytes:
+    """The encoded header a reply forwards for ``lease``'s block. The node's Lease carries the
+    decoded header only, so it is encoded here: the bytes the node stored (BlockHeader.encode
+    is deterministic), until Lease carries them as read (kvstore/node, another owner's)."""
+    return lease.header.encode()

@@ -48,13 +48,13 @@ from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
-from rdma.tcp import FrameError, SocketChannel
+from rdma.tcp import FrameError, SocketChannel, payload_len
 from rdma.transport import TransportError
 from rdma.windows import Windows
 
 # What a peer session (HELLO tenant "*", another node's repair: kvstore/client/repair.py) may
 # do: it sees every tenant's blocks, so it may check and copy them in, never read or delete.
-PEER_OPS = frozenset({"EXISTS", "PUT", "STATS"})
+PEER_OPS = frozenset({P.ExistsRequest.OP, P.PutRequest.OP, P.StatsRequest.OP})
 
 log = logging.getLogger("kvstore.daemon.data")
 
@@ -263,7 +263,7 @@ class DataServer:
         except FrameError as exc:
             self.metrics.protocol_errors.labels(exc.code).inc()
             self._bad.info("bad_frame", peer=sess.peer, code=exc.code, error=exc)
-            await _try_send(ch, P.error_reply(0, exc.code, str(exc)))
+            await _try_send(ch, P.ErrorReply(0, exc.code, str(exc)).to_wire())
             return None
 
     def _drop_session(self, sess: Session) -> None:
@@ -286,27 +286,28 @@ class DataServer:
         sess.reservations.clear()
 
     async def _request(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> bool:
-        """Serve one request; False closes the connection."""
-        plen = h.get("plen", 0)
-        rid = h.get("rid")
+        """Serve one request: decode it by op into its typed request (after the checks that
+        need only the op), hand it to the op's handler; False closes the connection."""
+        plen = payload_len(h)
+        rid = P.request_rid(h)
         op = "?"
         t0 = time.perf_counter()
         try:
             self.descriptors.expire_windows(sess)
             op, rid = P.req_op(h)
-            if op == "HELLO":
+            if op == P.Hello.OP:
                 if plen:
                     raise P.bad("HELLO carries no payload")
-                await self._hello(ch, sess, rid, h)
+                await self._hello(ch, sess, h)
             else:
                 if sess.tenant is None:
                     raise _Fatal(P.AUTH, "send HELLO with a valid token first")
                 if sess.all_namespaces and op not in PEER_OPS:
                     # a peer session sees every tenant's blocks: only what repair needs
                     raise P.ProtocolError(P.AUTH, f"{op}: a peer session may use only {sorted(PEER_OPS)}")
-                if plen and op not in ("PUT", "WRITE"):
+                if plen and op not in P.PAYLOAD_OPS:
                     raise P.bad(f"{op} carries no payload")
-                await self._ops[op](ch, sess, rid, h, plen)
+                await self._ops[op](ch, sess, P.REQUESTS[op].from_wire(h), plen)
             self.metrics.ops.labels(op, "ok").inc()
             self.metrics.latency.labels(op).observe(time.perf_counter() - t0)
             if sess.tenant is not None:
@@ -317,7 +318,7 @@ class DataServer:
             if exc.code == P.AUTH:
                 self.metrics.auth_failures.labels("data").inc()
             self._bad.info("refused", peer=sess.peer, op=op, code=exc.code, error=exc)
-            await _try_send(ch, P.error_reply(rid, exc.code, str(exc)))
+            await _try_send(ch, P.ErrorReply(rid, exc.code, str(exc)).to_wire())
             return False
         except P.ProtocolError as exc:
             # raised before any payload byte was read or any reply byte sent: resync is safe
@@ -328,7 +329,7 @@ class DataServer:
             # (before HELLO the frame was at most limits.max_header_unauthenticated, and the
             # HELLO deadline still runs: a peer cannot stay unauthenticated by erring)
             await self.transfers.moving([], lambda _: ch.discard(plen))
-            await ch.send_frame(P.error_reply(rid, exc.code, str(exc)))
+            await ch.send_frame(P.ErrorReply(rid, exc.code, str(exc)).to_wire())
             return True
         except (ConnectionError, asyncio.CancelledError):
             raise
@@ -336,7 +337,7 @@ class DataServer:
             # mid-request: the stream may be desynchronised, so the connection ends here
             self._count_error(op, P.INTERNAL)
             log.exception(kv("op_failed", peer=sess.peer, op=op, error=type(exc).__name__))
-            await _try_send(ch, P.error_reply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}"))
+            await _try_send(ch, P.ErrorReply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}").to_wire())
             return False
 
     def _count_error(self, op: str, code: str) -> None:
@@ -345,9 +346,9 @@ class DataServer:
 
     # ------------------------------------------------------------ ops
 
-    async def _hello(self, ch: SocketChannel, sess: Session, rid: int, h: dict[str, Any]) -> None:
+    async def _hello(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> None:
         try:
-            hello = P.parse_hello(h)
+            hello = P.Hello.from_wire(h)
         except P.ProtocolError as exc:
             if exc.code == P.BAD_VERSION:
                 raise _Fatal(exc.code, str(exc)) from exc
@@ -365,11 +366,7 @@ class DataServer:
         if peer:
             tenant = OPERATOR
         salt = "" if peer else self.tokens.salt_of(tenant)
-        declared = (
-            []
-            if peer
-            else [P.namespace_from_wire(d, salt, f"ns[{i}]") for i, d in enumerate(hello.namespaces)]
-        )
+        declared = [] if peer else hello.namespaces_with(salt)
         sess.all_namespaces = peer
         ids = [n.id.raw for n in declared]
         if not self.admission.authenticate(sess.tenant, tenant):
@@ -394,19 +391,8 @@ class DataServer:
         sess.declared = {n.id.raw: n for n in declared}
         sess.derive_keys = self.tokens.enabled
         log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport))
-        await ch.send_frame(
-            {
-                "rid": rid,
-                "ok": True,
-                "v": P.PROTOCOL_VERSION,
-                "tenant": tenant,
-                "salt": salt,
-                "ns": ids,
-                "node": self.node_name,
-                "max_frame": self.max_frame,
-                "rdma": rdma.to_wire() if rdma is not None else None,
-            }
-        )
+        reply = P.HelloReply(hello.rid, tenant, salt, tuple(ids), self.node_name, self.max_frame, rdma)
+        await ch.send_frame(reply.to_wire())
 
 
 async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:

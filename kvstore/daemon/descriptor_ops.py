@@ -29,11 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstore import protocol as P
+from kvstore.daemon.block_ops import stored_header
 from kvstore.daemon.logs import RateLimitedLog
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.slab_rdma import SlabRdma, slab_descriptor
 from kvstore.daemon.transfer import Transfers
-from kvstore.results import Status
+from kvstore.results import PutResult, Status
 from rdma.transport import RemoteDescriptor, TransportError
 
 
@@ -64,14 +65,15 @@ class DescriptorOps:
         self.max_frame = max_frame
 
     def ops(self) -> dict[str, Callable]:
-        """The handlers by op name: ``await handler(ch, sess, rid, header, plen)``."""
+        """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
+        op's typed request (kvstore/protocol.py) and ``plen`` the payload bytes that follow."""
         return {
-            "LEASE": self._op_lease,
-            "RELEASE": self._op_release,
-            "READ": self._op_read,
-            "RESERVE": self._op_reserve,
-            "WRITE": self._op_write,
-            "COMMIT": self._op_commit,
+            P.LeaseRequest.OP: self._op_lease,
+            P.ReleaseRequest.OP: self._op_release,
+            P.ReadRequest.OP: self._op_read,
+            P.ReserveRequest.OP: self._op_reserve,
+            P.WriteRequest.OP: self._op_write,
+            P.CommitRequest.OP: self._op_commit,
         }
 
     def _room_for(self, sess, n: int) -> None:
@@ -81,9 +83,8 @@ class DescriptorOps:
         if held + n > cap:
             raise P.bad(f"this connection holds {held} leases/reservations; at most {cap} (release some)")
 
-    def _one_sided(self, sess, h) -> bool:
+    def _one_sided(self, sess, want: bool) -> bool:
         """The request's ``rdma`` flag; bad_request when the connection has no queue pair."""
-        want = P.req_flag(h, "rdma")
         if want and (sess.verbs is None or self.rdma is None):
             raise P.bad("rdma: this connection has no RDMA queue pair (HELLO set none up)")
         return want
@@ -137,12 +138,12 @@ class DescriptorOps:
             else:
                 self.node.abort([held.obj])
 
-    async def _op_lease(self, ch, sess, rid, h, plen) -> None:
-        keys = P.req_keys(h)
-        ttl = P.req_float(h, "ttl", self.lease_ttl)
+    async def _op_lease(self, ch, sess, req: P.LeaseRequest, plen) -> None:
+        keys = list(req.keys)
+        ttl = req.ttl if req.ttl is not None else self.lease_ttl
         if ttl > self.limits.max_lease_ttl_s:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
-        one_sided = self._one_sided(sess, h)
+        one_sided = self._one_sided(sess, req.rdma)
         self._room_for(sess, len(keys))
         # private copies of disk-only blocks live as long as their leases: this connection's
         # together stay within max_frame (those it already holds count)
@@ -155,27 +156,26 @@ class DescriptorOps:
             if lease is None or not sess.allows(lease.header):
                 if lease is not None:
                     drop.append(lease)
-                res.append([int(Status.MISS), None, None, None])
+                res.append(P.LeaseEntry(Status.MISS))
                 continue
             desc = await self._describe(sess, sess.leases, lease, ttl, one_sided)
             if desc is None:
                 drop.append(lease)  # not in the slab: the client GETs it inline
-            res.append([int(Status.HIT), lease.header.encode(), lease.tier, desc.to_wire() if desc else None])
+            res.append(P.LeaseEntry(Status.HIT, stored_header(lease), lease.tier, desc=desc))
         if drop:
             self.node.release(drop)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+        await ch.send_frame(P.LeaseReply(req.rid, tuple(res)).to_wire())
 
-    async def _op_release(self, ch, sess, rid, h, plen) -> None:
-        handles = P.req_ints(h, "handles")
-        found = [sess.leases.pop(x, None) for x in handles]
+    async def _op_release(self, ch, sess, req: P.ReleaseRequest, plen) -> None:
+        found = [sess.leases.pop(x, None) for x in req.handles]
         for f in found:
             if f is not None:
                 self.unwindow(sess, f)
         self.node.release([f.obj for f in found if f is not None])
-        await ch.send_frame({"rid": rid, "ok": True, "res": [f is not None for f in found]})
+        await ch.send_frame(P.ReleaseReply(req.rid, tuple(f is not None for f in found)).to_wire())
 
-    async def _op_read(self, ch, sess, rid, h, plen) -> None:
-        descs = _descs(h)
+    async def _op_read(self, ch, sess, req: P.ReadRequest, plen) -> None:
+        descs = req.descs
         found = [sess.live(sess.leases, d.handle) for d in descs]
         found = [
             x if x is not None and d.addr + d.length <= x.view.nbytes else None for x, d in zip(found, descs)
@@ -194,18 +194,18 @@ class DescriptorOps:
                     views.append(x.view[d.addr : d.addr + d.length])
                 res.append(good)
             nbytes = sum(v.nbytes for v in views)
-            return ch.send_frame({"rid": rid, "ok": True, "res": res}, views)
+            return ch.send_frame(P.ReadReply(req.rid, tuple(res)).to_wire(), views)
 
         await self.transfers.moving(held, send)
         self.metrics.bytes_out.inc(nbytes)
         self.tenant_stats[sess.tenant]["bytes_out"] += nbytes
 
-    async def _op_reserve(self, ch, sess, rid, h, plen) -> None:
-        hdrs = P.req_headers(h)
+    async def _op_reserve(self, ch, sess, req: P.ReserveRequest, plen) -> None:
+        hdrs = req.headers
         for i, x in enumerate(hdrs):
             if x.payload_len > self.max_frame:
                 raise P.bad(f"hdrs[{i}].payload_len {x.payload_len} is over max_frame {self.max_frame}")
-        one_sided = self._one_sided(sess, h)
+        one_sided = self._one_sided(sess, req.rdma)
         self._room_for(sess, len(hdrs))
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
         # lazy: a block with no host slot (disk, GPU) gets no buffer here; it is answered
@@ -216,22 +216,22 @@ class DescriptorOps:
         for i in range(len(hdrs)):
             r = got.get(i)
             if r is None or isinstance(r, Status):
-                res.append([int(r if r is not None else Status.INVALID), None])
+                res.append(P.ReserveEntry(r if r is not None else Status.INVALID))
                 continue
             if r.scratch is not None:  # a private buffer, not a slot: the client PUTs it inline
                 inline.append(r)
-                res.append([None, None])
+                res.append(P.ReserveEntry())
                 continue
             desc = await self._describe(sess, sess.reservations, r, self.lease_ttl, one_sided, write=True)
             if desc is None:
                 inline.append(r)  # not in the slab: the client PUTs it inline
-            res.append([None, desc.to_wire() if desc else None])
+            res.append(P.ReserveEntry(desc=desc))
         if inline:
             self.node.abort(inline)
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+        await ch.send_frame(P.ReserveReply(req.rid, tuple(res)).to_wire())
 
-    async def _op_write(self, ch, sess, rid, h, plen) -> None:
-        descs = _descs(h)
+    async def _op_write(self, ch, sess, req: P.WriteRequest, plen) -> None:
+        descs = req.descs
         if sum(d.length for d in descs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the descriptors' lengths")
         found = [sess.live(sess.reservations, d.handle) for d in descs]
@@ -254,11 +254,10 @@ class DescriptorOps:
         await self.transfers.moving(held, receive)
         self.metrics.bytes_in.inc(plen)
         self.tenant_stats[sess.tenant]["bytes_in"] += plen
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
+        await ch.send_frame(P.WriteReply(req.rid, tuple(res)).to_wire())
 
-    async def _op_commit(self, ch, sess, rid, h, plen) -> None:
-        handles = P.req_ints(h, "handles")
-        found = [sess.reservations.pop(x, None) for x in handles]
+    async def _op_commit(self, ch, sess, req: P.CommitRequest, plen) -> None:
+        found = [sess.reservations.pop(x, None) for x in req.handles]
         for f in found:
             if f is not None:
                 self.unwindow(sess, f)  # no remote write lands after the checksum is taken
@@ -267,20 +266,10 @@ class DescriptorOps:
         res = []
         for f in found:
             if f is None:
-                res.append([int(Status.INVALID), None, False])
+                res.append(PutResult(Status.INVALID))
                 continue
             pr = done[id(f.obj)]
             if pr.status is Status.INVALID:
                 self.metrics.checksum_failures.inc()
-            res.append([int(pr.status), pr.tier, bool(pr.durable)])
-        await ch.send_frame({"rid": rid, "ok": True, "res": res})
-
-
-def _descs(h: dict[str, Any]) -> list[RemoteDescriptor]:
-    out = []
-    for i, raw in enumerate(P._list(h, "descs")):
-        try:
-            out.append(RemoteDescriptor.from_wire(raw))
-        except TransportError as exc:
-            raise P.bad(f"descs[{i}]: {exc}") from exc
-    return out
+            res.append(pr)
+        await ch.send_frame(P.CommitReply(req.rid, tuple(res)).to_wire())

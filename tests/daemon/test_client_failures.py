@@ -81,7 +81,7 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
                 {
                     "rid": req["rid"],
                     "ok": True,
-                    "res": [P.get_result_to_wire(Status.HIT, h, "dram")],
+                    "res": [P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()],
                     "plen": h.payload_len,
                 }
             )
@@ -129,7 +129,7 @@ async def test_corrupt_payload_is_detected_by_the_client(ns):
                 {
                     "rid": req["rid"],
                     "ok": True,
-                    "res": [P.get_result_to_wire(Status.HIT, h, "dram")],
+                    "res": [P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()],
                     "plen": 1000,
                 }
             )

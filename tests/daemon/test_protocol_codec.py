@@ -1,4 +1,5 @@
-"""The protocol's field parsers and the framed socket channel, without a daemon."""
+"""The protocol's typed messages and field parsers, and the framed socket channel, without a
+daemon."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from kvstore import protocol as P
 from kvstore.daemon.auth import TokenTable
 from kvstore.errors import ConfigError
 from kvstore.keys import Namespace
-from kvstore.results import Status
+from kvstore.results import Expect, PutResult, Status
 from rdma.tcp import FrameError, SocketChannel
+from rdma.transport import RemoteDescriptor
 
 
 def test_req_op_and_unknown_op():
@@ -24,6 +26,7 @@ def test_req_op_and_unknown_op():
     with pytest.raises(P.ProtocolError) as e:
         P.req_op({"op": "GET", "rid": -1})
     assert e.value.code == P.BAD_REQUEST
+    assert set(P.REQUESTS) == P.OPS and len(P.OPS) == 12
 
 
 def test_keys_expects_and_limits():
@@ -49,26 +52,127 @@ def test_headers_are_decoded_or_refused(blocks_of, ns):
 
 def test_hello_version_and_namespace():
     with pytest.raises(P.ProtocolError) as e:
-        P.parse_hello({"v": 99})
+        P.Hello.from_wire({"v": 99, "rid": 0})
     assert e.value.code == P.BAD_VERSION
     ns = Namespace("m", "float16", 16, tp_size=2, tp_rank=1)
-    hello = P.parse_hello({"v": P.PROTOCOL_VERSION, "token": "t", "ns": [P.namespace_to_wire(ns)]})
-    back = P.namespace_from_wire(hello.namespaces[0], "", "ns[0]")
+    hello = P.Hello.from_wire(P.Hello.of("t", None, [ns.with_tenant("not sent")]).to_wire())
+    assert hello.token == "t" and hello.rid == 0 and hello.rdma is None
+    [back] = hello.namespaces_with("")
     assert back.id == ns.id
     # the salt comes from the daemon, not the client
-    assert P.namespace_from_wire(hello.namespaces[0], "acme", "ns[0]").id == ns.with_tenant("acme").id
+    assert hello.namespaces_with("acme")[0].id == ns.with_tenant("acme").id
+    bad = P.Hello(0, "", None, ({"model": "m", "dtype": "x", "block_tokens": 0},))
     with pytest.raises(P.ProtocolError, match=r"ns\[0\]"):
-        P.namespace_from_wire({"model": "m", "dtype": "x", "block_tokens": 0}, "", "ns[0]")
+        P.Hello.from_wire(bad.to_wire()).namespaces_with("")
+    with pytest.raises(P.ProtocolError, match="token"):
+        P.Hello.from_wire({**hello.to_wire(), "token": 5})
 
 
-def test_results_round_trip(blocks_of, ns):
+def _round_trip(msg, *n, plen=0):
+    """``msg`` through msgpack and back (what the peer parses); ``plen`` as framing adds it."""
+    wire = msgpack.unpackb(msgpack.packb({**msg.to_wire(), "plen": plen}, use_bin_type=True), raw=False)
+    return type(msg).from_wire(wire, *n)
+
+
+def test_every_request_round_trips(blocks_of, ns):
+    [(h, _), (h2, _)] = blocks_of(ns, 2, 64)
+    d = RemoteDescriptor(3, 0, 64)
+    e = Expect(h.parent, h.token_bytes)
+    reqs = [
+        P.ExistsRequest(1, (h.key,)),
+        P.GetRequest(2, (h.key, h2.key), (64, 32), (None, e)),
+        P.GetRequest(3, (h.key,), None, (None,)),
+        P.PutRequest(4, (h, h2)),
+        P.DeleteRequest(5, (h.key,)),
+        P.LeaseRequest(6, (h.key,), 2.5, True),
+        P.LeaseRequest(7, (h.key,)),
+        P.ReleaseRequest(8, (3, 4)),
+        P.ReadRequest(9, (d,)),
+        P.ReserveRequest(10, (h,), True),
+        P.WriteRequest(11, (d,)),
+        P.CommitRequest(12, (3,)),
+        P.StatsRequest(13),
+    ]
+    assert {type(r).OP for r in reqs} | {"HELLO"} == P.OPS
+    for r in reqs:
+        wire = r.to_wire()
+        assert P.req_op(wire) == (r.OP, r.rid)
+        assert P.REQUESTS[r.OP].from_wire(wire) == r, r.OP
+
+
+@pytest.mark.parametrize(
+    "op, field, value, says",
+    [
+        ("GET", "caps", [1], "caps has 1 items, expected 2"),
+        ("GET", "caps", [-1, 2], r"caps\[0\]"),
+        ("LEASE", "ttl", 0, "ttl"),
+        ("LEASE", "rdma", 1, "rdma must be true, false or nil"),
+        ("READ", "descs", [[1, 2]], r"descs\[0\]"),
+        ("RELEASE", "handles", ["x"], r"handles\[0\]"),
+        ("PUT", "hdrs", [b"junk"], r"hdrs\[0\]"),
+        ("STATS", "rid", "x", "rid"),
+    ],
+)
+def test_a_bad_request_field_is_named(op, field, value, says):
+    k = b"k" * 16
+    base = {"op": op, "rid": 1, "keys": [k, k], "descs": [], "handles": [], "hdrs": []}
+    with pytest.raises(P.ProtocolError, match=says) as e:
+        P.REQUESTS[op].from_wire({**base, field: value})
+    assert e.value.code == P.BAD_REQUEST
+
+
+def test_every_reply_round_trips(blocks_of, ns):
     [(h, _)] = blocks_of(ns, 1, 64)
-    st, hdr, tier = P.get_result_from_wire(P.get_result_to_wire(Status.HIT, h, "dram"))
-    assert (st, hdr, tier) == (Status.HIT, h, "dram")
-    with pytest.raises(P.ProtocolError):
-        P.get_result_from_wire([int(Status.HIT), None, None])
-    with pytest.raises(P.ProtocolError):
-        P.status_from_wire(99)
+    raw = h.encode()
+    d = RemoteDescriptor(3, 0, 64)
+    get = _round_trip(
+        P.GetReply(1, (P.GetEntry(Status.HIT, raw, "dram"), P.GetEntry(Status.MISS))), 2, plen=64
+    )
+    assert [(x.status, x.header, x.tier, x.block) for x in get.entries] == [
+        (Status.HIT, raw, "dram", h),
+        (Status.MISS, None, None, None),
+    ]
+    lease = _round_trip(P.LeaseReply(2, (P.LeaseEntry(Status.HIT, raw, "disk", desc=d),)), 1)
+    assert lease.entries[0].desc == d and lease.entries[0].block == h
+    res = (P.ReserveEntry(desc=d), P.ReserveEntry(Status.EXISTS), P.ReserveEntry())
+    assert _round_trip(P.ReserveReply(3, res), 3).entries == res
+    puts = (PutResult(Status.STORED, "dram", True), PutResult(Status.INVALID))
+    assert _round_trip(P.PutReply(4, puts), 2).results == puts
+    assert _round_trip(P.CommitReply(4, puts), 2).results == puts
+    for cls in (P.DeleteReply, P.ReleaseReply, P.WriteReply):
+        assert _round_trip(cls(5, (True, False)), 2).res == (True, False)
+    assert _round_trip(P.ExistsReply(6, ("dram", None)), 2).tiers == ("dram", None)
+    assert _round_trip(P.StatsReply(7, {"tenant": {"hits": 1}})).stats == {"tenant": {"hits": 1}}
+    hello = P.HelloReply(0, "acme", "s", (b"n" * 16,), "node-a", 1 << 20)
+    assert _round_trip(hello) == hello
+    err = P.ErrorReply(8, P.BAD_REQUEST, "keys must be a list")
+    assert P.check_reply(err.to_wire(), 8) == err
+    assert P.check_reply(P.StatsReply(9, {}).to_wire(), 9) is None
+    with pytest.raises(P.ProtocolError, match="expected 10"):
+        P.check_reply(P.StatsReply(9, {}).to_wire(), 10)
+
+
+def test_a_bad_reply_field_is_named(blocks_of, ns):
+    [(h, _)] = blocks_of(ns, 1, 64)
+    hit = P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()
+    cases = [
+        (P.GetReply, {"res": [hit]}, 2, "res must be a list of 2"),
+        (P.GetReply, {"res": [[int(Status.HIT), None, None]]}, 1, "HIT without a header"),
+        (P.GetReply, {"res": [[99, None, None]]}, 1, r"res\[0\] status"),
+        (P.GetReply, {"res": [[0, b"junk", None]]}, 1, r"res\[0\] header"),
+        (P.GetReply, {"res": [[0, h.encode(), 5]]}, 1, r"res\[0\] tier"),
+        (P.GetReply, {"res": [hit]}, 1, "payload length does not match"),
+        (P.LeaseReply, {"res": [[*hit, [1, 2]]]}, 1, r"res\[0\] descriptor"),
+        (P.ReserveReply, {"res": [[6, [1, 0, 4, 0]]]}, 1, "a status and a descriptor"),
+        (P.PutReply, {"res": [[5, None, "yes"]]}, 1, r"res\[0\] durable"),
+        (P.DeleteReply, {"res": [1]}, 1, r"res\[0\] must be true or false"),
+        (P.ExistsReply, {"tiers": [3]}, 1, r"tiers\[0\]"),
+        (P.StatsReply, {"stats": [1]}, 0, "stats must be a map"),
+        (P.HelloReply, {"tenant": "", "salt": "", "ns": [b"x"], "v": 1}, 0, "namespace ids"),
+    ]
+    for cls, fields, n, says in cases:
+        with pytest.raises(P.ProtocolError, match=says):
+            cls.from_wire({"rid": 1, "ok": True, **fields}, *([n] if cls is not P.HelloReply else []))
 
 
 async def _pair():

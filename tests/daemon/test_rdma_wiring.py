@@ -277,13 +277,13 @@ async def test_a_failing_one_sided_transport_is_a_counted_miss_and_the_connectio
     dead = await SocketChannel.connect("127.0.0.1", d.data_port)
     dead.close()
     # completions False: the transport's connection is gone
-    conn.use_verbs(TcpTransport(dead), slab)
+    conn.use_verbs(TcpTransport(dead, conn.frames), slab)
     assert (
         await move(conn, "read", [(bytearray(2000), x[3]) for x in leased], counters, d.addr) == [False] * 2
     )
     assert conn.verbs is None and conn.slab is None and counters["rdma_failures"] == 2
     # an exception from the transport (local buffers shorter than the descriptors)
-    conn.use_verbs(TcpTransport(await SocketChannel.connect("127.0.0.1", d.data_port)), slab)
+    conn.use_verbs(TcpTransport(await SocketChannel.connect("127.0.0.1", d.data_port), conn.frames), slab)
     assert await move(conn, "write", [(bytearray(10), x[3]) for x in leased], counters, d.addr) == [False] * 2
     assert conn.verbs is None and counters["rdma_failures"] == 4
     # the connection still works, over TCP
@@ -299,12 +299,12 @@ async def test_one_sided_descriptors_outside_the_nodes_slab_are_refused(start_da
     with pytest.raises(TransportError, match="without RDMA"):
         await conn.lease([], None, rdma=True)
     conn.slab = Region(addr=1 << 40, length=1 << 20, rkey=7)
-    assert conn._check_desc([1, (1 << 40) + 10, 100, 7], rdma=True) == RemoteDescriptor(
-        1, (1 << 40) + 10, 100, 7
-    )
+    inside = RemoteDescriptor(1, (1 << 40) + 10, 100, 7)
+    assert conn._check_desc(inside, rdma=True) == inside
     # another key is fine (each lease's window has its own); the range must lie in the slab
-    assert conn._check_desc([1, 1 << 40, 100, 8], rdma=True) == RemoteDescriptor(1, 1 << 40, 100, 8)
-    for bad in ([1, (1 << 40) - 1, 100, 7], [1, 1 << 40, (1 << 20) + 1, 7]):
+    other_key = RemoteDescriptor(1, 1 << 40, 100, 8)
+    assert conn._check_desc(other_key, rdma=True) == other_key
+    for bad in (RemoteDescriptor(1, (1 << 40) - 1, 100, 7), RemoteDescriptor(1, 1 << 40, (1 << 20) + 1, 7)):
         with pytest.raises(P.ProtocolError, match="outside the node's registered slab"):
             conn._check_desc(bad, rdma=True)
     conn.close()
