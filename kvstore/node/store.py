@@ -8,9 +8,10 @@ disk hit can be promoted into the top memory tier when that costs no I/O. Held b
 in-flight copies) and pinned blocks are never evicted, overwritten or freed; capacity in bytes
 is never exceeded.
 
-The node drives its tiers only through kvstore.node.tiers.base (Tier, SlotTier); reads,
-commits, eviction and inspection are objects it composes (kvstore.node.reads, writes,
-eviction, inspection), each handed what it uses.
+The node drives its tiers only through kvstore.node.tiers.base (Tier, SlotTier). Reads,
+leases, writes, eviction and inspection are objects it composes (kvstore.node.reads, leasing,
+writes, eviction, inspection), each handed what it uses; this module keeps the placement:
+where a write lands (:meth:`NodeStore._place`), when a disk hit moves up (``_promote``).
 
 Every batched call returns one result per key in input order; failures of one key (corruption,
 no space, I/O error) are per-key statuses and counters, never exceptions. All methods must be
@@ -19,7 +20,6 @@ called from the event loop that opened the node; none blocks it on disk I/O.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from collections import Counter
@@ -33,10 +33,8 @@ from kvstore.node.inspection import Inspector
 from kvstore.node.leases import Lease, LeaseTable, Reservation
 from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
-from kvstore.node.tiers.arena import CudaArena, HostArena
-from kvstore.node.tiers.base import SlotTier, Tier
-from kvstore.node.tiers.disk import DiskTier
-from kvstore.node.tiers.memory import MemoryTier
+from kvstore.node.tiers.base import Slot, SlotTier, Tier
+from kvstore.node.tiers.build import build_tiers
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
 
@@ -82,19 +80,7 @@ class NodeStore:
     async def open(cls, cfg: StoreConfig) -> NodeStore:
         """Build the configured tiers and rebuild the disk index. Raises TierError naming the
         tier that cannot be opened."""
-        memory: list[SlotTier] = []
-        if cfg.hbm.capacity:
-            memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
-        if cfg.dram.capacity:
-            size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
-            # in a thread: prefaulting or pinning a large arena takes seconds, and the daemon's
-            # loop answers /readyz (503) meanwhile
-            arena = await asyncio.to_thread(HostArena, size, cfg.dram.pin, cfg.dram.prefault)
-            memory.append(MemoryTier("dram", arena, cfg.dram.slab_size))
-        disk = None
-        if cfg.disk.enabled:
-            d = cfg.disk
-            disk = DiskTier(d.path, d.capacity, map_size=d.map_size, sync=d.sync, writemap=d.writemap)
+        memory, disk = await build_tiers(cfg)
         node = cls(cfg, memory, disk)
         log.info(
             "event=node_open tiers=%s disk_blocks=%d write_mode=%s",
@@ -169,7 +155,7 @@ class NodeStore:
             top.commit(header.key.raw, slot, len(slot[1]), header.payload_len)
             self.counters["promotions"] += 1
 
-    def _promotion_slot(self, key: bytes, hdr: bytes, plen: int):
+    def _promotion_slot(self, key: bytes, hdr: bytes, plen: int) -> Slot | None:
         """A reserved slot of the top memory tier for a disk block moving up, or None when it
         is there already, deleted, or would take evicting anything not also below."""
         if not self.memory or key in self.memory[0] or key in self.doomed:

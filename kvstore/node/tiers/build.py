@@ -1,0 +1,32 @@
+"""Build a node's tiers from its configuration: the memory tiers (hbm, dram), top first, and
+the disk tier. The only place that knows which arena backs which tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvstore.config import StoreConfig
+from kvstore.node.tiers.arena import CudaArena, HostArena
+from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.tiers.disk import DiskTier
+from kvstore.node.tiers.memory import MemoryTier
+
+
+async def build_tiers(cfg: StoreConfig) -> tuple[list[SlotTier], Tier | None]:
+    """The configured memory tiers (top first) and disk tier (None when disabled); the disk
+    index is rebuilt here. Raises TierError naming the tier that cannot be opened."""
+    memory: list[SlotTier] = []
+    if cfg.hbm.capacity:
+        memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
+    if cfg.dram.capacity:
+        size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
+        # in a thread: prefaulting or pinning a large arena takes seconds, and the daemon's
+        # loop answers /readyz (503) meanwhile
+        arena = await asyncio.to_thread(HostArena, size, cfg.dram.pin, cfg.dram.prefault)
+        memory.append(MemoryTier("dram", arena, cfg.dram.slab_size))
+    disk = None
+    if cfg.disk.enabled:
+        d = cfg.disk
+        disk = DiskTier(d.path, d.capacity, map_size=d.map_size, sync=d.sync, writemap=d.writemap)
+    return memory, disk
