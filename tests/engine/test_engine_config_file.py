@@ -46,6 +46,7 @@ def test_defaults_are_the_flags_defaults():
     )
     cfg = s.engine_config("cpu")
     assert cfg.enable_prefix_cache and cfg.kv_cache_dtype == "auto" and cfg.dtype is None
+    assert _settings("--model", "m", "--no-prefix-cache").engine_config("cpu").enable_prefix_cache is False
 
 
 def test_flags_over_env_over_file_over_defaults(tmp_path, monkeypatch):
