@@ -5,8 +5,8 @@ of it; with ``sync`` every commit is flushed before the put returns, so an ackno
 block survives ``kill -9`` and power loss. Every read verifies the payload's xxh3_64 checksum
 in the reading thread; a bad copy is reported CORRUPT and deleted.
 
-The in-memory index (key -> packed lengths and access time, in LRU order) is rebuilt from the
-header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
+The in-memory index (key -> packed lengths, namespace id and access time, in LRU order) is
+rebuilt from the header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
 allows one writer); the event loop never waits on disk. Call from one event loop.
 """
 

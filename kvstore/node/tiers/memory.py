@@ -7,9 +7,10 @@ would hold back a whole slab (1/8 of a 256 MiB tier of 32 MiB slabs) for kilobyt
 are bounded to ``capacity / HEADER_BUDGET_DIV``; past that the tier reports no room and the
 node evicts. No per-block allocation in the arena: a put takes a slot, a delete gives it back.
 
-The tier knows which blocks sit in each allocator span, so the node can empty a span (evict
-its blocks) and let its pages serve another size class: pages return to the common pool only
-when their span has no live slot -- no committed block, no reservation.
+The tier knows which blocks sit in each allocator span, so :meth:`victims_for` can name a
+span's blocks for the node to evict and let its pages serve another size class: pages return
+to the common pool only when their span has no live slot -- no committed block, no
+reservation. Each block's namespace is kept in its index entry (see tiers/index.py).
 
 Two-phase writes: :meth:`reserve` hands out a slot (header already written), the caller fills
 the payload, then :meth:`commit` indexes it or :meth:`abandon` returns it. A reserved slot is
@@ -57,7 +58,7 @@ class MemoryTier(LruIndex):
         self.header_bytes = 0  # committed and reserved headers
         self.payload_bytes = 0
         self.evictions = 0
-        self.slab_moves = 0  # spans emptied for another size class (counted by the node)
+        self.slab_moves = 0  # spans emptied for another size class (see victims_for)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -68,10 +69,6 @@ class MemoryTier(LruIndex):
     def used_bytes(self) -> int:
         """Bytes of slots in use (what capacity limits), including slack inside slots."""
         return self.alloc.allocated_bytes
-
-    @property
-    def max_block_bytes(self) -> int:
-        return self.alloc.slab_size
 
     @property
     def host_buffer(self) -> memoryview | None:
