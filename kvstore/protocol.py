@@ -819,6 +819,24 @@ class StatsReply:
     rid: int
     stats: dict[str, Any]
 
+    @classmethod
+    def of(
+        cls,
+        rid: int,
+        tenant: str,
+        connections: int,
+        counters: dict[str, int],
+        node: dict[str, Any] | None = None,
+        daemon: dict[str, Any] | None = None,
+    ) -> StatsReply:
+        """``stats.tenant``: the caller's tenant, its open connections and its ``counters``;
+        beside it (only without auth: one tenant) the node's ``stats()`` map and ``daemon``."""
+        stats = dict(node or {})
+        if daemon is not None:
+            stats["daemon"] = daemon
+        stats["tenant"] = {"tenant": tenant, "connections": connections, **counters}
+        return cls(rid, stats)
+
     def to_wire(self) -> dict[str, Any]:
         return {"rid": self.rid, "ok": True, "stats": self.stats}
 

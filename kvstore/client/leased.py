@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from kvstore import protocol as P
 from kvstore.block import BlockHeader
 from kvstore.client import rdma as client_rdma
 from kvstore.client.conn import Conn, byte_view, check_payload
@@ -88,7 +89,7 @@ class DescriptorPath:
                     out[i] = g
             return out
 
-        return await self._run("LEASE", go, deadline_s)
+        return await self._run(P.LeaseRequest.OP, go, deadline_s)
 
     async def put_reserved(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
@@ -122,7 +123,7 @@ class DescriptorPath:
                     out[i] = pr
             return out
 
-        return await self._run("RESERVE", go, deadline_s)
+        return await self._run(P.ReserveRequest.OP, go, deadline_s)
 
     async def _transfer(self, conn: Conn, op: str, pairs: list, one_sided: bool) -> list[bool]:
         """Move ``pairs`` one-sidedly (verbs, with fall-back to TCP on failure) or over TCP."""

@@ -180,18 +180,14 @@ class BlockOps:
 
     async def _op_stats(self, ch, sess, req: P.StatsRequest, plen) -> None:
         """With auth: the tenant's own counters only. Without: the node's (one tenant)."""
-        mine = {
-            "tenant": sess.tenant,
-            "connections": self.admission.per_tenant.get(sess.tenant, 0),
-            **self.tenant_stats[sess.tenant],
-        }
+        conns = self.admission.per_tenant.get(sess.tenant, 0)
+        counters = self.tenant_stats[sess.tenant]
         if self._auth_enabled():
-            stats: dict[str, Any] = {"tenant": mine}
+            reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters)
         else:
-            stats = plain(self.node.stats())
-            stats["daemon"] = self.metrics.snapshot()
-            stats["tenant"] = mine
-        await ch.send_frame(P.StatsReply(req.rid, stats).to_wire())
+            node, daemon = plain(self.node.stats()), self.metrics.snapshot()
+            reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters, node, daemon)
+        await ch.send_frame(reply.to_wire())
 
 
 def stored_header(lease: Any) -> bytes:
