@@ -99,7 +99,13 @@ def cmd_serve(a) -> int:
         from urllib.parse import quote
 
         url += ("&" if "?" in url else "?") + "config=" + quote(s.kv_connector_config)
-    aeng = AsyncEngine.from_model(s.model, _config(s), url, lookup_timeout_s=s.kv_lookup_timeout_s)
+    aeng = AsyncEngine.from_model(
+        s.model,
+        _config(s),
+        url,
+        lookup_timeout_s=s.kv_lookup_timeout_s,
+        timeline_layers=s.timeline_layers,
+    )
     name = s.served_model_name or os.path.basename(os.path.normpath(s.model))
     app = create_app(aeng, name)
     print(
@@ -218,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the engine's backstop on one connector lookup (default: the connector's "
         "lookup_deadline_s + 1 s; never below it)",
         metavar="S",
+    )
+    _flag(
+        s,
+        "timeline-layers",
+        "time each prefill step per layer group (load wait, compute) into the request timeline "
+        "and tierkv_engine_layer_group_seconds; off: no cost (docs/engine.md)",
+        nargs=0,
+        const="true",
     )
     _flag(s, "served-model-name")
     _flag(s, "log-level")

@@ -233,6 +233,7 @@ class EngineSection:
     kv_connector: str = "none"
     kv_connector_config: str = ""
     kv_lookup_timeout_s: float | None = None
+    timeline_layers: bool = False  # per-layer-group timing of prefill steps (engine/runner.py)
     served_model_name: str = ""
     log_level: str = "warning"
 

@@ -131,3 +131,8 @@ def test_generate_runs_from_a_config_file(tiny_model_dir, tmp_path, capsys):
     f.write_text(f'[engine]\nmodel = "{d}"\ndevice = "cpu"\nkv_cache_bytes = "2MB"\npage_size = 8\n')
     assert main(["generate", "--config", str(f), "--prompt", "hi", "--max-tokens", "3"]) == 0
     assert "output_tokens=3" in capsys.readouterr().err
+
+
+def test_timeline_layers_flag_file_and_default():
+    assert _settings("--model", "m").timeline_layers is False
+    assert _settings("--model", "m", "--timeline-layers").timeline_layers is True
