@@ -181,6 +181,10 @@ def test_leases_per_connection_and_their_ttl_are_bounded(limited, ns, blocks_of)
     handles = [r[3][0] for r in p.reply()["res"]]
     p.request({"op": "RELEASE", "handles": handles})
     assert p.reply()["res"] == [True]
+    # ttl nil is the node's default (it was an internal error that closed the connection)
+    p.request({"op": "LEASE", "keys": keys[3:4], "ttl": None})
+    rep = p.reply()
+    assert rep["ok"] and rep["res"][0][0] == int(Status.HIT), rep
 
 
 def _get(d, path: str) -> tuple[int, dict]:
