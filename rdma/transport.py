@@ -1,11 +1,13 @@
 """The one interface for moving payload bytes between a local buffer and a remote one.
 
-A *descriptor* names remote bytes: a lease (GET side) or a reservation (PUT side) on the
-storage node, an address, a length and, for RDMA, the remote key of the registered region.
+A *descriptor* names remote bytes: the handle under which the peer holds them (for the
+store, a lease or a reservation; this package knows neither), an address, a length and, for
+RDMA, the remote key of the registered region.
 A transport moves bytes for a batch of ``(local buffer, descriptor)`` pairs and reports one
 completion (True/False) per pair; a failed pair is a miss or a dropped write to the caller,
-never an exception. Two implementations: :mod:`rdma.tcp` (bytes inline on the data
-connection; every machine) and :mod:`rdma.verbs` (one-sided RDMA READ/WRITE with pyverbs).
+never an exception. Two implementations: :mod:`rdma.tcp` (bytes inline on a framed TCP
+channel, in frames the peer's protocol defines and its owner builds; every machine) and
+:mod:`rdma.verbs` (one-sided RDMA READ/WRITE with pyverbs).
 
 Everything in this module is device-free and shared by both: descriptor, QP-info and
 registered-region encoding, batching of work requests, buffer addresses, the table of local
@@ -33,7 +35,7 @@ class TransportError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RemoteDescriptor:
-    """Remote bytes: ``length`` bytes at ``addr`` under ``handle`` (a lease or reservation id).
+    """Remote bytes: ``length`` bytes at ``addr`` under ``handle`` (the peer's id for them).
 
     For TCP ``addr`` is an offset inside the handle's payload and ``rkey`` is 0; for RDMA
     ``addr`` is a virtual address inside the node's registered DRAM slab and ``rkey`` its key.
