@@ -10,7 +10,7 @@ def create(url: str, ctx):
     from connector.config import parse_connector_url
     from connector.store_connector import StoreConnector
     from engine.errors import ConnectorError
-    from kvstore.errors import ConfigError
+    from kvstore.client import ConfigError
 
     try:
         return StoreConnector(ctx, parse_connector_url(url))

@@ -27,16 +27,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from connector.backends import Backend, make_backend
+from connector.backends import make_backend
 from connector.config import ConnectorConfig
 from connector.flush import FlushResult, SaveTally
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
 from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
-from kvstore.block import make_header
-from kvstore.errors import ConfigError
+from kvstore.client import ConfigError, Expect, Status, StoreClient, make_header
 from kvstore.keys import BlockKey, tokens_le_bytes
-from kvstore.results import Expect, Status
 
 log = logging.getLogger("tierkv.connector")
 
@@ -46,7 +44,9 @@ _GATHER_BYTES = 64 << 20  # a save copies out up to this much per hop to a worke
 
 
 class StoreConnector(KVConnector):
-    def __init__(self, ctx: ConnectorContext, cfg: ConnectorConfig, backend: Backend | None = None) -> None:
+    def __init__(
+        self, ctx: ConnectorContext, cfg: ConnectorConfig, backend: StoreClient | None = None
+    ) -> None:
         self.ctx, self.cfg = ctx, cfg
         self.block_tokens = cfg.block_tokens or ctx.page_size
         self.lookup_deadline_s = cfg.lookup_deadline_s  # the engine waits at least this long
@@ -92,6 +92,16 @@ class StoreConnector(KVConnector):
             torch.zeros(self.block_bytes, dtype=torch.uint8, pin_memory=self.pin)
             for _ in range(cfg.load_batch_blocks * cfg.load_parallel)
         ]
+        self._register_staging()
+
+    def _register_staging(self) -> None:
+        """Offer the staging buffers to the store once, so loads into them may move bytes
+        one-sidedly (RDMA); a no-op for a store without a device. A refusal costs only that."""
+        try:
+            for t in self._staging:
+                self.backend.register(t.numpy())
+        except Exception as exc:  # the cache path never fails the engine
+            log.warning("event=staging_register_failed error=%r", exc)
 
     async def start(self) -> None:
         """At engine start: open the store (local://) or the connections to every daemon
@@ -167,6 +177,8 @@ class StoreConnector(KVConnector):
             tiers = await asyncio.wait_for(
                 self.backend.exists(keys, self.cfg.lookup_deadline_s), self.cfg.lookup_deadline_s
             )
+            if not self.backend.in_process:  # the cost model tells a daemon's DRAM from ours
+                tiers = [f"remote:{t}" if t else None for t in tiers]
         except Exception as exc:  # a slow or failed lookup is a miss
             log.debug("event=lookup_failed error=%r", exc)
             self.metrics.fallbacks.labels("lookup_timeout").inc()
@@ -233,7 +245,11 @@ class StoreConnector(KVConnector):
                     exp.append(Expect(parent, tokens_le_bytes(request.token_ids[g * bt : (g + 1) * bt])))
                 bkeys = [keys[j] for j in batch]
                 ts = time.perf_counter()
-                got = await self.backend.get_views(bkeys, exp, self.cfg.load_deadline_s)
+                got = (
+                    await self.backend.get_views(bkeys, exp, self.cfg.load_deadline_s)
+                    if self.backend.in_process
+                    else None
+                )
                 if got is not None:
                     res, views, release = got
                     held[batch[0]] = release
@@ -432,8 +448,9 @@ class StoreConnector(KVConnector):
                 batch.append(q.get_nowait())
             self._inflight_saves = len(batch)
             try:
-                res, short = await self.backend.put_counted(batch, self.cfg.save_deadline_s)
-                self._tally.add("under_replicated", n=short)
+                report = await self.backend.put(batch, self.cfg.save_deadline_s)
+                res = report.results
+                self._tally.add("under_replicated", n=report.under_replicated)
             except Exception as exc:
                 log.warning("event=save_failed blocks=%d error=%r", len(batch), exc)
                 res = [None] * len(batch)

@@ -20,6 +20,7 @@ from typing import Any
 _EXPORTS = {
     "open": "kvstore.client.facade",
     "SCHEMES": "kvstore.client.facade",
+    "members": "kvstore.client.facade",
     "StoreClient": "kvstore.client.api",
     "PutReport": "kvstore.client.api",
     "Status": "kvstore.results",

@@ -44,13 +44,13 @@ from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.health import Health
 from kvstore.client.membership import Membership, StaticMembership
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
 from kvstore.client.placement import Node, rank
 from kvstore.client.rdma import ClientRdma
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, Status
 
 log = logging.getLogger("kvstore.client")
@@ -336,6 +336,12 @@ class ClusterClient:
         return dict(zip(addrs, got))
 
     # ---------------------------------------------------------------- the rest
+
+    async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
+        """``base`` salted as the members salt this client's tenant (the salt each hands out at
+        HELLO; members share the salt secret); None when no member answers."""
+        await self.healthy_view(deadline_s)  # the first membership view, when nobody loaded it
+        return await tenant_namespace(list(self.nodes.values()), base, deadline_s)
 
     @property
     def counters(self) -> Counter[str]:

@@ -18,6 +18,9 @@ Daemons: the fields of :class:`kvstore.client.node.ClientConfig` (``token``, ``t
 is the token, read when no ``token`` is given) and the fields of
 :class:`kvstore.client.config.ClusterConfig` (``replicas``, ``lookahead``, ...).
 
+:func:`members` lists the nodes registered under an ``etcd://`` URL (what the CLI's
+``--cluster`` asks).
+
 Errors: ConfigError naming the URL and the option for a bad scheme, target or option;
 TransportError when ``transport`` is ``rdma`` and this host has no RDMA device. Nothing is
 connected or opened here: ``start()`` or the first call does that. Everything heavy is
@@ -35,6 +38,7 @@ from kvstore.errors import ConfigError
 
 if TYPE_CHECKING:
     from kvstore.client.api import StoreClient
+    from kvstore.client.membership import Member
 
 SCHEMES = ("local", "kvstore", "etcd")
 _LOCAL = {"dram_capacity": "size", "disk_capacity": "size", "disk_sync": bool, "op_timeout_s": float}
@@ -56,6 +60,33 @@ def open(url: str, **options: Any) -> StoreClient:  # noqa: A001 - the facade's 
     return _cluster(url, scheme, target, opts)
 
 
+async def members(url: str, timeout_s: float = 2.0) -> list[Member]:
+    """The nodes registered under the ``etcd://host:port[,...]/CLUSTER`` URL now: one read,
+    no watch; records that do not parse are skipped. ConfigError naming the URL when it is
+    bad; ConnectionError naming etcd when it does not answer within ``timeout_s``."""
+    from kvstore.client.etcd import EtcdClient, EtcdError, parse_etcd_url
+    from kvstore.client.membership import Member, MembershipError
+
+    try:
+        target = parse_etcd_url(url)
+    except MembershipError as exc:
+        raise ConfigError(str(exc)) from exc
+    client = EtcdClient(target.endpoints, timeout_s=timeout_s)
+    try:
+        kvs, _ = await client.range_prefix(target.prefix)
+    except EtcdError as exc:
+        raise ConnectionError(str(exc)) from exc
+    finally:
+        await client.close()
+    out = []
+    for _, raw in kvs:
+        try:
+            out.append(Member.from_json(raw))
+        except MembershipError:
+            continue  # another writer's record, or one from a newer format
+    return out
+
+
 def _local(url: str, path: str, opts: dict[str, Any]) -> StoreClient:
     from kvstore.client.local import LocalClient
 
@@ -66,7 +97,10 @@ def _local(url: str, path: str, opts: dict[str, Any]) -> StoreClient:
         if key not in _LOCAL:
             raise ConfigError(f"store URL {url!r}: unknown option {key!r} for local://")
         kwargs[key] = _coerce(url, key, _LOCAL[key], value)
-    return LocalClient(path, **kwargs)
+    try:
+        return LocalClient(path, **kwargs)
+    except ConfigError as exc:  # the node's config names the key (dram.capacity, ...)
+        raise ConfigError(f"store URL {url!r}: {exc}") from exc
 
 
 def _cluster(url: str, scheme: str, target: str, opts: dict[str, Any]) -> StoreClient:

@@ -31,7 +31,8 @@ log = logging.getLogger("kvstore.client.local")
 
 
 class LocalClient:
-    """An in-process node under ``path``; sizes in bytes. See the module docstring."""
+    """An in-process node under ``path``; sizes in bytes or size strings (``"1GiB"``).
+    ConfigError naming the key for a bad size. See the module docstring."""
 
     in_process = True
 
@@ -43,13 +44,24 @@ class LocalClient:
         disk_sync: bool = False,
         op_timeout_s: float = 5.0,
     ) -> None:
+        from kvstore.config import load_store_config  # light: the node's tiers load at first use
+
         if not path:
             raise ValueError("local store: the path is empty")
         self.path = path
-        self.dram_capacity = dram_capacity
-        self.disk_capacity = disk_capacity
-        self.disk_sync = disk_sync
         self.op_timeout_s = op_timeout_s
+        # built here, so a bad size is a ConfigError from open(), not a failed first call
+        self.store_cfg = load_store_config(
+            None,
+            {
+                "node.name": "local",
+                "dram.capacity": dram_capacity,
+                "disk.path": os.path.join(path, "disk"),
+                "disk.capacity": disk_capacity,
+                "disk.sync": disk_sync,
+            },
+            env={},  # the engine's environment does not configure its cache
+        )
         self._counters: Counter[str] = Counter()
         self._node = None
         self._opening: asyncio.Lock | None = None
@@ -61,25 +73,13 @@ class LocalClient:
 
     async def _get(self):
         if self._node is None:
-            from kvstore.config import load_store_config
             from kvstore.node.store import NodeStore  # heavy (tiers, LMDB): only when used
 
             if self._opening is None:
                 self._opening = asyncio.Lock()
             async with self._opening:
                 if self._node is None:
-                    cfg = load_store_config(
-                        None,
-                        {
-                            "node.name": "local",
-                            "dram.capacity": self.dram_capacity,
-                            "disk.path": os.path.join(self.path, "disk"),
-                            "disk.capacity": self.disk_capacity,
-                            "disk.sync": self.disk_sync,
-                        },
-                        env={},  # the engine's environment does not configure its cache
-                    )
-                    self._node = await NodeStore.open(cfg)
+                    self._node = await NodeStore.open(self.store_cfg)
         return self._node
 
     async def start(self, deadline_s: float = 0.0) -> None:

@@ -22,7 +22,8 @@ RESERVE, one-sided WRITE, COMMIT) when this client's connections to the node neg
 and every buffer of the call is registered (``register``), else the inline TCP GET / PUT
 (bytes in the reply / request frame). ``descriptors = "always"`` takes the descriptor path on
 every connection, moving the bytes over TCP where there is no queue pair: the same sequence,
-so it can be checked on a host without a device. ``transport`` (``auto | tcp | rdma``,
+so it can be checked on a host without a device (the tests do; the one-sided RDMA READ and
+WRITE themselves need a verbs device and were not run here). ``transport`` (``auto | tcp | rdma``,
 :mod:`kvstore.client.rdma`) decides whether a device is opened at all; ``transport = "rdma"``
 on a host without a device raises TransportError at construction.
 """
