@@ -62,37 +62,19 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def _cluster_admin_urls(url: str, timeout_s: float) -> list[str]:
-    """Admin URLs of the nodes registered under an ``etcd://`` cluster URL. UsageError naming
-    the URL when it is bad, etcd does not answer, or no node registered an admin address."""
-    from kvstore.client.etcd import EtcdClient, EtcdError, parse_etcd_url
-    from kvstore.client.membership import Member, MembershipError
+    """Admin URLs of the nodes registered under an ``etcd://`` cluster URL (the store facade's
+    :func:`kvstore.client.members`). UsageError naming the URL when it is bad, etcd does not
+    answer, or no node registered an admin address."""
+    from kvstore.client import ConfigError, members
     from kvstore.inspect.admin_client import UsageError
 
     try:
-        target = parse_etcd_url(url)
-    except MembershipError as exc:
+        found = asyncio.run(members(url, timeout_s))
+    except ConfigError as exc:
         raise UsageError(f"--cluster: {exc}") from exc
-
-    async def read() -> list[bytes]:
-        client = EtcdClient(target.endpoints, timeout_s=timeout_s)
-        try:
-            kvs, _ = await client.range_prefix(target.prefix)
-            return [v for _, v in kvs]
-        finally:
-            await client.close()
-
-    try:
-        records = asyncio.run(read())
-    except EtcdError as exc:
+    except ConnectionError as exc:
         raise UsageError(f"--cluster {url}: {exc}") from exc
-    urls = []
-    for raw in records:
-        try:
-            m = Member.from_json(raw)
-        except MembershipError:
-            continue
-        if m.admin:
-            urls.append(f"http://{m.admin}")
+    urls = [f"http://{m.admin}" for m in found if m.admin]
     if not urls:
         raise UsageError(f"--cluster {url}: no node of this cluster registered an admin address")
     return urls
