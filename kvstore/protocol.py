@@ -15,7 +15,7 @@ socket; everything is immutable and thread-safe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
@@ -503,7 +503,7 @@ class _KeysRequest:
         return {"op": self.OP, "rid": self.rid, "keys": [k.raw for k in self.keys]}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any]):
+    def from_wire(cls, h: dict[str, Any]) -> Self:
         return cls(_u64(h.get("rid"), "rid"), tuple(req_keys(h)))
 
 
@@ -525,7 +525,7 @@ class _HandlesRequest:
         return {"op": self.OP, "rid": self.rid, "handles": list(self.handles)}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any]):
+    def from_wire(cls, h: dict[str, Any]) -> Self:
         return cls(_u64(h.get("rid"), "rid"), tuple(req_ints(h, "handles")))
 
 
@@ -549,7 +549,7 @@ class _DescsRequest:
         return {"op": self.OP, "rid": self.rid, "descs": [d.to_wire() for d in self.descs]}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any]):
+    def from_wire(cls, h: dict[str, Any]) -> Self:
         return cls(_u64(h.get("rid"), "rid"), tuple(req_descs(h)))
 
 
@@ -736,7 +736,7 @@ class PutReply:
         return {"rid": self.rid, "ok": True, "res": [put_result_to_wire(r) for r in self.results]}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any], n: int):
+    def from_wire(cls, h: dict[str, Any], n: int) -> Self:
         res = _items(h, "res", n, 3)
         return cls(
             _u64(h.get("rid"), "rid"), tuple(put_result_from_wire(x, f"res[{i}]") for i, x in enumerate(res))
@@ -759,7 +759,7 @@ class _FlagsReply:
         return {"rid": self.rid, "ok": True, "res": list(self.res)}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any], n: int):
+    def from_wire(cls, h: dict[str, Any], n: int) -> Self:
         return cls(_u64(h.get("rid"), "rid"), _bools(h, n), payload_len(h))
 
 
