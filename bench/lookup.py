@@ -2,10 +2,12 @@
 
 A 128K-token prompt is cut into blocks (16 and 256 tokens per block: 8192 and 512 keys); its
 blocks are stored on 3 ``kvstore serve`` daemons (DRAM only, replicas=2, 1 KiB payloads:
-lookups only send keys). Then :meth:`ClusterClient.lookup_prefix` is timed: one batched
-EXISTS per node, in parallel, the longest prefix computed over replicas. Cases: the whole
-prompt cached, half of it cached, and the ranked path (replicas=1, lookahead=0: each node
-asked only for its own keys, placement computed per key). Prints a table; --json writes it.
+lookups only send keys). Then a lookup through the store facade (``kvstore.client.open``) is
+timed as the connector makes it: ``exists`` of every key, the longest prefix of hits. Each key
+goes to its owners (one batched EXISTS per node, in parallel), the keys no owner holds then
+to the next ``lookahead`` node. Cases: the whole prompt cached, half of it cached (the other
+half asks the lookahead node too), and replicas=1, lookahead=0 (each node asked only for its
+own keys, one round). Prints a table; --json writes it.
 
     python bench/lookup.py --json .bench/lookup.json
 """
@@ -27,9 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvstore.block import make_header  # noqa: E402
-from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
-from kvstore.client.node import ClientConfig  # noqa: E402
+import kvstore.client  # noqa: E402
+from kvstore.client import make_header  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 
 PROMPT_TOKENS = 128 * 1024
@@ -87,23 +88,41 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def measure(addrs, ns, keys, expect, cluster_cfg, iters: int) -> dict:
-    c = ClusterClient.static(addrs, ClientConfig(namespaces=(ns,)), cluster_cfg)
-    assert await c.lookup_prefix(keys, 5.0) == expect  # warm: connections, rank cache
+def open_cluster(addrs, ns, **options):
+    return kvstore.client.open(f"kvstore://{','.join(addrs)}", namespaces=(ns,), **options)
+
+
+async def lookup_prefix(c, keys) -> int:
+    """The connector's lookup: which keys are stored, then the longest prefix of them."""
+    tiers = await c.exists(keys, 5.0)
+    return next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+
+
+async def measure(addrs, ns, keys, expect, options, iters: int) -> dict:
+    c = open_cluster(addrs, ns, **options)
+    await c.start(5.0)
+    assert await lookup_prefix(c, keys) == expect  # warm: rank cache
+    asked0 = c.counters["exists_keys"]
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        n = await c.lookup_prefix(keys, 5.0)
+        n = await lookup_prefix(c, keys)
         times.append((time.perf_counter() - t0) * 1e3)
         assert n == expect
+    asked = (c.counters["exists_keys"] - asked0) / iters  # keys sent to nodes per lookup
     await c.close()
-    return {"p50_ms": statistics.median(times), "p99_ms": pct(times, 0.99), "max_ms": max(times)}
+    return {
+        "p50_ms": statistics.median(times),
+        "p99_ms": pct(times, 0.99),
+        "max_ms": max(times),
+        "keys_asked": asked,
+    }
 
 
 async def store(addrs, ns, blocks) -> None:
-    w = ClusterClient.static(addrs, ClientConfig(namespaces=(ns,)), ClusterConfig(replicas=2))
+    w = open_cluster(addrs, ns, replicas=2)
     for i in range(0, len(blocks), 512):
-        assert all(r.status.ok for r in await w.put(blocks[i : i + 512], 30.0))
+        assert (await w.put(blocks[i : i + 512], 30.0)).dropped == 0
     await w.close()
 
 
@@ -116,7 +135,7 @@ async def run(addrs, iters: int) -> list[dict]:
         keys = [h.key for h, _ in blocks]
         half = len(keys) // 2
         await store(addrs, ns, blocks[:half])
-        cases = [("half cached, replicas=2", half, ClusterConfig(replicas=2))]
+        cases = [("half cached, replicas=2", half, {"replicas": 2})]
         for name, expect, cc in cases:
             rows.append(
                 {
@@ -128,8 +147,8 @@ async def run(addrs, iters: int) -> list[dict]:
             )
         await store(addrs, ns, blocks[half:])
         cases = [
-            ("all cached, replicas=2", len(keys), ClusterConfig(replicas=2)),
-            ("all cached, ranked path", len(keys), ClusterConfig(replicas=1, lookahead=0)),
+            ("all cached, replicas=2", len(keys), {"replicas": 2}),
+            ("all cached, replicas=1 la=0", len(keys), {"replicas": 1, "lookahead": 0}),
         ]
         for name, expect, cc in cases:
             rows.append(
@@ -165,10 +184,13 @@ def main() -> int:
     print(
         f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt over 3 nodes (loopback), {args.iters} runs each"
     )
-    print(f"{'block_tokens':>12} {'keys':>6}  {'case':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    print(
+        f"{'block_tokens':>12} {'keys':>6}  {'case':<28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'asked':>7}"
+    )
     for r in rows:
         print(
-            f"{r['block_tokens']:>12} {r['keys']:>6}  {r['case']:<26} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}"
+            f"{r['block_tokens']:>12} {r['keys']:>6}  {r['case']:<28} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['keys_asked']:>7.0f}"
         )
     doc = {
         "bench": "lookup",

@@ -243,11 +243,12 @@ class ClusterClient:
         if lo == 0 and hi >= len(view):  # every node is a candidate for every key: no ranking
             every = list(idx)
             return {n.id: every for n in view}
-        groups: dict[str, list[int]] = {}
+        groups: dict[str, list[int]] = {n.id: [] for n in view}
+        ranked = self.rank  # a hot loop: 8192 keys per lookup of a long prompt
         for i in idx:
-            for a in self.rank(keys[i])[lo:hi]:
-                groups.setdefault(a, []).append(i)
-        return groups
+            for a in ranked(keys[i])[lo:hi]:
+                groups[a].append(i)
+        return {a: g for a, g in groups.items() if g}
 
     async def _exists_round(
         self, keys: Sequence[BlockKey], groups: dict[str, list[int]], out: list[str | None], deadline_s: float
