@@ -102,14 +102,14 @@ async def measure(addrs, ns, keys, expect, options, iters: int) -> dict:
     c = open_cluster(addrs, ns, **options)
     await c.start(5.0)
     assert await lookup_prefix(c, keys) == expect  # warm: rank cache
-    asked0 = c.counters["exists_keys"]
+    asked0 = c.counters["lookup_keys_asked"]
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         n = await lookup_prefix(c, keys)
         times.append((time.perf_counter() - t0) * 1e3)
         assert n == expect
-    asked = (c.counters["exists_keys"] - asked0) / iters  # keys sent to nodes per lookup
+    asked = (c.counters["lookup_keys_asked"] - asked0) / iters  # keys sent to nodes per lookup
     await c.close()
     return {
         "p50_ms": statistics.median(times),

@@ -268,6 +268,7 @@ class ClusterClient:
             for a, idx in groups.items()
         }
         asked = {i for idx in groups.values() for i in idx}
+        self._own_counters["lookup_keys_asked"] += sum(len(idx) for idx in groups.values())
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
