@@ -206,3 +206,25 @@ def test_lookup_computes_an_fp8_engines_namespace_from_its_logged_layout(cli_mod
     assert engine_namespace(cli_model, ns.kv_dtype, 16, 1, 0, "") != ns
     # the payload an fp8 block carries: one byte a value plus a 4-byte scale per layer, K/V, head
     assert block_bytes(cli_model, ns.kv_dtype, 16, 1, ns.layout) == eng.kv.block_bytes(16 // eng.kv.page_size)
+
+
+def test_cli_commands_reach_the_store_only_through_the_client_facade():
+    """No `kvstore` command module imports a client module (node, cluster, etcd, ...) or the
+    node store: what the CLI needs of them comes from `kvstore.client` (the facade)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    bad = {}
+    for path in sorted((root / "kvstore" / "inspect").glob("*.py")):
+        mods = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                mods.add(node.module)
+            elif isinstance(node, ast.Import):
+                mods |= {a.name for a in node.names}
+        reach = {m for m in mods if m.startswith(("kvstore.client.", "kvstore.node"))}
+        if reach:
+            bad[path.name] = sorted(reach)
+    assert not bad, f"CLI modules past the facade: {bad}"
+    assert "kvstore.client" in (root / "kvstore/inspect/context.py").read_text()  # --cluster uses it
