@@ -2,9 +2,9 @@
 
 The node (:class:`kvstore.node.store.NodeStore`: DRAM, then LMDB disk under ``PATH/disk``) is
 opened on the first call or at :meth:`LocalClient.start`, in the caller's event loop. Reads
-lease each block, copy it into the caller's buffer and release it; writes reserve a slot,
-copy the payload in and commit it: the node's own two-phase sequences, the ones a daemon runs
-for its clients. :meth:`LocalClient.get_views` reads in place instead (zero copy), for the
+lease each block, copy it into the caller's buffer and release it (blocks on disk only are
+read straight into the caller's buffer); writes reserve a slot, copy the payload in and
+commit it: the node's own two-phase sequences, the ones a daemon runs for its clients. :meth:`LocalClient.get_views` reads in place instead (zero copy), for the
 connector's loads from DRAM.
 
 Same contract as every StoreClient (kvstore/client/api.py): a failure of the node (an I/O
@@ -114,26 +114,42 @@ class LocalClient:
         deadline_s: float | None = None,
     ) -> list[GetResult]:
         """Lease, copy into ``bufs``, release. A block that does not match its key and
-        expectation is MISMATCH; one the node cannot read whole (corrupt on disk) a MISS."""
+        expectation is MISMATCH; a short buffer BUF_TOO_SMALL. Blocks on disk only are read
+        straight into their buffers instead (the node's checksum-verified read, CORRUPT for a
+        bad copy): a lease would first copy each into a fresh private buffer, and the
+        connector's staging buffers are reused precisely so that a load never faults in new
+        pages."""
         if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         views = [byte_view(b) for b in bufs]
         exp = list(expect) if expect is not None else [None] * len(keys)
-        deadline = deadline_s or self.op_timeout_s
         try:
-            node = await self._get()
-            leases = await asyncio.wait_for(node.lease(keys, max(deadline, 1.0) * 4), deadline)
+            out = await asyncio.wait_for(self._read(keys, views, exp), deadline_s or self.op_timeout_s)
         except Exception as exc:
             self._failed("get", exc)
             return [GetResult(Status.ERROR)] * len(keys)
-        try:
-            out = []
-            for key, view, e, lease in zip(keys, views, exp, leases):
-                out.append(_copy_out(key, view, e, lease))
-        finally:
-            node.release([x for x in leases if x is not None])
         for r in out:
             self._counters["hits" if r.status is Status.HIT else "misses"] += 1
+        return out
+
+    async def _read(self, keys, views: list[memoryview], exp: list) -> list[GetResult]:
+        node = await self._get()
+        on_disk = [t == "disk" for t in await node.contains(keys)]
+        out: list[GetResult] = [GetResult(Status.MISS)] * len(keys)
+        mem = [i for i, d in enumerate(on_disk) if not d]
+        leases = await node.lease([keys[i] for i in mem], self.op_timeout_s * 4)
+        try:
+            for i, lease in zip(mem, leases):
+                out[i] = _copy_out(keys[i], views[i], exp[i], lease)
+        finally:
+            node.release([x for x in leases if x is not None])
+        disk = [i for i, d in enumerate(on_disk) if d]
+        if disk:
+            got = await node.get_into(
+                [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
+            )
+            for i, r in zip(disk, got):
+                out[i] = r
         return out
 
     async def get_views(
