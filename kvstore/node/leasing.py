@@ -13,7 +13,7 @@ from kvstore.block import BlockHeader
 from kvstore.keys import BlockKey
 from kvstore.node.leases import Lease, LeaseTable
 from kvstore.node.reads import Reader
-from kvstore.node.tiers.base import Slot, SlotTier, Tier
+from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.results import Status
 
 
@@ -28,7 +28,7 @@ class Leaser:
     def __init__(
         self,
         memory: list[SlotTier],
-        disk: Tier | None,
+        disk: BottomTier | None,
         leases: LeaseTable,
         where: Callable[[bytes], Tier | None],
         reader: Reader,
@@ -57,7 +57,7 @@ class Leaser:
         disk-only block is first brought into DRAM (verified) when there is room, else copied
         privately. None where absent or corrupt, and (with ``max_read_bytes``) where reading it
         from disk would take this call's disk reads past that many bytes: the buffers one call
-        allocates are bounded."""
+        allocates are bounded. A lease's view is exactly its header's ``payload_len`` bytes."""
         out: list[Lease | None] = []
         read = 0
         for key in keys:
@@ -75,10 +75,12 @@ class Leaser:
                 out.append(None)
                 continue
             self._counters[f"hits_{t.name}"] += 1
-            out.append(self._lease_in(t, key, BlockHeader.decode(t.header_sync(key.raw)), ttl_s))
+            out.append(self._lease_in(t, key, ttl_s))
         return out
 
-    def _lease_in(self, t: SlotTier, key: BlockKey, header: BlockHeader, ttl_s: float | None) -> Lease:
+    def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None) -> Lease:
+        """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
+        header = BlockHeader.decode(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
         t.touch(key.raw)
         return self._add_lease(key, header, view, off, t.name, ttl_s)
@@ -89,9 +91,13 @@ class Leaser:
         return lease
 
     async def _lease_from_disk(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | None:
-        """Lease a disk-only block. When it moves up into a host-memory top tier it is read
-        from disk straight into its new slot: one copy, where reading it into a buffer and
-        promoting that would copy it twice. Otherwise it is read into a private buffer."""
+        """Lease a disk-only block of ``plen`` bytes (as indexed now). When it moves up into a
+        host-memory top tier it is read from disk straight into its new slot: one copy, where
+        reading it into a buffer and promoting that would copy it twice. Otherwise it is read
+        into a private buffer. The key may be deleted, or deleted and stored anew with other
+        bytes, while it is read: the slot is then given back, never committed."""
+        k = key.raw
+        disk = self._disk
         top = self._memory[0] if self._memory else None
         if top is None or top.host_buffer is None or not self._promote_on_read:
             scratch = bytearray(plen)
@@ -99,11 +105,13 @@ class Leaser:
             if r.status is not Status.HIT:
                 return None
             dram = next((t for t in self._memory if t.name == "dram"), None)
-            if dram is not None and key.raw in dram:
-                return self._lease_in(dram, key, r.header, ttl_s)
-            return self._add_lease(key, r.header, memoryview(scratch).toreadonly(), None, "disk", ttl_s)
-        hdr = await self._disk.read_header(key.raw)
-        slot = self._promotion_slot(key.raw, bytes(hdr), plen) if hdr is not None else None
+            if dram is not None and k in dram and k not in self._doomed:
+                return self._lease_in(dram, key, ttl_s)
+            view = memoryview(scratch)[: r.header.payload_len].toreadonly()
+            return self._add_lease(key, r.header, view, None, "disk", ttl_s)
+        version = disk.version(k)  # type: ignore[union-attr]  # of the copy ``plen`` describes
+        hdr = await disk.read_header(k)  # type: ignore[union-attr]
+        slot = self._promotion_slot(k, bytes(hdr), plen) if hdr is not None else None
         buf = top.slot_view(slot, plen) if slot is not None else bytearray(plen)
         try:
             [r] = await self._reader.read_disk([key], [buf])
@@ -111,25 +119,30 @@ class Leaser:
             if slot is not None:
                 top.abandon(slot)
             raise
+        if r.status is not Status.HIT:
+            if slot is not None:
+                top.abandon(slot)
+            return None
+        n = r.header.payload_len  # the copy read: not ``plen`` when the key changed meanwhile
         if slot is None:
-            if r.status is not Status.HIT:
-                return None
-            return self._add_lease(key, r.header, memoryview(buf).toreadonly(), None, "disk", ttl_s)
-        k = key.raw
-        if r.status is Status.HIT and r.header.encode() == slot[1] and self._still_disk_only(k):
+            return self._add_lease(key, r.header, memoryview(buf)[:n].toreadonly(), None, "disk", ttl_s)
+        if n == plen and r.header.encode() == slot[1] and self._unchanged(k, version):
             top.commit(k, slot, len(slot[1]), plen)
             self._counters["promotions"] += 1
-            return self._lease_in(top, key, r.header, ttl_s)
-        # a miss, or the key changed while it was read: the slot goes back (a hit is copied)
-        copy = bytes(buf) if r.status is Status.HIT else None
+            return self._lease_in(top, key, ttl_s)
+        # the key changed while it was read: the slot goes back, the bytes read are copied out
+        copy = bytes(buf[:n])
         top.abandon(slot)
-        if copy is None:
-            return None
         return self._add_lease(key, r.header, memoryview(copy), None, "disk", ttl_s)
 
-    def _still_disk_only(self, key: bytes) -> bool:
-        """After a read into a promotion slot: the key is still on disk only and not deleted."""
-        return key in self._disk and key not in self._doomed and not any(key in t for t in self._memory)
+    def _unchanged(self, key: bytes, version: int | None) -> bool:
+        """After a read into a promotion slot: the copy read is still the one stored, on disk
+        only, and the key is not deleted."""
+        return (
+            self._disk.version(key) == version  # type: ignore[union-attr]
+            and key not in self._doomed
+            and not any(key in t for t in self._memory)
+        )
 
     def release(self, leases: Sequence[Lease]) -> None:
         """End leases (idempotent). A block deleted while leased is freed at its last release."""

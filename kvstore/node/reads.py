@@ -11,18 +11,19 @@ from collections.abc import Callable, Sequence
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
-from kvstore.node.tiers.base import Tier
+from kvstore.node.tiers.base import BottomTier, Tier
 from kvstore.results import Expect, GetResult, Status
 
 
 class Reader:
     """Reads for a node whose bottom tier is ``disk`` (or None). ``where(key)``: the highest
     tier holding a visible key, or None. ``promote(header, payload)``: offered each verified
-    disk hit (the node's placement decides whether it moves up)."""
+    disk hit whose copy is still the one stored when the read ends (the node's placement
+    decides whether it moves up)."""
 
     def __init__(
         self,
-        disk: Tier | None,
+        disk: BottomTier | None,
         where: Callable[[bytes], Tier | None],
         promote: Callable[[BlockHeader, object], None],
         counters: Counter[str],
@@ -41,7 +42,7 @@ class Reader:
         """Copy each block's payload into its buffer (first ``payload_len`` bytes). Disk copies
         are checksum-verified (CORRUPT: dropped); ``expect`` checks parent and token ids
         (MISMATCH). A buffer's content is unspecified unless its result is HIT. Every disk
-        hit is offered to ``promote``."""
+        hit of a copy still stored when the read ends is offered to ``promote``."""
         results: list[GetResult | None] = [None] * len(keys)
         disk_idx: list[int] = []
         for i, key in enumerate(keys):
@@ -57,12 +58,16 @@ class Reader:
                     t.touch(key.raw)
         if disk_idx:
             exp = [expect[i] for i in disk_idx] if expect else None
+            disk = self._disk
+            # a copy deleted (or deleted and stored anew) while it was read must not move up:
+            # it would bring a deleted block back, or shadow the new copy with the old bytes
+            versions = [disk.version(keys[i].raw) for i in disk_idx]  # type: ignore[union-attr]
             got = await self.read_disk(
                 [keys[i] for i in disk_idx], [bufs[i] for i in disk_idx], exp, count=False
             )
-            for i, r in zip(disk_idx, got):
+            for i, v, r in zip(disk_idx, versions, got):
                 results[i] = r
-                if r.status is Status.HIT:
+                if r.status is Status.HIT and disk.version(keys[i].raw) == v:  # type: ignore[union-attr]
                     self._promote(r.header, bufs[i])
         for r in results:
             self.count(r)  # type: ignore[arg-type]

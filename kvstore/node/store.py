@@ -33,7 +33,7 @@ from kvstore.node.inspection import Inspector
 from kvstore.node.leases import Lease, LeaseTable, Reservation
 from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
-from kvstore.node.tiers.base import Slot, SlotTier, Tier
+from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
@@ -45,7 +45,7 @@ class NodeStore:
     """Use :meth:`open`; the constructor takes already-built tiers: ``memory`` top first, and
     the bottom ``disk`` tier (or None)."""
 
-    def __init__(self, cfg: StoreConfig, memory: list[SlotTier], disk: Tier | None) -> None:
+    def __init__(self, cfg: StoreConfig, memory: list[SlotTier], disk: BottomTier | None) -> None:
         self.cfg = cfg
         self.memory = memory
         self.disk = disk
@@ -157,8 +157,9 @@ class NodeStore:
 
     def _promotion_slot(self, key: bytes, hdr: bytes, plen: int) -> Slot | None:
         """A reserved slot of the top memory tier for a disk block moving up, or None when it
-        is there already, deleted, or would take evicting anything not also below."""
-        if not self.memory or key in self.memory[0] or key in self.doomed:
+        is there already, deleted, being written (its writer's commit needs the key free), or
+        would take evicting anything not also below."""
+        if not self.memory or key in self.memory[0] or key in self.doomed or key in self.leases.reserved_keys:
             return None
         top = self.memory[0]
         if not top.fits(plen, len(hdr)) or not self.evictor.room_without_io(top, plen, len(hdr)):

@@ -1,10 +1,11 @@
-"""What a tier offers the node: the :class:`Tier` protocol every tier implements, and
-:class:`SlotTier`, the part a memory tier adds (slots written and read in place).
+"""What a tier offers the node: the :class:`Tier` protocol every tier implements,
+:class:`SlotTier`, the part a memory tier adds (slots written and read in place), and
+:class:`BottomTier`, the part the disk tier adds (versions of its copies).
 
 A tier stores (key, encoded header, payload) triples and keeps its own LRU order and index
 (see kvstore.node.tiers.index). Batched calls take and return lists in input order. The node
 owns placement and policy: which tier takes a block, when a block moves down, which blocks may
-not be evicted (leases, pins). The node drives tiers only through these two protocols.
+not be evicted (leases, pins). The node drives tiers only through these protocols.
 
 Methods without ``async`` never do I/O; the async ones may run I/O on threads but never block
 the event loop. Not thread-safe: call from the event loop that opened the node.
@@ -117,6 +118,17 @@ class Tier(Protocol):
 
     async def close(self) -> None:
         """Flush and release the tier's resources. Nothing may be called after."""
+        ...
+
+
+class BottomTier(Tier, Protocol):
+    """The tier under the memory tiers (disk). A copy read from it may move up into a memory
+    tier after the read's await, so it names its stored copies."""
+
+    def version(self, key: bytes) -> int | None:
+        """The version of the stored copy of ``key``, None when absent: new for every copy
+        stored, so equal before and after an await only when no delete, eviction or new
+        store of ``key`` completed in between. No I/O."""
         ...
 
 

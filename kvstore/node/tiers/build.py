@@ -8,12 +8,12 @@ import asyncio
 
 from kvstore.config import StoreConfig
 from kvstore.node.tiers.arena import CudaArena, HostArena
-from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.tiers.base import BottomTier, SlotTier
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.memory import MemoryTier
 
 
-async def build_tiers(cfg: StoreConfig) -> tuple[list[SlotTier], Tier | None]:
+async def build_tiers(cfg: StoreConfig) -> tuple[list[SlotTier], BottomTier | None]:
     """The configured memory tiers (top first) and disk tier (None when disabled); the disk
     index is rebuilt here. Raises TierError naming the tier that cannot be opened."""
     memory: list[SlotTier] = []

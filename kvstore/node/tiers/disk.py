@@ -5,8 +5,8 @@ of it; with ``sync`` every commit is flushed before the put returns, so an ackno
 block survives ``kill -9`` and power loss. Every read verifies the payload's xxh3_64 checksum
 in the reading thread; a bad copy is reported CORRUPT and deleted.
 
-The in-memory index (key -> packed lengths, namespace id and access time, in LRU order) is
-rebuilt from the header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
+The in-memory index (key -> packed lengths, namespace id, copy version and access time, in LRU
+order) is rebuilt from the header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
 allows one writer); the event loop never waits on disk. Call from one event loop.
 """
 
@@ -23,8 +23,10 @@ import lmdb
 from kvstore.block import BlockHeader, checksum
 from kvstore.errors import BlockFormatError, TierError
 from kvstore.node.tiers.index import (
+    MAX_OFFSET,
     LruIndex,
     entry_header_len,
+    entry_offset,
     entry_payload_len,
     header_namespace,
     now_s,
@@ -39,7 +41,7 @@ _MAP_FULL_RETRIES = 6
 
 
 class DiskTier(LruIndex):
-    """A :class:`kvstore.node.tiers.base.Tier` over LMDB at ``path``. ``protected``: see
+    """A :class:`kvstore.node.tiers.base.BottomTier` over LMDB at ``path``. ``protected``: see
     :meth:`protect`."""
 
     name = "disk"
@@ -84,6 +86,7 @@ class DiskTier(LruIndex):
         self.checksum_failures = 0
         self.write_errors = 0
         self.map_full_evictions = 0  # blocks dropped because the map, not capacity, was full
+        self._last_version = 0  # see version()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tierkv-disk-w")
         self._readers = ThreadPoolExecutor(4, thread_name_prefix="tierkv-disk-r")
         self._write_lock = asyncio.Lock()
@@ -116,9 +119,24 @@ class DiskTier(LruIndex):
         found.sort()
         t = now_s()
         for _, key, hlen, plen, ns in found:
-            self._index_add(key, 0, hlen, plen, t, ns)
+            self._index_add(key, self._next_version(), hlen, plen, t, ns)
             self.payload_bytes += plen
             self._used += plen + hlen
+
+    # ------------------------------------------------------------------ versions
+    def version(self, key: bytes) -> int | None:
+        """The version of the stored copy of ``key``, None when absent. Every copy indexed
+        (stored, or found at open) gets a new one, so a version read before and again after
+        an await is equal only when no delete, eviction or new store of ``key`` completed in
+        between: the node promotes a copy it read only when it is still the one stored."""
+        e = self._index.get(key)
+        return None if e is None else entry_offset(e)
+
+    def _next_version(self) -> int:
+        # kept in the entry's offset field (a disk block has no slot); it wraps after 2**42
+        # copies, far beyond any one read's lifetime
+        self._last_version = self._last_version % MAX_OFFSET + 1
+        return self._last_version
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -241,7 +259,7 @@ class DiskTier(LruIndex):
         t = now_s()
         for key, hdr, payload in todo:
             plen = memoryview(payload).nbytes
-            self._index_add(key, 0, len(hdr), plen, t, header_namespace(hdr))
+            self._index_add(key, self._next_version(), len(hdr), plen, t, header_namespace(hdr))
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]

@@ -23,12 +23,14 @@ _LEN_SHIFT = _HLEN_SHIFT + _HLEN_BITS
 _T_SHIFT = _LEN_SHIFT + _LEN_BITS
 _OFF_MASK = (1 << _OFF_BITS) - 1
 MAX_HEADER_LEN = (1 << _HLEN_BITS) - 1
+MAX_OFFSET = _OFF_MASK
 MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
 
 
 def pack_entry(offset: int, ns_id: int, header_len: int, payload_len: int, atime: int) -> int:
-    """One int per block: payload slot offset (0 on disk), namespace id (0: none), header and
-    payload lengths, access time (seconds)."""
+    """One int per block: payload slot offset (on disk, where a block has no slot: the version
+    of the stored copy), namespace id (0: none), header and payload lengths, access time
+    (seconds)."""
     return (
         offset
         | (ns_id << _NS_SHIFT)

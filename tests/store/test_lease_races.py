@@ -1,0 +1,65 @@
+"""A lease of a disk-only block whose key is deleted and stored anew, with other bytes of
+another length, while the lease reads it: the lease carries exactly the bytes its header
+names (never the length indexed before, never the tail of a slot's previous occupant), and
+no DRAM copy is committed with the old length. Real tiers; the reader threads are kept busy
+by large reads so that the rewrite lands while the lease waits for its read."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from storeutil import make_blocks
+
+from kvstore.block import checksum, make_header
+from kvstore.node.store import NodeStore
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _rewrite(h, nbytes: int, seed: int):
+    """The same key as ``h`` with a new payload of ``nbytes``: (header, payload)."""
+    p = random.Random(seed).randbytes(nbytes)
+    h2 = make_header(
+        key=h.key, parent=h.parent, namespace=h.namespace, tokens=h.token_bytes,
+        dtype="uint8", shape=[nbytes], payload=p,
+    )  # fmt: skip
+    return h2, p
+
+
+async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten(cfg_factory):
+    cfg = cfg_factory(dram__capacity="2MiB", dram__slab_size="1MiB", disk__capacity="512MiB")
+    big = make_blocks(4, nbytes=32 * MiB, seed=1)  # over the slab size: disk only
+    rounds = make_blocks(6, nbytes=512 * KiB, seed=3)
+    node = await NodeStore.open(cfg)
+    await node.put(big + rounds)
+    await node.close()
+    node = await NodeStore.open(cfg)  # DRAM empty: every block on disk only
+    try:
+        for n, (h, _) in enumerate(rounds):
+            h2, p2 = _rewrite(h, 256 * KiB, seed=100 + n)
+            filler = make_blocks(2, nbytes=1 * MiB, seed=200 + n)  # fills DRAM (whatever it held)
+            assert [r.tier for r in await node.put(filler)] == ["dram", "dram"]
+            hogs = [
+                asyncio.create_task(node.get_into([b.key], [bytearray(b.payload_len)])) for b, _ in big * 2
+            ]
+            lease_task = asyncio.create_task(node.lease([h.key]))
+            await asyncio.sleep(0)  # the lease has taken the old length; its read waits
+            await node.pin([f.key for f, _ in filler])  # nothing to evict: the rewrite goes to disk
+            assert await node.delete([h.key]) == [True]
+            [pr] = await node.put([(h2, p2)])
+            assert pr.tier == "disk"
+            await node.unpin([f.key for f, _ in filler])
+            [lease] = await lease_task
+            await asyncio.gather(*hogs)
+            if lease is not None:
+                assert lease.view.nbytes == lease.header.payload_len, "view and header disagree"
+                assert checksum(lease.view) == lease.header.checksum, "bytes of another copy"
+                node.release([lease])
+            node.check()
+            rep = await node.verify()
+            assert rep["corrupt"] == [], rep
+            got = await node.describe(h.key)
+            assert got is not None and got[0] == h2, "the new copy stays"
+    finally:
+        await node.close()
