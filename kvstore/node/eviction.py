@@ -24,6 +24,7 @@ class Evictor:
     tier, then to ``disk`` (the bottom tier, which evicts on its own), or dropping them when
     there is no tier below. ``leases`` and ``pinned``: what may not move;
     ``dirty``: write-back keys not yet on disk (cleared once written down or dropped);
+    ``doomed``: keys deleted while held (a copy made below during the delete is dropped);
     ``unhold``: the node's release of a hold taken here (it frees a key deleted meanwhile);
     ``counters``: the node's counters (evictions_<tier>, slab_moves_<tier>, demotions,
     dropped)."""
@@ -35,6 +36,7 @@ class Evictor:
         leases: LeaseTable,
         pinned: set[bytes],
         dirty: set[bytes],
+        doomed: set[bytes],
         unhold: Callable[[bytes], None],
         counters: Counter[str],
     ) -> None:
@@ -43,6 +45,7 @@ class Evictor:
         self._leases = leases
         self._pinned = pinned
         self._dirty = dirty
+        self._doomed = doomed
         self._unhold = unhold
         self._counters = counters
 
@@ -105,6 +108,10 @@ class Evictor:
         try:
             if (below and key not in below[0]) or key in self._dirty:
                 await self._copy_down(tier, key, below)
+            # deleted during the copy (held, so only hidden): delete found no disk copy then,
+            # and the one just made must not outlive it (memory copies go at the last unhold)
+            if key in self._doomed and self._disk is not None and key in self._disk:
+                await self._disk.delete([key])
         finally:
             self._unhold(key)
         if key in tier and not self.protected(key):

@@ -65,7 +65,7 @@ class NodeStore:
             self.doomed, self.dirty, c,
         )  # fmt: skip
         unhold = self.leaser.unhold
-        self.evictor = Evictor(memory, disk, self.leases, self.pinned, self.dirty, unhold, c)
+        self.evictor = Evictor(memory, disk, self.leases, self.pinned, self.dirty, self.doomed, unhold, c)
         self.writer = Writer(
             memory, disk, self.leases, self._place, self._where, self.doomed, self.dirty,
             self.write_back, unhold, c,

@@ -145,6 +145,11 @@ class Writer:
             self._leases.hold(k)  # the slot must not be freed while the writer thread reads it
         try:
             stored = await disk.put([(k, r.header_bytes, r.view) for k, (_, r) in zip(keys, to_disk)])  # type: ignore[union-attr]
+            # deleted while written (held, so only hidden): delete found no disk copy to drop
+            # then, and the one just written must not outlive it
+            gone = [k for k in keys if k in self._doomed and k in disk]  # type: ignore[operator]
+            if gone:
+                await disk.delete(gone)  # type: ignore[union-attr]
         finally:
             for k in keys:
                 self._unhold(k)
@@ -179,11 +184,15 @@ class Writer:
         r.scratch, r.view = payload, memoryview(payload)
 
     async def flush(self) -> int:
-        """Write every dirty (write-back) memory block to disk; the number left unwritten."""
+        """Write every dirty (write-back) memory block to disk, but those deleted while held;
+        the number of dirty blocks left unwritten."""
         if self._disk is None:
             return 0
         for tier in self._tiers:
-            items = [(k, tier.header_sync(k), tier.payload_host(k)) for k in list(self._dirty) if k in tier]
+            # a block deleted while leased stays in memory (and dirty) until its last release:
+            # deleted all the same, it is not written
+            todo = [k for k in self._dirty if k in tier and k not in self._doomed]
+            items = [(k, tier.header_sync(k), tier.payload_host(k)) for k in todo]
             if items:
                 ok = await self._disk.put(items)
                 for (k, _, _), stored in zip(items, ok):

@@ -72,3 +72,57 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
         node.check()
     finally:
         await node.close()
+
+
+async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
+    cfg = _big_cfg(cfg_factory)
+    node = await NodeStore.open(cfg)
+    try:
+        for h, p in make_blocks(4, nbytes=8 * MiB, seed=3):
+            put = asyncio.create_task(node.put([(h, p)]))
+            while await node.contains([h.key]) == [None]:  # committed to DRAM, disk write under way
+                await asyncio.sleep(0)
+            assert await node.delete([h.key]) == [True]
+            [pr] = await put
+            assert pr.status is Status.STORED
+            assert await node.contains([h.key]) == [None], "the disk write brought it back"
+        node.check()
+        assert node.stats()["tiers"]["disk"]["blocks"] == 0
+    finally:
+        await node.close()
+
+
+async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factory):
+    """Write-back: a dirty block is copied to disk when evicted; deleted during that copy, the
+    copy must not outlive the delete."""
+    cfg = _big_cfg(cfg_factory, dram__capacity="16MiB", disk__write_mode="write-back")
+    node = await NodeStore.open(cfg)
+    try:
+        blocks = make_blocks(6, nbytes=8 * MiB, seed=4)
+        await node.put(blocks[:2])  # DRAM full, nothing on disk
+        for (old, _), new in zip(blocks, blocks[2:]):
+            put = asyncio.create_task(node.put([new]))
+            while not node.leases.held(old.key.raw):  # the eviction is copying it down
+                await asyncio.sleep(0)
+            assert await node.delete([old.key]) == [True]
+            await put
+            assert await node.contains([old.key]) == [None], "the demotion brought it back"
+        node.check()
+    finally:
+        await node.close()
+
+
+async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(cfg_factory):
+    cfg = cfg_factory(disk__write_mode="write-back", disk__sync=True)
+    node = await NodeStore.open(cfg)
+    blocks = make_blocks(2)
+    await node.put(blocks)
+    key = blocks[0][0].key
+    [lease] = await node.lease([key])
+    assert await node.delete([key]) == [True]
+    await node.close()  # the lease is still out: the block is deleted but still in DRAM
+    node = await NodeStore.open(cfg)
+    try:
+        assert await node.contains([key, blocks[1][0].key]) == [None, "disk"], "a deleted block was flushed"
+    finally:
+        await node.close()

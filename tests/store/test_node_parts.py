@@ -31,10 +31,13 @@ async def _filled_dram(n: int):
 
 
 def _evictor(tier, disk=None, **kw):
-    parts = dict(leases=LeaseTable(30.0), pinned=set(), dirty=set(), counters=Counter())
+    parts = dict(leases=LeaseTable(30.0), pinned=set(), dirty=set(), doomed=set(), counters=Counter())
     parts.update(kw)
     unhold = parts["leases"].unhold
-    ev = Evictor([tier], disk, parts["leases"], parts["pinned"], parts["dirty"], unhold, parts["counters"])
+    ev = Evictor(
+        [tier], disk, parts["leases"], parts["pinned"], parts["dirty"], parts["doomed"], unhold,
+        parts["counters"],
+    )  # fmt: skip
     return ev, parts
 
 
