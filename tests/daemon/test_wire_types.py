@@ -1,10 +1,10 @@
-"""Data-port field names live in kvstore/protocol.py only (issue 14), and rdma/ knows no store op.
+"""Data-port field names live in kvstore/protocol/ only (issue 14), and rdma/ knows no store op.
 
 Both ends build and read frames with the typed messages of :mod:`kvstore.protocol`, so a
 field's name is written once. This reads the sources: a string literal used as a map key (a
 dict display's key, a subscript, the first argument of ``get``/``pop``/``setdefault``) that
 is a wire field name, in the client's connection modules or the daemon's, is a field name
-outside protocol.py. The wire field names are taken from protocol.py itself (every literal it
+outside kvstore/protocol/. The wire field names are taken from that package itself (every literal it
 uses as a key), plus framing's ``plen``.
 """
 
@@ -62,7 +62,11 @@ def string_literals(source: str) -> set[str]:
 
 
 def wire_fields() -> set[str]:
-    return {text for _, text in key_literals((ROOT / "kvstore/protocol.py").read_text())} | {"plen"}
+    return {
+        text
+        for f in sorted((ROOT / "kvstore/protocol").glob("*.py"))
+        for _, text in key_literals(f.read_text())
+    } | {"plen"}
 
 
 def test_the_scan_finds_field_names_used_as_keys():
@@ -80,7 +84,7 @@ def test_no_wire_field_name_outside_protocol():
         rel = str(path.relative_to(ROOT))
         if rel not in DATA_PORT:
             found += [(rel, line, t) for line, t in key_literals(path.read_text()) if t in DATA_PORT_ONLY]
-    assert not found, f"wire field names outside kvstore/protocol.py: {found}"
+    assert not found, f"wire field names outside kvstore/protocol/: {found}"
 
 
 def test_rdma_knows_no_store_op():

@@ -1,0 +1,186 @@
+"""Protocol constants, error codes, ProtocolError and the field parsers every message uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstore.block import BlockHeader
+from kvstore.errors import BlockFormatError, TierKVError
+from kvstore.keys import KEY_BYTES, BlockKey
+from kvstore.results import Expect, Status
+from rdma.transport import RemoteDescriptor, TransportError
+
+PROTOCOL_VERSION = 1
+MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
+MAX_BATCH = 4096  # keys (or descriptors, handles) per request
+MAX_BLOCKS = 256  # block headers per GET/PUT frame that clients send; keeps headers under MAX_HEADER
+MAX_REPLY_HEADER = 16 << 20  # what a client accepts from a node
+
+# error codes (the ``code`` of a failed reply)
+BAD_FRAME = "bad_frame"  # unparseable frame: connection closed after the reply
+TOO_LARGE = "too_large"  # length over the maximum: connection closed after the reply
+BAD_VERSION = "bad_version"  # HELLO with an unsupported version: connection closed
+AUTH = "auth"  # wrong token / tenant claim, or an op before HELLO: connection closed
+UNKNOWN_OP = "unknown_op"  # the connection stays usable
+BAD_REQUEST = "bad_request"  # a field is missing or mistyped; the connection stays usable
+INTERNAL = "internal"  # the node failed; the connection stays usable
+CLOSING = "closing"  # the daemon is shutting down
+TRANSPORT = "transport"  # HELLO: the node requires RDMA and the client offered none; closed
+BUSY = "busy"  # HELLO: the tenant has as many connections open as the node allows; closed
+FATAL_CODES = frozenset({BAD_FRAME, TOO_LARGE, BAD_VERSION, AUTH, TRANSPORT})
+
+
+class ProtocolError(TierKVError):
+    """A request or reply does not follow the protocol; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def bad(message: str) -> ProtocolError:
+    return ProtocolError(BAD_REQUEST, message)
+
+
+# ---------------------------------------------------------------- field parsers
+
+
+def _u64(v: Any, name: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
+        raise bad(f"{name} must be a u64, got {v!r}")
+    return v
+
+
+def _str(v: Any, name: str, nil: bool = False) -> str | None:
+    if v is None and nil:
+        return None
+    if not isinstance(v, str):
+        raise bad(f"{name} must be a string{' or nil' if nil else ''}, got {type(v).__name__}")
+    return v
+
+
+def _list(h: dict[str, Any], field: str, n: int | None = None) -> list:
+    v = h.get(field)
+    if not isinstance(v, list):
+        raise bad(f"{field} must be a list, got {type(v).__name__}")
+    if len(v) > MAX_BATCH:
+        raise bad(f"{field} has {len(v)} items; at most {MAX_BATCH} per request")
+    if n is not None and len(v) != n:
+        raise bad(f"{field} has {len(v)} items, expected {n}")
+    return v
+
+
+def _items(h: dict[str, Any], field: str, n: int | None, size: int) -> list:
+    """A reply's per-key list: ``n`` items (when given), each a list of ``size`` (when > 0)."""
+    v = h.get(field)
+    if not isinstance(v, list) or (n is not None and len(v) != n):
+        raise bad(f"{field} must be a list of {n} results, got {v!r:.80}")
+    for i, item in enumerate(v):
+        if size and (not isinstance(item, list) or len(item) != size):
+            raise bad(f"{field}[{i}] must be a list of {size} fields, got {item!r:.80}")
+    return v
+
+
+def request_rid(h: dict[str, Any]) -> int:
+    """The rid an error reply to ``h`` echoes: the request's when it is an int, else 0."""
+    rid = h.get("rid")
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
+
+
+def req_keys(h: dict[str, Any], field: str = "keys") -> list[BlockKey]:
+    out = []
+    for i, k in enumerate(_list(h, field)):
+        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
+            raise bad(f"{field}[{i}] must be {KEY_BYTES} bytes")
+        out.append(BlockKey(k))
+    return out
+
+
+def req_ints(h: dict[str, Any], field: str, n: int | None = None) -> list[int]:
+    return [_u64(v, f"{field}[{i}]") for i, v in enumerate(_list(h, field, n))]
+
+
+def req_expects(h: dict[str, Any], n: int) -> list[Expect | None]:
+    """``exp``: absent/nil, or n items each nil or ``[parent|nil, token_bytes|nil]``."""
+    if h.get("exp") is None:
+        return [None] * n
+    out: list[Expect | None] = []
+    for i, e in enumerate(_list(h, "exp", n)):
+        if e is None:
+            out.append(None)
+            continue
+        if not isinstance(e, list) or len(e) != 2:
+            raise bad(f"exp[{i}] must be [parent, tokens]")
+        parent, toks = e
+        if parent is not None and (not isinstance(parent, bytes) or len(parent) != KEY_BYTES):
+            raise bad(f"exp[{i}] parent must be {KEY_BYTES} bytes or nil")
+        if toks is not None and not isinstance(toks, bytes):
+            raise bad(f"exp[{i}] tokens must be bytes or nil")
+        out.append(Expect(BlockKey(parent) if parent is not None else None, toks))
+    return out
+
+
+def _expect_to_wire(e: Expect | None) -> list | None:
+    return None if e is None else [e.parent.raw if e.parent else None, e.token_bytes]
+
+
+def decode_header(raw: Any, name: str) -> BlockHeader:
+    """One encoded block header (bytes); ProtocolError naming ``name`` when it does not parse."""
+    if not isinstance(raw, bytes):
+        raise bad(f"{name} must be an encoded block header (bytes)")
+    try:
+        return BlockHeader.decode(raw)
+    except BlockFormatError as exc:
+        raise bad(f"{name}: {exc}") from exc
+
+
+def req_headers(h: dict[str, Any], field: str = "hdrs") -> list[BlockHeader]:
+    return [decode_header(raw, f"{field}[{i}]") for i, raw in enumerate(_list(h, field))]
+
+
+def req_descs(h: dict[str, Any], field: str = "descs") -> list[RemoteDescriptor]:
+    return [_desc(raw, f"{field}[{i}]") for i, raw in enumerate(_list(h, field))]
+
+
+def _desc(raw: Any, name: str, nil: bool = False) -> RemoteDescriptor | None:
+    if raw is None and nil:
+        return None
+    try:
+        return RemoteDescriptor.from_wire(raw)
+    except TransportError as exc:
+        raise bad(f"{name}: {exc}") from exc
+
+
+def req_flag(h: dict[str, Any], field: str) -> bool:
+    """An optional boolean field (absent or nil: False)."""
+    v = h.get(field)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad(f"{field} must be true, false or nil, got {v!r}")
+    return v
+
+
+def req_float(h: dict[str, Any], field: str) -> float | None:
+    """An optional number of seconds in (0, 86400]; None when absent or nil."""
+    v = h.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 86400:
+        raise bad(f"{field} must be a number of seconds in (0, 86400], got {v!r}")
+    return float(v)
+
+
+def status_from_wire(v: Any, name: str = "status") -> Status:
+    try:
+        return Status(v)
+    except (ValueError, TypeError) as exc:
+        raise bad(f"{name}: unknown status {v!r}") from exc
+
+
+def _bools(h: dict[str, Any], n: int | None) -> tuple[bool, ...]:
+    res = _items(h, "res", n, 0)
+    for i, r in enumerate(res):
+        if not isinstance(r, bool):
+            raise bad(f"res[{i}] must be true or false, got {r!r}")
+    return tuple(res)

@@ -1,0 +1,85 @@
+"""Per-key result records of GET, LEASE, RESERVE and PUT/COMMIT replies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvstore.block import BlockHeader
+from kvstore.protocol.fields import _desc, _str, bad, decode_header, status_from_wire
+from kvstore.results import PutResult, Status
+from rdma.transport import RemoteDescriptor
+
+
+@dataclass(frozen=True)
+class GetEntry:
+    """One key of a GET reply. ``header`` is the block's encoded header exactly as the node
+    holds it (nil for a MISS); ``block`` is its decoded form, filled by :meth:`from_wire` (the
+    reader's one decode) and None on the sending side."""
+
+    status: Status
+    header: bytes | None = None
+    tier: str | None = None
+    block: BlockHeader | None = field(default=None, compare=False, repr=False)
+
+    def to_wire(self) -> list:
+        return [int(self.status), self.header, self.tier]
+
+    @classmethod
+    def from_wire(cls, item: list, name: str) -> GetEntry:
+        """``item``: ``[status, header|nil, tier|nil]`` (its length checked by the caller)."""
+        status = status_from_wire(item[0], f"{name} status")
+        raw, tier = item[1], _str(item[2], f"{name} tier", nil=True)
+        block = None if raw is None else decode_header(raw, f"{name} header")
+        if status is Status.HIT and block is None:
+            raise bad(f"{name}: HIT without a header")
+        return cls(status, raw, tier, block)
+
+
+@dataclass(frozen=True)
+class LeaseEntry(GetEntry):
+    """One key of a LEASE reply: a :class:`GetEntry` and the descriptor of the held bytes
+    (None: not held; a one-sided HIT without one is a block to GET inline)."""
+
+    desc: RemoteDescriptor | None = None
+
+    def to_wire(self) -> list:
+        return [*super().to_wire(), self.desc.to_wire() if self.desc is not None else None]
+
+    @classmethod
+    def from_wire(cls, item: list, name: str) -> LeaseEntry:
+        g = GetEntry.from_wire(item[:3], name)
+        return cls(g.status, g.header, g.tier, g.block, _desc(item[3], f"{name} descriptor", nil=True))
+
+
+@dataclass(frozen=True)
+class ReserveEntry:
+    """One header of a RESERVE reply: ``desc`` of a reserved slot (status None), or the
+    ``status`` it got (EXISTS, NO_SPACE, INVALID, ...), or neither: PUT that block inline."""
+
+    status: Status | None = None
+    desc: RemoteDescriptor | None = None
+
+    def to_wire(self) -> list:
+        st = int(self.status) if self.status is not None else None
+        return [st, self.desc.to_wire() if self.desc is not None else None]
+
+    @classmethod
+    def from_wire(cls, item: list, name: str) -> ReserveEntry:
+        st = None if item[0] is None else status_from_wire(item[0], f"{name} status")
+        desc = _desc(item[1], f"{name} descriptor", nil=True)
+        if st is not None and desc is not None:
+            raise bad(f"{name}: a status and a descriptor")
+        return cls(st, desc)
+
+
+def put_result_to_wire(r: PutResult) -> list:
+    return [int(r.status), r.tier, bool(r.durable)]
+
+
+def put_result_from_wire(item: list, name: str) -> PutResult:
+    """``[status, tier|nil, durable]`` (length checked by the caller)."""
+    if not isinstance(item[2], bool):
+        raise bad(f"{name} durable must be true or false, got {item[2]!r}")
+    return PutResult(
+        status_from_wire(item[0], f"{name} status"), _str(item[1], f"{name} tier", nil=True), item[2]
+    )

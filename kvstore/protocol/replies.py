@@ -1,0 +1,181 @@
+"""One frozen reply type per op (to_wire / from_wire)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Self
+
+from kvstore.protocol.fields import _bools, _items, _str, _u64, bad
+from kvstore.protocol.records import (
+    GetEntry,
+    LeaseEntry,
+    ReserveEntry,
+    put_result_from_wire,
+    put_result_to_wire,
+)
+from kvstore.results import PutResult, Status
+from rdma.tcp import payload_len
+
+# ``from_wire(h, n)``: ``n`` is the number of results the request asked for (checked).
+
+
+@dataclass(frozen=True)
+class ExistsReply:
+    """Per key, the highest tier holding it (``"hbm"``, ``"dram"``, ``"disk"``) or None."""
+
+    rid: int
+    tiers: tuple[str | None, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "tiers": list(self.tiers)}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> ExistsReply:
+        tiers = _items(h, "tiers", n, 0)
+        return cls(
+            _u64(h.get("rid"), "rid"), tuple(_str(t, f"tiers[{i}]", nil=True) for i, t in enumerate(tiers))
+        )
+
+
+@dataclass(frozen=True)
+class GetReply:
+    """The HIT entries' payloads follow, in key order (``plen`` bytes, set when sending)."""
+
+    rid: int
+    entries: tuple[GetEntry, ...]
+    plen: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> GetReply:
+        res = _items(h, "res", n, 3)
+        entries = tuple(GetEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res))
+        plen = payload_len(h)
+        if plen != sum(e.block.payload_len for e in entries if e.status is Status.HIT):
+            raise bad("GET reply payload length does not match its headers")
+        return cls(_u64(h.get("rid"), "rid"), entries, plen)
+
+
+@dataclass(frozen=True)
+class PutReply:
+    """Per block (PUT) or handle (COMMIT): status, tier, durable."""
+
+    rid: int
+    results: tuple[PutResult, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": [put_result_to_wire(r) for r in self.results]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> Self:
+        res = _items(h, "res", n, 3)
+        return cls(
+            _u64(h.get("rid"), "rid"), tuple(put_result_from_wire(x, f"res[{i}]") for i, x in enumerate(res))
+        )
+
+
+class CommitReply(PutReply):
+    pass
+
+
+@dataclass(frozen=True)
+class _FlagsReply:
+    """One true/false per key, handle or descriptor of the request."""
+
+    rid: int
+    res: tuple[bool, ...]
+    plen: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": list(self.res)}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> Self:
+        return cls(_u64(h.get("rid"), "rid"), _bools(h, n), payload_len(h))
+
+
+class DeleteReply(_FlagsReply):
+    """True where the key was stored (for this tenant) and is now gone."""
+
+
+class ReleaseReply(_FlagsReply):
+    """True where the handle was held."""
+
+
+class ReadReply(_FlagsReply):
+    """True where the descriptor's bytes follow (in order; ``plen`` bytes in all)."""
+
+
+class WriteReply(_FlagsReply):
+    """True where the descriptor's bytes were written."""
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    rid: int
+    entries: tuple[LeaseEntry, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> LeaseReply:
+        res = _items(h, "res", n, 4)
+        return cls(
+            _u64(h.get("rid"), "rid"), tuple(LeaseEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res))
+        )
+
+
+@dataclass(frozen=True)
+class ReserveReply:
+    rid: int
+    entries: tuple[ReserveEntry, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> ReserveReply:
+        res = _items(h, "res", n, 2)
+        return cls(
+            _u64(h.get("rid"), "rid"),
+            tuple(ReserveEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res)),
+        )
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    """The counters the caller may see (docs/protocol.md, STATS)."""
+
+    rid: int
+    stats: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        rid: int,
+        tenant: str,
+        connections: int,
+        counters: dict[str, int],
+        node: dict[str, Any] | None = None,
+        daemon: dict[str, Any] | None = None,
+    ) -> StatsReply:
+        """``stats.tenant``: the caller's tenant, its open connections and its ``counters``;
+        beside it (only without auth: one tenant) the node's ``stats()`` map and ``daemon``."""
+        stats = dict(node or {})
+        if daemon is not None:
+            stats["daemon"] = daemon
+        stats["tenant"] = {"tenant": tenant, "connections": connections, **counters}
+        return cls(rid, stats)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "stats": self.stats}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int = 0) -> StatsReply:
+        stats = h.get("stats") or {}
+        if not isinstance(stats, dict):
+            raise bad(f"stats must be a map, got {type(stats).__name__}")
+        return cls(_u64(h.get("rid"), "rid"), stats)

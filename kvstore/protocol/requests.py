@@ -1,0 +1,225 @@
+"""One frozen request type per op (to_wire / from_wire) and the op table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from kvstore.block import BlockHeader
+from kvstore.keys import BlockKey
+from kvstore.protocol.fields import (
+    UNKNOWN_OP,
+    ProtocolError,
+    _expect_to_wire,
+    _u64,
+    req_descs,
+    req_expects,
+    req_flag,
+    req_float,
+    req_headers,
+    req_ints,
+    req_keys,
+)
+from kvstore.protocol.hello import Hello
+from kvstore.results import Expect
+from rdma.transport import RemoteDescriptor
+
+
+@dataclass(frozen=True)
+class _KeysRequest:
+    OP: ClassVar[str]
+    rid: int
+    keys: tuple[BlockKey, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, "rid": self.rid, "keys": [k.raw for k in self.keys]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> Self:
+        return cls(_u64(h.get("rid"), "rid"), tuple(req_keys(h)))
+
+
+class ExistsRequest(_KeysRequest):
+    OP = "EXISTS"
+
+
+class DeleteRequest(_KeysRequest):
+    OP = "DELETE"
+
+
+@dataclass(frozen=True)
+class _HandlesRequest:
+    OP: ClassVar[str]
+    rid: int
+    handles: tuple[int, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, "rid": self.rid, "handles": list(self.handles)}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> Self:
+        return cls(_u64(h.get("rid"), "rid"), tuple(req_ints(h, "handles")))
+
+
+class ReleaseRequest(_HandlesRequest):
+    OP = "RELEASE"
+
+
+class CommitRequest(_HandlesRequest):
+    OP = "COMMIT"
+
+
+@dataclass(frozen=True)
+class _DescsRequest:
+    """READ or WRITE of descriptors (TCP only); a WRITE's payload is their bytes, in order."""
+
+    OP: ClassVar[str]
+    rid: int
+    descs: tuple[RemoteDescriptor, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, "rid": self.rid, "descs": [d.to_wire() for d in self.descs]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> Self:
+        return cls(_u64(h.get("rid"), "rid"), tuple(req_descs(h)))
+
+
+class ReadRequest(_DescsRequest):
+    OP = "READ"
+
+
+class WriteRequest(_DescsRequest):
+    OP = "WRITE"
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """``caps``: the caller's buffer size per key (None: unbounded); ``expects`` per key."""
+
+    OP: ClassVar[str] = "GET"
+    rid: int
+    keys: tuple[BlockKey, ...]
+    caps: tuple[int, ...] | None = None
+    expects: tuple[Expect | None, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        exp = [_expect_to_wire(e) for e in self.expects]
+        return {
+            "op": self.OP,
+            "rid": self.rid,
+            "keys": [k.raw for k in self.keys],
+            "caps": list(self.caps) if self.caps is not None else None,
+            "exp": exp if any(e is not None for e in exp) else None,
+        }
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> GetRequest:
+        keys = req_keys(h)
+        exp = req_expects(h, len(keys))
+        caps = tuple(req_ints(h, "caps", len(keys))) if h.get("caps") is not None else None
+        return cls(_u64(h.get("rid"), "rid"), tuple(keys), caps, tuple(exp))
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    """The payloads follow in header order, each exactly ``payload_len`` bytes."""
+
+    OP: ClassVar[str] = "PUT"
+    rid: int
+    headers: tuple[BlockHeader, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, "rid": self.rid, "hdrs": [h.encode() for h in self.headers]}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> PutRequest:
+        return cls(_u64(h.get("rid"), "rid"), tuple(req_headers(h)))
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """``ttl``: seconds (None: the node's default); ``rdma``: one-sided descriptors."""
+
+    OP: ClassVar[str] = "LEASE"
+    rid: int
+    keys: tuple[BlockKey, ...]
+    ttl: float | None = None
+    rdma: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.OP, "rid": self.rid, "keys": [k.raw for k in self.keys]}
+        if self.ttl is not None:
+            out["ttl"] = self.ttl
+        if self.rdma:
+            out["rdma"] = True
+        return out
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> LeaseRequest:
+        keys = req_keys(h)
+        return cls(_u64(h.get("rid"), "rid"), tuple(keys), req_float(h, "ttl"), req_flag(h, "rdma"))
+
+
+@dataclass(frozen=True)
+class ReserveRequest:
+    OP: ClassVar[str] = "RESERVE"
+    rid: int
+    headers: tuple[BlockHeader, ...]
+    rdma: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        out = {"op": self.OP, "rid": self.rid, "hdrs": [h.encode() for h in self.headers]}
+        if self.rdma:
+            out["rdma"] = True
+        return out
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> ReserveRequest:
+        hdrs = req_headers(h)
+        return cls(_u64(h.get("rid"), "rid"), tuple(hdrs), req_flag(h, "rdma"))
+
+
+@dataclass(frozen=True)
+class StatsRequest:
+    OP: ClassVar[str] = "STATS"
+    rid: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, "rid": self.rid}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any]) -> StatsRequest:
+        return cls(_u64(h.get("rid"), "rid"))
+
+
+REQUESTS: dict[str, Any] = {
+    c.OP: c
+    for c in (
+        Hello,
+        ExistsRequest,
+        GetRequest,
+        PutRequest,
+        DeleteRequest,
+        LeaseRequest,
+        ReleaseRequest,
+        ReadRequest,
+        ReserveRequest,
+        WriteRequest,
+        CommitRequest,
+        StatsRequest,
+    )
+}
+
+
+def req_op(h: dict[str, Any]) -> tuple[str, int]:
+    """``(op, rid)`` of a request map; ProtocolError for a missing rid or an unknown op."""
+    rid = _u64(h.get("rid"), "rid")
+    op = h.get("op")
+    if not isinstance(op, str) or op not in REQUESTS:  # a list or map is unhashable: type first
+        raise ProtocolError(UNKNOWN_OP, f"unknown op {op!r}")
+    return op, rid
+
+
+OPS = frozenset(REQUESTS)
+PAYLOAD_OPS = frozenset({PutRequest.OP, WriteRequest.OP})  # the requests a payload follows
