@@ -34,6 +34,7 @@ _EXPORTS = {
     "parse_host_port": "kvstore.address",
     "Size": "kvstore.config",
     "parse_size": "kvstore.config",
+    "coerce": "kvstore.config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -30,7 +30,7 @@ imported only when a URL asks for it.
 from __future__ import annotations
 
 import builtins
-import dataclasses
+import typing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from kvstore.client.membership import Member
 
 SCHEMES = ("local", "kvstore", "etcd")
-_LOCAL = {"dram_capacity": "size", "disk_capacity": "size", "disk_sync": bool, "op_timeout_s": float}
 
 
 def open(url: str, **options: Any) -> StoreClient:  # noqa: A001 - the facade's one verb
@@ -89,14 +88,16 @@ async def members(url: str, timeout_s: float = 2.0) -> list[Member]:
 
 def _local(url: str, path: str, opts: dict[str, Any]) -> StoreClient:
     from kvstore.client.local import LocalClient
+    from kvstore.config import Size
 
+    types = {"dram_capacity": Size, "disk_capacity": Size, "disk_sync": bool, "op_timeout_s": float}
     if not path:
         raise ConfigError(f"store URL {url!r}: missing PATH")
     kwargs = {}
     for key, value in opts.items():
-        if key not in _LOCAL:
+        if key not in types:
             raise ConfigError(f"store URL {url!r}: unknown option {key!r} for local://")
-        kwargs[key] = _coerce(url, key, _LOCAL[key], value)
+        kwargs[key] = _coerce(url, key, types[key], value)
     try:
         return LocalClient(path, **kwargs)
     except ConfigError as exc:  # the node's config names the key (dram.capacity, ...)
@@ -111,17 +112,18 @@ def _cluster(url: str, scheme: str, target: str, opts: dict[str, Any]) -> StoreC
     from kvstore.client.node import ClientConfig
     from kvstore.errors import AddressError
 
-    client_fields = {f.name: f for f in dataclasses.fields(ClientConfig)}
-    cluster_fields = {f.name: f for f in dataclasses.fields(ClusterConfig)}
+    client_fields = typing.get_type_hints(ClientConfig)
+    cluster_fields = typing.get_type_hints(ClusterConfig)
     token_file = opts.pop("token_file", "")
     client_kw: dict[str, Any] = {}
     cluster_kw: dict[str, Any] = {}
     for key, value in opts.items():
-        if key in client_fields:
-            kind = tuple if key == "namespaces" else client_fields[key].type
-            client_kw[key] = value if key == "namespaces" else _coerce(url, key, kind, value)
+        if key == "namespaces":  # Namespace objects: from Python only, never from the query
+            client_kw[key] = tuple(value)
+        elif key in client_fields:
+            client_kw[key] = _coerce(url, key, client_fields[key], value)
         elif key in cluster_fields:
-            cluster_kw[key] = _coerce(url, key, cluster_fields[key].type, value)
+            cluster_kw[key] = _coerce(url, key, cluster_fields[key], value)
         else:
             raise ConfigError(f"store URL {url!r}: unknown option {key!r}")
     if token_file and not client_kw.get("token"):
@@ -159,32 +161,14 @@ def _read_token(url: str, path: str) -> str:
     return words[0]
 
 
-def _coerce(url: str, key: str, kind: Any, value: Any) -> Any:
-    """``value`` (a Python value, or a string from the URL's query) as ``kind``."""
-    names = {"int": int, "float": float, "bool": bool, "str": str}
-    kind = names.get(kind, kind) if isinstance(kind, str) and kind != "size" else kind
-    try:
-        if kind == "size":
-            from kvstore.config import parse_size
+def _coerce(url: str, key: str, tp: Any, value: Any) -> Any:
+    """``value`` (a Python value, or text from the URL's query) as a field of type ``tp``: the
+    one coercion of every config source (:func:`kvstore.config.coerce`)."""
+    from kvstore.config import coerce
 
-            return parse_size(int(value) if isinstance(value, str) and value.isdigit() else value, key)
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            low = str(value).lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("expected true or false")
-        if kind is int:
-            if isinstance(value, bool):
-                raise ValueError("expected an integer")
-            return int(value)
-        if kind is float:
-            return float(value)
-        if kind is str:
-            return str(value)
-        return value
-    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError too
-        raise ConfigError(f"store URL {url!r}: option {key}={value!r}: {exc}") from exc
+    if value is None and type(None) in typing.get_args(tp):  # an optional field left unset
+        return None
+    try:
+        return coerce(key, tp, value, text=isinstance(value, str))
+    except ConfigError as exc:  # names the option and the value
+        raise ConfigError(f"store URL {url!r}: {exc}") from exc
