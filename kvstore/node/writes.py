@@ -96,6 +96,11 @@ class Writer:
             if r is None:
                 self._counters["put_no_space"] += 1
                 out.append(Status.NO_SPACE)
+            elif key in self._doomed:
+                # written, leased and deleted by others while we made room: still held (and
+                # indexed) until its last release, so BUSY as before the wait
+                self.free(r)
+                out.append(Status.BUSY)
             elif self._where(key) is not None or key in self._leases.reserved_keys:
                 self.free(r)  # another writer won the race while we made room
                 out.append(Status.EXISTS)

@@ -1,0 +1,49 @@
+"""A reservation that waits for room (write-back: making room writes dirty blocks to disk)
+while the same key is written, leased and deleted by others: the key is then held and
+hidden, so the waiting writer gets BUSY (as it would have before waiting), never a slot
+whose commit finds the key still indexed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from storeutil import make_blocks
+
+from kvstore.block import make_header
+from kvstore.node.store import NodeStore
+from kvstore.results import Status
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+async def test_a_reservation_waiting_for_room_sees_the_key_deleted_while_held(cfg_factory):
+    cfg = cfg_factory(dram__capacity="4MiB", dram__slab_size="1MiB", disk__write_mode="write-back")
+    node = await NodeStore.open(cfg)
+    try:
+        big = make_blocks(3, nbytes=1 * MiB, seed=1)  # dirty, one slab each
+        await node.put(big + make_blocks(1, nbytes=64 * KiB, seed=2))  # + a 64 KiB class slab
+        [(h, p)] = make_blocks(1, nbytes=1 * MiB, seed=3)
+        small = b"s" * (64 * KiB)
+        h_small = make_header(
+            key=h.key, parent=h.parent, namespace=h.namespace, tokens=h.token_bytes,
+            dtype="uint8", shape=[len(small)], payload=small,
+        )  # fmt: skip
+        waiting = asyncio.create_task(node.reserve([h]))  # evicts a dirty block: a disk write
+        while not any(node.leases.held(b.key.raw) for b, _ in big):
+            await asyncio.sleep(0)
+        # meanwhile the key is written (a free 64 KiB slot: no wait), leased and deleted
+        [pr] = await node.put([(h_small, small)])
+        assert pr.status is Status.STORED and pr.tier == "dram"
+        [lease] = await node.lease([h.key])
+        assert await node.delete([h.key]) == [True]
+        [res] = await waiting
+        if not isinstance(res, Status):  # a slot: its commit must not fail
+            res.view[:] = p
+            [pr] = await node.commit([res])
+            assert pr.status is Status.STORED
+        else:
+            assert res is Status.BUSY
+        node.release([lease])
+        node.check()
+    finally:
+        await node.close()
