@@ -23,7 +23,9 @@ import lmdb
 from kvstore.block import BlockHeader, checksum
 from kvstore.errors import BlockFormatError, TierError
 from kvstore.node.tiers.index import (
+    MAX_HEADER_LEN,
     MAX_OFFSET,
+    MAX_PAYLOAD_LEN,
     LruIndex,
     entry_header_len,
     entry_offset,
@@ -153,7 +155,13 @@ class DiskTier(LruIndex):
         return self.sync
 
     def fits(self, payload_len: int, header_len: int) -> bool:
-        return payload_len + header_len <= self._capacity
+        # the index packs both lengths in fixed fields: a longer one would overflow into the
+        # next field (and such a header does not decode at the next open anyway)
+        return (
+            payload_len <= MAX_PAYLOAD_LEN
+            and header_len <= MAX_HEADER_LEN
+            and payload_len + header_len <= self._capacity
+        )
 
     def protect(self, protected: Callable[[bytes], bool]) -> None:
         """Never evict a key for which ``protected`` is true to make room for a put (the node
@@ -235,7 +243,7 @@ class DiskTier(LruIndex):
         todo, evict, room = [], {}, self._capacity - self._used
         candidates = iter(self._index)  # LRU first; the index does not change before the await
         for key, hdr, payload in items:
-            if key in self._index:
+            if key in self._index or not self.fits(memoryview(payload).nbytes, len(hdr)):
                 continue
             need = memoryview(payload).nbytes + len(hdr)
             while room < need:

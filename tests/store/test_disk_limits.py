@@ -1,0 +1,39 @@
+"""The disk tier's index packs a header's length in 20 bits: a longer header (possible through
+the in-process API, which takes any BlockHeader) must be refused like the memory tiers refuse
+it, not stored with a length that overflows into the payload length -- that left the disk's
+byte accounting wrong for good after the block was deleted, and the block was dropped
+unreadable at the next open although it had been reported stored."""
+
+from __future__ import annotations
+
+from storeutil import make_blocks
+
+from kvstore.block import make_header
+from kvstore.node.store import NodeStore
+from kvstore.node.tiers.index import MAX_HEADER_LEN
+from kvstore.results import Status
+
+KiB = 1 << 10
+
+
+async def test_a_header_too_long_for_the_index_is_refused(cfg_factory):
+    node = await NodeStore.open(cfg_factory(dram__capacity=0))
+    try:
+        [(h, p)] = make_blocks(1, nbytes=64 * KiB)
+        tokens = list(range(MAX_HEADER_LEN // 4 + 1000))  # int32 ids: over MAX_HEADER_LEN bytes
+        long = make_header(
+            key=h.key, parent=h.parent, namespace=h.namespace, tokens=tokens,
+            dtype="uint8", shape=[len(p)], payload=p,
+        )  # fmt: skip
+        assert len(long.encode()) > MAX_HEADER_LEN
+        [pr] = await node.put([(long, p)])
+        assert pr.status is Status.NO_SPACE
+        assert await node.contains([h.key]) == [None]
+        [pr] = await node.put([(h, p)])  # an ordinary header still goes in
+        assert pr.status is Status.STORED
+        assert await node.delete([h.key]) == [True]
+        st = node.stats()["tiers"]["disk"]
+        assert st["used_bytes"] == 0 and st["payload_bytes"] == 0 and st["blocks"] == 0
+        node.check()
+    finally:
+        await node.close()
