@@ -10,6 +10,7 @@ from storeutil import make_blocks
 
 from kvstore.block import make_header
 from kvstore.node.store import NodeStore
+from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.index import MAX_HEADER_LEN
 from kvstore.results import Status
 
@@ -37,3 +38,17 @@ async def test_a_header_too_long_for_the_index_is_refused(cfg_factory):
         node.check()
     finally:
         await node.close()
+
+
+async def test_a_key_twice_in_one_disk_put_is_stored_and_counted_once(tmp_path):
+    disk = DiskTier(str(tmp_path / "disk"), 64 * 1024 * KiB, sync=False)
+    try:
+        [(h, p)] = make_blocks(1, nbytes=64 * KiB)
+        item = (h.key.raw, h.encode(), p)
+        assert await disk.put([item, item]) == [True, True]
+        assert disk.used_bytes == len(p) + len(item[1]) and disk.payload_bytes == len(p)
+        assert await disk.delete([h.key.raw]) == [True]
+        assert disk.used_bytes == 0 and disk.payload_bytes == 0 and len(disk) == 0
+        disk.check()
+    finally:
+        await disk.close()

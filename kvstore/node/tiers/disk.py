@@ -241,9 +241,10 @@ class DiskTier(LruIndex):
 
     async def _put_locked(self, items) -> list[bool]:
         todo, evict, room = [], {}, self._capacity - self._used
+        queued: set[bytes] = set()  # a key twice in ``items`` is written and counted once
         candidates = iter(self._index)  # LRU first; the index does not change before the await
         for key, hdr, payload in items:
-            if key in self._index or not self.fits(memoryview(payload).nbytes, len(hdr)):
+            if key in self._index or key in queued or not self.fits(memoryview(payload).nbytes, len(hdr)):
                 continue
             need = memoryview(payload).nbytes + len(hdr)
             while room < need:
@@ -257,6 +258,7 @@ class DiskTier(LruIndex):
             if room >= need:
                 room -= need
                 todo.append((key, hdr, payload))
+                queued.add(key)
         if todo or evict:
             need = sum(memoryview(p).nbytes + len(h) for _, h, p in todo)
             if not await self._write_evicting(todo, list(evict), need, {k for k, _, _ in todo}):

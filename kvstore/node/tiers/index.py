@@ -140,7 +140,9 @@ class LruIndex:
         self, key: bytes, offset: int, header_len: int, payload_len: int, atime: int, ns: bytes | None
     ) -> None:
         """Index ``key`` (most recently used); ``ns``: its header's namespace (see
-        :func:`header_namespace`)."""
+        :func:`header_namespace`). An entry already there is replaced (its namespace id
+        released: the ids stay counted)."""
+        self._index_pop(key)
         ns_id = self._ns_ids.acquire(ns)
         self._index[key] = pack_entry(offset, ns_id, header_len, payload_len, atime)
 
