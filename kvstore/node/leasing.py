@@ -6,6 +6,7 @@ buffer. Same threading rules as the node.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -113,11 +114,14 @@ class Leaser:
         hdr = await disk.read_header(k)  # type: ignore[union-attr]
         slot = self._promotion_slot(k, bytes(hdr), plen) if hdr is not None else None
         buf = top.slot_view(slot, plen) if slot is not None else bytearray(plen)
+        read = asyncio.ensure_future(self._reader.read_disk([key], [buf]))
         try:
-            [r] = await self._reader.read_disk([key], [buf])
+            [r] = await asyncio.shield(read)
         except BaseException:
             if slot is not None:
-                top.abandon(slot)
+                # cancelled (or failed): a disk thread may still be copying into the slot, so
+                # it goes back when the read is over, never under it
+                read.add_done_callback(lambda f: _abandon_after(top, slot, f))
             raise
         if r.status is not Status.HIT:
             if slot is not None:
@@ -157,3 +161,10 @@ class Leaser:
             for t in self._memory:
                 t.remove(key)
             self._dirty.discard(key)
+
+
+def _abandon_after(top: SlotTier, slot: Slot, read: asyncio.Future) -> None:
+    """Give back ``slot`` once ``read`` (into it) is over; its outcome is of use to nobody."""
+    if not read.cancelled():
+        read.exception()  # retrieved, so not logged as never retrieved
+    top.abandon(slot)
