@@ -235,7 +235,11 @@ class DiskTier(LruIndex):
         """Store (key, header, payload) triples in one transaction, evicting least recently
         used unprotected blocks to stay within capacity. True where stored (and synced, if
         configured) on return; False where no room could be made or the write failed. The
-        caller keeps each payload buffer unchanged until this returns."""
+        caller keeps each payload buffer unchanged until this returns. Runs to the end when
+        the caller is cancelled (see :func:`_to_the_end`)."""
+        return await _to_the_end(self._put(items))
+
+    async def _put(self, items) -> list[bool]:
         async with self._write_lock:  # room is computed and spent by one put at a time
             return await self._put_locked(items)
 
@@ -334,6 +338,11 @@ class DiskTier(LruIndex):
                 txn.put(key, hdr, db=self._hdr)
 
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:
+        """Remove keys; False where absent. Runs to the end when the caller is cancelled (see
+        :func:`_to_the_end`)."""
+        return await _to_the_end(self._delete(keys))
+
+    async def _delete(self, keys: Sequence[bytes]) -> list[bool]:
         present = [k for k in keys if k in self._index]
         if present:
             loop = asyncio.get_running_loop()
@@ -383,3 +392,21 @@ class DiskTier(LruIndex):
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self.env.close()
+
+
+async def _to_the_end(coro):
+    """Await ``coro`` so that cancelling the caller does not stop it: a cancelled await of a
+    thread's future leaves the thread running, and LMDB would change without the index (and
+    the byte counts) following. The cancelled caller gets CancelledError at once; the write
+    and its bookkeeping finish in their own task."""
+    task = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_log_failure)
+        raise
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("event=disk_write_failed_after_cancel error=%r", task.exception())

@@ -1,0 +1,48 @@
+"""A put or delete cancelled while its disk write runs (a handler cancelled with its client):
+the write thread finishes what it started, so the disk tier's index and byte counts must
+follow it -- not stay as they were while LMDB changed under them (a block on disk the index
+does not know, bytes never counted; or a key the index still names and NodeStore still
+reports present, whose data is gone). Real LMDB in a tmp dir."""
+
+from __future__ import annotations
+
+import asyncio
+
+from storeutil import make_blocks
+
+from kvstore.node.store import NodeStore
+
+MiB = 1 << 20
+
+
+async def _settle(node: NodeStore) -> None:
+    await asyncio.sleep(0.3)  # the writer thread ends what it started
+
+
+async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory):
+    node = await NodeStore.open(cfg_factory(dram__capacity=0, disk__capacity="1GiB"))
+    try:
+        blocks = make_blocks(10, nbytes=16 * MiB)
+        for i, (h, p) in enumerate(blocks):
+            put = asyncio.create_task(node.put([(h, p)]))
+            for _ in range(i % 4 + 1):
+                await asyncio.sleep(0)
+            put.cancel()
+            await asyncio.gather(put, return_exceptions=True)
+            await _settle(node)
+            node.check()
+            if await node.contains([h.key]) == [None]:
+                continue
+            delete = asyncio.create_task(node.delete([h.key]))
+            for _ in range(i % 3 + 1):
+                await asyncio.sleep(0)
+            delete.cancel()
+            await asyncio.gather(delete, return_exceptions=True)
+            await _settle(node)
+            node.check()
+        st = node.stats()["tiers"]["disk"]
+        stored = await node.contains([h.key for h, _ in blocks])
+        assert st["blocks"] == sum(t is not None for t in stored)
+        assert st["payload_bytes"] == 16 * MiB * st["blocks"]
+    finally:
+        await node.close()
