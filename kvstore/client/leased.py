@@ -1,6 +1,6 @@
 """The descriptor path of :class:`kvstore.client.node.NodeClient`: GET and PUT the RDMA way.
 
-``get_into_leased`` runs LEASE -> read -> RELEASE and ``put_reserved`` RESERVE -> write ->
+``get_into`` runs LEASE -> read -> RELEASE and ``put`` RESERVE -> write ->
 COMMIT. The transport moving the bytes is chosen per call: one-sided RDMA READ/WRITE
 (:func:`kvstore.client.rdma.move`) when the connection has a queue pair and every local buffer
 is registered (``register``), else :class:`rdma.tcp.TcpTransport` (the node copies the leased or
@@ -40,7 +40,7 @@ class DescriptorPath:
         self.counters = counters
         self._run = run
 
-    async def get_into_leased(
+    async def get_into(
         self,
         keys: Sequence[BlockKey],
         bufs: Sequence[Any],
@@ -53,7 +53,9 @@ class DescriptorPath:
         otherwise the node copies the leased bytes over TCP. Same results as ``get_into``, or the
         Status of a failed call (the caller counts either)."""
         if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into_leased: {len(keys)} keys but {len(bufs)} buffers / expectations")
+            raise ValueError(
+                f"get_into (descriptor path): {len(keys)} keys but {len(bufs)} buffers / expectations"
+            )
         views = [byte_view(b) for b in bufs]
         exp = list(expect) if expect is not None else [None] * len(keys)
 
@@ -91,7 +93,7 @@ class DescriptorPath:
 
         return await self._run(P.LeaseRequest.OP, go, deadline_s)
 
-    async def put_reserved(
+    async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> list[PutResult] | Status:
         """PUT the RDMA way: RESERVE slots (descriptors), one-sided writes, COMMIT. With RDMA

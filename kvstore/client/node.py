@@ -13,8 +13,8 @@ tensors): the socket ``recv_into``s the bytes, then the payload is checked again
 (key, expected parent/tokens, xxh3 checksum); a bad block is a miss.
 
 A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one node; it is bound
-to one event loop and safe for concurrent tasks on it. :class:`StoreClient` spreads keys over
-several nodes by rendezvous hashing (one replica; placement with replicas is the cluster's).
+to one event loop and safe for concurrent tasks on it. Several nodes are the cluster's
+(kvstore/client/cluster.py: placement, replicas, health), reached through the facade.
 
 One read path and one write path: :meth:`NodeClient.get_into` and :meth:`NodeClient.put`.
 Each takes the descriptor path (kvstore/client/leased.py: LEASE, one-sided READ, RELEASE;
@@ -37,8 +37,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import xxhash
 
 from kvstore import protocol as P
 from kvstore.address import parse_host_port
@@ -91,7 +89,7 @@ class ClientConfig:
 
 class NodeClient:
     """Batched ops against one node. See the module docstring for the failure contract.
-    ``rdma``: a ClientRdma shared with other NodeClients (StoreClient); by default its own."""
+    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own."""
 
     def __init__(self, addr: str, cfg: ClientConfig | None = None, rdma: ClientRdma | None = None) -> None:
         self.addr = addr
@@ -278,7 +276,7 @@ class NodeClient:
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         views = [byte_view(b) for b in bufs]
         if descriptors or (self.one_sided and self.rdma.covers(views)):
-            r = await self._leased.get_into_leased(keys, views, expect, deadline_s)
+            r = await self._leased.get_into(keys, views, expect, deadline_s)
         else:
             exp = list(expect) if expect is not None else [None] * len(keys)
             r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
@@ -289,24 +287,6 @@ class NodeClient:
         once, so ``get_into``/``put`` through it can move its bytes one-sidedly; a no-op over
         TCP. Calls whose buffers are not all registered take the inline path."""
         self.rdma.register(buf)
-
-    async def get_into_leased(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> list[GetResult]:
-        """Deprecated: ``get_into`` on a client with ``descriptors = "always"``. Kept only for
-        the daemon tests that still call it; it goes with them."""
-        return await self._read(keys, bufs, expect, deadline_s, True)
-
-    async def put_reserved(
-        self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
-    ) -> list[PutResult]:
-        """Deprecated: ``put`` on a client with ``descriptors = "always"``. Kept only for the
-        daemon tests that still call it; it goes with them."""
-        return await self._write(blocks, deadline_s, True)
 
     def _count_gets(self, r: list[GetResult] | Status, n: int) -> list[GetResult]:
         if isinstance(r, Status):
@@ -331,7 +311,7 @@ class NodeClient:
             return []
         one_sided = self.one_sided and self.rdma.covers([memoryview(p).cast("B") for _, p in blocks])
         if descriptors or one_sided:
-            r = await self._leased.put_reserved(blocks, deadline_s)
+            r = await self._leased.put(blocks, deadline_s)
         else:
             r = await self._run("PUT", lambda c: c.put(blocks), deadline_s)
         if isinstance(r, Status):
@@ -385,72 +365,3 @@ async def tenant_namespace(
             "event=salt_mismatch nodes=%d note='nodes hold different auth.salt_secret_file'", len(known)
         )
     return base.with_tenant(known[0]) if known[0] else base
-
-
-class StoreClient:
-    """Several nodes; each key goes to one node by rendezvous hashing over the configured
-    nodes (a down node's keys miss until it is back; nothing moves). Same contract as
-    :class:`NodeClient`; calls to different nodes run concurrently."""
-
-    def __init__(self, addrs: Sequence[str], cfg: ClientConfig | None = None) -> None:
-        if not addrs:
-            raise ValueError("StoreClient needs at least one node address")
-        c = cfg or ClientConfig()
-        self.rdma = ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)  # one device for all nodes
-        self.nodes = [NodeClient(a, c, self.rdma) for a in addrs]
-
-    def register(self, buf: Any) -> None:
-        """Register a staging buffer once for every node (see NodeClient.register)."""
-        self.rdma.register(buf)
-
-    def node_for(self, key: BlockKey) -> NodeClient:
-        return max(self.nodes, key=lambda n: xxhash.xxh3_64_intdigest(key.raw + n.addr.encode()))
-
-    def _split(self, keys: Sequence[BlockKey]) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for i, k in enumerate(keys):
-            groups.setdefault(self.nodes.index(self.node_for(k)), []).append(i)
-        return groups
-
-    async def _fan(self, n: int, keys, call) -> list:
-        out: list = [None] * n
-        groups = self._split(keys)
-        results = await asyncio.gather(*(call(self.nodes[g], idx) for g, idx in groups.items()))
-        for idx, res in zip(groups.values(), results):
-            for i, r in zip(idx, res):
-                out[i] = r
-        return out
-
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        return await self._fan(len(keys), keys, lambda n, idx: n.exists([keys[i] for i in idx], deadline_s))
-
-    async def get_into(self, keys, bufs, expect=None, deadline_s: float | None = None) -> list[GetResult]:
-        exp = expect if expect is not None else [None] * len(keys)
-        return await self._fan(
-            len(keys),
-            keys,
-            lambda n, idx: n.get_into(
-                [keys[i] for i in idx], [bufs[i] for i in idx], [exp[i] for i in idx], deadline_s
-            ),
-        )
-
-    async def put(self, blocks, deadline_s: float | None = None) -> list[PutResult]:
-        keys = [h.key for h, _ in blocks]
-        return await self._fan(len(keys), keys, lambda n, idx: n.put([blocks[i] for i in idx], deadline_s))
-
-    async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
-        return await self._fan(len(keys), keys, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s))
-
-    async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
-        return await tenant_namespace(self.nodes, base, deadline_s)
-
-    @property
-    def counters(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for n in self.nodes:
-            total.update(n.counters)
-        return total
-
-    async def close(self) -> None:
-        await asyncio.gather(*(n.close() for n in self.nodes))
-        self.rdma.close()

@@ -15,7 +15,7 @@ Selection (docs/rdma.md), through the one selection function
 At run time (:func:`move`), any verbs failure (an exception, a failed work request) makes the
 affected pairs misses or dropped writes, counted in ``rdma_failures``, never an exception to
 the caller; the connection then falls back to TCP. A :class:`ClientRdma` is shared by the
-NodeClients of one ClusterClient or StoreClient: the device is looked for once, when it is
+NodeClients of one ClusterClient: the device is looked for once, when it is
 made, and opened at most once (buffers registered once); with no device (``tcp``, or ``auto``
 on a host without one) no connection offers a queue pair or tries a device. One event loop.
 """

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvstore import protocol as P
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient, StoreClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 
@@ -150,9 +150,7 @@ async def test_refused_connections_are_dropped_writes_and_misses(ns):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     h, payload = _block(ns, 100)
-    c = StoreClient(
-        [f"127.0.0.1:{port}"], ClientConfig(namespaces=(ns,), op_timeout_s=1, probe_interval_s=60)
-    )
+    c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1, probe_interval_s=60))
     assert [r.status for r in await c.put([(h, payload)])] == [Status.ERROR]
     assert await c.exists([h.key]) == [None]
     assert [g.status for g in await c.get_into([h.key], [bytearray(100)])] == [Status.MISS]

@@ -68,9 +68,11 @@ async def test_tenants_are_isolated(authed, ns, blocks_of):
     assert await globex.exists(keys) == [None] * 3
     got = await globex.get_into(keys, [bytearray(500) for _ in keys])
     assert [g.status for g in got] == [Status.MISS] * 3
-    assert [g.status for g in await globex.get_into_leased(keys, [bytearray(500) for _ in keys])] == [
+    leasing = client(authed, ns, "tok-globex-01", descriptors="always")  # LEASE, not GET
+    assert [g.status for g in await leasing.get_into(keys, [bytearray(500) for _ in keys])] == [
         Status.MISS
     ] * 3
+    await leasing.close()
     assert await globex.delete(keys) == [False] * 3
     assert [r.status for r in await globex.put(acme_blocks)] == [Status.INVALID] * 3
     # globex's own blocks for the same prompt live beside acme's, under other keys

@@ -53,12 +53,14 @@ async def test_round_trip_all_ops(daemon, ns, blocks_of):
     assert (await c.get_into(keys[:1], [bytearray(10)]))[0].status is Status.BUF_TOO_SMALL
 
     # the descriptor path: LEASE + transport READ + RELEASE, RESERVE + WRITE + COMMIT
+    dc = NodeClient(daemon.addr, ClientConfig(namespaces=(ns,), descriptors="always"))
     bufs = [np.zeros(70_000, np.uint8) for _ in keys]
-    got = await c.get_into_leased(keys, bufs)
+    got = await dc.get_into(keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 8
     assert all(b.tobytes() == p for b, (_, p) in zip(bufs, blocks))
     more = blocks_of(ns, 3, 5000, seed=9)
-    assert [r.status for r in await c.put_reserved(more)] == [Status.STORED] * 3
+    assert [r.status for r in await dc.put(more)] == [Status.STORED] * 3
+    await dc.close()
     bufs = [bytearray(5000) for _ in more]
     assert [g.status for g in await c.get_into([h.key for h, _ in more], bufs)] == [Status.HIT] * 3
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, more))

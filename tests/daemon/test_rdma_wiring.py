@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from kvstore import protocol as P
+from kvstore.client.cluster import ClusterClient
 from kvstore.client.conn import Conn
-from kvstore.client.node import ClientConfig, NodeClient, StoreClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.rdma import ClientRdma, move
 from kvstore.config import load_store_config
 from kvstore.daemon.slab_rdma import slab_descriptor
@@ -193,7 +194,7 @@ def test_client_transport_option_is_checked():
     for make in (
         lambda: ClientRdma("rdma"),
         lambda: NodeClient("127.0.0.1:1", ClientConfig(transport="rdma")),
-        lambda: StoreClient(["127.0.0.1:1", "127.0.0.1:2"], ClientConfig(transport="rdma")),
+        lambda: ClusterClient.static(["127.0.0.1:1", "127.0.0.1:2"], ClientConfig(transport="rdma")),
     ):
         with pytest.raises(TransportError, match="^transport is 'rdma' but this host has no RDMA device"):
             make()
@@ -204,13 +205,14 @@ _CLIENT_SCRIPT = """
 import asyncio, sys
 import numpy as np
 from kvstore.daemon.logs import setup_logging
-from kvstore.client.node import ClientConfig, NodeClient, StoreClient
+from kvstore.client.cluster import ClusterClient
+from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
 
 async def main(addrs):
     setup_logging("INFO")
     cfg = ClientConfig(namespaces=(Namespace("test-model", "uint8", 4),))
-    sc = StoreClient(addrs, cfg)
+    sc = ClusterClient.static(addrs, cfg)
     nc = NodeClient(addrs[0], cfg)
     buf = np.zeros(4096, np.uint8)
     sc.register(buf)
@@ -237,25 +239,6 @@ def test_client_auto_without_a_device_uses_tcp_with_one_log_line(start_daemon):
     lines = transport_lines(r.stderr)
     assert len(lines) == 1, r.stderr
     assert "selected=tcp" in lines[0] and "no RDMA device on this host" in lines[0]
-
-
-async def test_registered_buffers_over_tcp_move_every_byte(start_daemon, ns, blocks_of):
-    """Without a device ``register`` is a no-op and the descriptor path runs over TCP."""
-    d = start_daemon(use_disk=False)
-    c = NodeClient(d.addr, ClientConfig(namespaces=(ns,)))
-    staging = np.zeros((4, 5000), np.uint8)
-    c.register(staging)
-    blocks = blocks_of(ns, 4, 5000, seed=3)
-    for i, (_, p) in enumerate(blocks):
-        staging[i] = np.frombuffer(p, np.uint8)
-    res = await c.put_reserved([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
-    assert [r.status for r in res] == [Status.STORED] * 4
-    out = np.zeros((4, 5000), np.uint8)
-    got = await c.get_into_leased([h.key for h, _ in blocks], list(out))
-    assert [g.status for g in got] == [Status.HIT] * 4
-    assert all(out[i].tobytes() == p for i, (_, p) in enumerate(blocks))
-    assert c.counters["rdma_failures"] == 0 and c.counters["hits"] == 4 and c.counters["stored"] == 4
-    await c.close()
 
 
 # ---------------------------------------------------------------- failure -> miss -> TCP
@@ -367,10 +350,10 @@ async def test_rdma_end_to_end(start_daemon, ns, blocks_of):  # pragma: no cover
     blocks = blocks_of(ns, 4, 5000, seed=5)
     for i, (_, p) in enumerate(blocks):
         staging[i] = np.frombuffer(p, np.uint8)
-    res = await c.put_reserved([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
+    res = await c.put([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
     assert [r.status for r in res] == [Status.STORED] * 4
     staging[:] = 0
-    got = await c.get_into_leased([h.key for h, _ in blocks], list(staging))
+    got = await c.get_into([h.key for h, _ in blocks], list(staging))
     assert [g.status for g in got] == [Status.HIT] * 4
     assert all(staging[i].tobytes() == p for i, (_, p) in enumerate(blocks))
     assert c.counters["rdma_failures"] == 0
