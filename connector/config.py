@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kvstore.address import parse_host_port
-from kvstore.config import Size, coerce
-from kvstore.errors import AddressError, ConfigError
+from kvstore.client import AddressError, ConfigError, Size, coerce, parse_host_port
 
 
 @dataclass(frozen=True)
