@@ -123,6 +123,7 @@ class DataServer:
             self.max_frame,
         )
         self._ops = {**blocks.ops(), **self.descriptors.ops()}
+        self._per_op: dict[str, tuple[Any, Any, str]] = {}  # see _op_metrics
 
     # ------------------------------------------------------------ lifecycle
 
@@ -250,11 +251,13 @@ class DataServer:
                 cap = int(lim.max_header_unauthenticated)
                 async with asyncio.timeout(max(0.0, hello_by - time.monotonic())):
                     return await ch.recv_header(cap, cap)
+            # one timer for both waits, moved from the idle deadline to the transfer one when
+            # the first byte is there (a timer per wait was a tenth of a small GET's loop time)
             kind = "idle"
-            async with asyncio.timeout(lim.idle_timeout_s):
+            async with asyncio.timeout(lim.idle_timeout_s) as deadline:
                 await ch.readable()
-            kind = "transfer"
-            async with asyncio.timeout(lim.transfer_timeout_s):
+                kind = "transfer"
+                deadline.reschedule(asyncio.get_running_loop().time() + lim.transfer_timeout_s)
                 return await ch.recv_header(P.MAX_HEADER, self.max_frame)
         except TimeoutError:
             self.metrics.timeouts.labels(kind).inc()
@@ -308,10 +311,11 @@ class DataServer:
                 if plen and op not in P.PAYLOAD_OPS:
                     raise P.bad(f"{op} carries no payload")
                 await self._ops[op](ch, sess, P.REQUESTS[op].from_wire(h), plen)
-            self.metrics.ops.labels(op, "ok").inc()
-            self.metrics.latency.labels(op).observe(time.perf_counter() - t0)
+            ok, latency, stat = self._op_metrics(op)
+            ok.inc()
+            latency.observe(time.perf_counter() - t0)
             if sess.tenant is not None:
-                self.tenant_stats[sess.tenant][f"ops_{op.lower()}"] += 1
+                self.tenant_stats[sess.tenant][stat] += 1
             return True
         except _Fatal as exc:
             self._count_error(op, exc.code)
@@ -339,6 +343,18 @@ class DataServer:
             log.exception(kv("op_failed", peer=sess.peer, op=op, error=type(exc).__name__))
             await _try_send(ch, P.ErrorReply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}").to_wire())
             return False
+
+    def _op_metrics(self, op: str) -> tuple[Any, Any, str]:
+        """The success counter, latency histogram and tenant-stat name of ``op`` (a known op),
+        looked up once: a labels() lookup per request costs more than the increment."""
+        got = self._per_op.get(op)
+        if got is None:
+            got = self._per_op[op] = (
+                self.metrics.ops.labels(op, "ok"),
+                self.metrics.latency.labels(op),
+                f"ops_{op.lower()}",
+            )
+        return got
 
     def _count_error(self, op: str, code: str) -> None:
         self.metrics.ops.labels(op, code).inc()

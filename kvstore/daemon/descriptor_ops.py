@@ -129,7 +129,10 @@ class DescriptorOps:
 
     def expire_windows(self, sess) -> None:
         """Revoke and give back one-sided holds past their deadline (the node does not expire
-        them: they are marked in transfer while their window exists)."""
+        them: they are marked in transfer while their window exists). Called before every
+        request: a session without windows (TCP) holds no grant, so it returns at once."""
+        if sess.windows is None:
+            return
         for table, handle, held in sess.overdue_grants(time.monotonic()):
             self.unwindow(sess, held)
             del table[handle]
