@@ -24,12 +24,13 @@ import socket
 import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
 from rdma.transport import RemoteDescriptor, Transport, TransportError, batches, check_pairs
 
+T = TypeVar("T")
 _LEN = struct.Struct(">I")
 _PLEN = "plen"  # the header field that says how many payload bytes follow (framing's only one)
 _IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
@@ -170,18 +171,21 @@ class SocketChannel:
             self.bytes_out += n
             i = _advance(views, i, n)
 
-    async def recv_into(self, view: Any) -> None:
-        """Fill ``view`` (a writable buffer) exactly; ConnectionError on EOF or reset."""
+    async def recv_into(self, view: Any, then: Callable[[memoryview], T] | None = None) -> T | None:
+        """Fill ``view`` (a writable buffer) exactly; ConnectionError on EOF or reset. ``then``,
+        when given, is called on the filled view by the thread that copied its last bytes, and
+        its result returned: for an offloaded transfer that is the worker, so a pass over the
+        bytes (a checksum) reads them from that core's cache and off the event loop."""
         mv = memoryview(view).cast("B")
         if self._offloads(mv.nbytes):
-            pos = 0
+            pos, out = 0, None
             while pos < mv.nbytes:
-                got = await self._in_worker(_recv_burst, self.sock, mv, pos)
+                got, out = await self._in_worker(_recv_burst, self.sock, mv, pos, then)
                 self.bytes_in += got - pos
                 pos = got
                 if pos < mv.nbytes:
                     await self._wait(write=False)
-            return
+            return out
         pos, end = 0, mv.nbytes
         while pos < end:
             try:
@@ -195,6 +199,7 @@ class SocketChannel:
                 raise ConnectionError(f"peer closed the connection after {pos} of {end} bytes")
             pos += n
             self.bytes_in += n
+        return then(mv) if then is not None else None
 
     async def recv_exact(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -312,9 +317,10 @@ def _advance(views: list[memoryview], i: int, n: int) -> int:
     return i
 
 
-def _recv_burst(sock: socket.socket, mv: memoryview, pos: int) -> int:
+def _recv_burst(sock: socket.socket, mv: memoryview, pos: int, then: Callable | None) -> tuple[int, Any]:
     """Worker-thread body of an offloaded ``recv_into``: fill ``mv[pos:]`` until done or EAGAIN
-    (never waits). Returns the new position; ConnectionError on EOF or reset."""
+    (never waits). Returns the new position and, once ``mv`` is full, ``then(mv)`` (None until
+    then, or without ``then``); ConnectionError on EOF or reset."""
     end = mv.nbytes
     while pos < end:
         try:
@@ -326,7 +332,7 @@ def _recv_burst(sock: socket.socket, mv: memoryview, pos: int) -> int:
         if n == 0:
             raise ConnectionError(f"peer closed the connection after {pos} of {end} bytes")
         pos += n
-    return pos
+    return pos, (then(mv) if then is not None and pos == end else None)
 
 
 class DescriptorFrames(abc.ABC):

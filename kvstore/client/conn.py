@@ -159,9 +159,10 @@ class Conn:
                 if hdr.payload_len > views[i].nbytes:
                     raise P.bad("GET reply sent a payload larger than the buffer")
                 dst = views[i][: hdr.payload_len]
-                await self.ch.recv_into(dst)
+                # hashed by the thread that received the bytes (still in its cache)
+                digest = await self.ch.recv_into(dst, checksum)
                 self.bytes_in += hdr.payload_len
-                st = check_payload(hdr, keys[i], expect[i], dst)
+                st = check_payload(hdr, keys[i], expect[i], dst, digest)
             out.append(GetResult(st, hdr, e.tier))
         return out
 
@@ -262,12 +263,15 @@ class _Frames(DescriptorFrames):
             raise FrameError("bad_frame", f"reply to request {rid}: {exc}") from exc
 
 
-def check_payload(hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview) -> Status:
+def check_payload(
+    hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview, digest: int | None = None
+) -> Status:
     """What a reader must conclude about ``payload`` received for ``key``: HIT, or MISMATCH
-    (another block: collision or stale entry), or CORRUPT (checksum)."""
+    (another block: collision or stale entry), or CORRUPT (checksum). ``digest``: the
+    payload's :func:`~kvstore.block.checksum` when the receiver computed it already."""
     if not hdr.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
         return Status.MISMATCH
-    if checksum(payload) != hdr.checksum:
+    if (checksum(payload) if digest is None else digest) != hdr.checksum:
         return Status.CORRUPT
     return Status.HIT
 

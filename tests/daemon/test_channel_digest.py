@@ -1,0 +1,76 @@
+"""A received payload is hashed by the thread that copied its last bytes (SocketChannel.recv_into's
+``then``), and a GET still verifies every payload against its header's checksum with it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from kvstore.block import checksum
+from kvstore.client.conn import check_payload
+from kvstore.results import Status
+from rdma.tcp import OFFLOAD_MIN, SocketChannel
+
+
+def _digest_and_thread(seen: list[str]):
+    def then(mv: memoryview) -> int:
+        seen.append(threading.current_thread().name)
+        return checksum(mv)
+
+    return then
+
+
+async def _receive(
+    size: int, pool: ThreadPoolExecutor | None
+) -> tuple[np.ndarray, np.ndarray, int, list[str]]:
+    a_sock, b_sock = socket.socketpair()
+    a, b = SocketChannel(a_sock), SocketChannel(b_sock, offload=pool)
+    payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    send = asyncio.ensure_future(a.send([payload]))
+    dst = np.zeros(size, np.uint8)
+    seen: list[str] = []
+    digest = await b.recv_into(dst, _digest_and_thread(seen))
+    await send
+    a.close()
+    b.close()
+    return payload, dst, digest, seen
+
+
+async def test_an_offloaded_receive_hashes_in_the_worker_that_copied_the_bytes():
+    pool = ThreadPoolExecutor(2, thread_name_prefix="copy-test")
+    try:
+        payload, dst, digest, seen = await _receive(3 << 20, pool)
+    finally:
+        pool.shutdown()
+    assert (dst == payload).all()
+    assert digest == checksum(payload)
+    assert len(seen) == 1 and seen[0].startswith("copy-test"), seen  # once, off the loop thread
+
+
+async def test_a_receive_on_the_loop_hashes_there_and_without_then_returns_none():
+    small = OFFLOAD_MIN // 2
+    pool = ThreadPoolExecutor(1, thread_name_prefix="copy-test")
+    try:
+        payload, dst, digest, seen = await _receive(small, pool)  # below the offload size
+    finally:
+        pool.shutdown()
+    assert digest == checksum(payload) and seen == [threading.current_thread().name]
+    a_sock, b_sock = socket.socketpair()
+    a, b = SocketChannel(a_sock), SocketChannel(b_sock)
+    await a.send([b"xyz"])
+    buf = bytearray(3)
+    assert await b.recv_into(buf) is None and buf == b"xyz"
+    a.close()
+    b.close()
+
+
+def test_a_digest_handed_in_is_checked_against_the_header(ns, blocks_of):
+    [(hdr, payload)] = blocks_of(ns, 1, 4096)
+    mv = memoryview(payload)
+    assert check_payload(hdr, hdr.key, None, mv) is Status.HIT
+    assert check_payload(hdr, hdr.key, None, mv, checksum(mv)) is Status.HIT
+    assert check_payload(hdr, hdr.key, None, mv, checksum(mv) ^ 1) is Status.CORRUPT
