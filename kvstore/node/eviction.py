@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from kvstore.node.leases import LeaseTable
 from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.tiers.tasks import to_the_end
 
 # Rounds of eviction per allocation (a round is one block or whole spans): bounded work.
 _MAX_EVICTIONS_PER_ALLOC = 64
@@ -104,7 +105,20 @@ class Evictor:
     async def _demote(self, tier: SlotTier, key: bytes) -> None:
         """Move ``key`` out of ``tier`` to the next tier down (or drop it at the bottom)."""
         below = self._below(tier)
-        self._leases.hold(key)
+        self._leases.hold(key)  # now, not when the task starts: the slot stays put from here on
+        # to its end even when the caller is cancelled: a disk thread reads the slot until
+        # then, and the hold that keeps it in place goes only after it
+        await to_the_end(self._copy_held(tier, key, below))
+        if key in tier and not self.protected(key):
+            tier.remove(key, evicted=True)
+            self._counters[f"evictions_{tier.name}"] += 1
+            if not any(key in t for t in below):
+                self._counters["dropped"] += 1
+                self._dirty.discard(key)
+
+    async def _copy_held(self, tier: SlotTier, key: bytes, below: list[Tier]) -> None:
+        """Copy ``key`` down where the tier below lacks it (or it is dirty). ``key`` is held
+        (its slot is not freed under the copy) and is unheld here when the copy is over."""
         try:
             if (below and key not in below[0]) or key in self._dirty:
                 await self._copy_down(tier, key, below)
@@ -114,12 +128,6 @@ class Evictor:
                 await self._disk.delete([key])
         finally:
             self._unhold(key)
-        if key in tier and not self.protected(key):
-            tier.remove(key, evicted=True)
-            self._counters[f"evictions_{tier.name}"] += 1
-            if not any(key in t for t in below):
-                self._counters["dropped"] += 1
-                self._dirty.discard(key)
 
     async def _copy_down(self, tier: SlotTier, key: bytes, below: list[Tier]) -> None:
         """Put ``key`` into the next tier down that has room: a memory tier when room can be

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from kvstore.block import BlockHeader, checksum
 from kvstore.node.leases import LeaseTable, Reservation
 from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.tiers.tasks import to_the_end
 from kvstore.results import PutResult, Status
 
 
@@ -146,18 +147,12 @@ class Writer:
     async def _write_through(self, to_disk: list[tuple[int, Reservation]], results: list[PutResult]) -> None:
         disk = self._disk
         keys = [r.header.key.raw for _, r in to_disk]
-        for k in keys:
-            self._leases.hold(k)  # the slot must not be freed while the writer thread reads it
-        try:
-            stored = await disk.put([(k, r.header_bytes, r.view) for k, (_, r) in zip(keys, to_disk)])  # type: ignore[union-attr]
-            # deleted while written (held, so only hidden): delete found no disk copy to drop
-            # then, and the one just written must not outlive it
-            gone = [k for k in keys if k in self._doomed and k in disk]  # type: ignore[operator]
-            if gone:
-                await disk.delete(gone)  # type: ignore[union-attr]
-        finally:
-            for k in keys:
-                self._unhold(k)
+        items = [(k, r.header_bytes, r.view) for k, (_, r) in zip(keys, to_disk)]
+        for k in keys:  # now, not when the task starts: the slots stay put from here on
+            self._leases.hold(k)
+        # to its end even when the commit is cancelled: the disk thread reads the slots until
+        # then, and the holds that keep them in place go only after it
+        stored = await to_the_end(self._put_held(keys, items))
         durable = disk.durable  # type: ignore[union-attr]
         for (i, r), ok in zip(to_disk, stored):
             if r.tier is not None:
@@ -169,6 +164,22 @@ class Writer:
             else:
                 self._counters["put_no_space"] += 1
             results[i] = PutResult(Status.STORED if ok else Status.NO_SPACE, "disk", ok and durable)
+
+    async def _put_held(self, keys: list[bytes], items: list) -> list[bool]:
+        """Write ``items`` to disk; their ``keys`` are held (the slot must not be freed while
+        the writer thread reads it) and are unheld here when the write is over."""
+        disk = self._disk
+        try:
+            stored = await disk.put(items)  # type: ignore[union-attr]
+            # deleted while written (held, so only hidden): delete found no disk copy to drop
+            # then, and the one just written must not outlive it
+            gone = [k for k in keys if k in self._doomed and k in disk]  # type: ignore[operator]
+            if gone:
+                await disk.delete(gone)  # type: ignore[union-attr]
+            return stored
+        finally:
+            for k in keys:
+                self._unhold(k)
 
     def abort(self, reservations: Sequence[Reservation]) -> None:
         """Give back uncommitted reservations (idempotent)."""

@@ -33,6 +33,7 @@ from kvstore.node.tiers.index import (
     header_namespace,
     now_s,
 )
+from kvstore.node.tiers.tasks import to_the_end
 from kvstore.results import Status
 
 log = logging.getLogger("tierkv.disk")
@@ -236,8 +237,8 @@ class DiskTier(LruIndex):
         used unprotected blocks to stay within capacity. True where stored (and synced, if
         configured) on return; False where no room could be made or the write failed. The
         caller keeps each payload buffer unchanged until this returns. Runs to the end when
-        the caller is cancelled (see :func:`_to_the_end`)."""
-        return await _to_the_end(self._put(items))
+        the caller is cancelled (see :func:`kvstore.node.tiers.tasks.to_the_end`)."""
+        return await to_the_end(self._put(items))
 
     async def _put(self, items) -> list[bool]:
         async with self._write_lock:  # room is computed and spent by one put at a time
@@ -339,8 +340,8 @@ class DiskTier(LruIndex):
 
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:
         """Remove keys; False where absent. Runs to the end when the caller is cancelled (see
-        :func:`_to_the_end`)."""
-        return await _to_the_end(self._delete(keys))
+        :func:`kvstore.node.tiers.tasks.to_the_end`)."""
+        return await to_the_end(self._delete(keys))
 
     async def _delete(self, keys: Sequence[bytes]) -> list[bool]:
         present = [k for k in keys if k in self._index]
@@ -392,21 +393,3 @@ class DiskTier(LruIndex):
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self.env.close()
-
-
-async def _to_the_end(coro):
-    """Await ``coro`` so that cancelling the caller does not stop it: a cancelled await of a
-    thread's future leaves the thread running, and LMDB would change without the index (and
-    the byte counts) following. The cancelled caller gets CancelledError at once; the write
-    and its bookkeeping finish in their own task."""
-    task = asyncio.ensure_future(coro)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.add_done_callback(_log_failure)
-        raise
-
-
-def _log_failure(task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("event=disk_write_failed_after_cancel error=%r", task.exception())
