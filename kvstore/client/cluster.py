@@ -13,12 +13,13 @@ node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node d
   later are warmed up in the background).
 - Placement: weighted rendezvous over the *healthy* members (kvstore/client/placement.py);
   a key's owners are its first ``replicas`` nodes, on distinct nodes and zones.
-- Lookups: each key goes to its owners only (its first ``replicas`` healthy nodes; one
-  batched EXISTS per node, all in parallel); the keys no owner holds then go to the next
-  ``lookahead`` nodes in their rendezvous order, which find blocks whose owner changed when a
-  node joined. A key is present when any of its first ``replicas + lookahead`` nodes has it;
-  its tier is the best its owners hold (a lookahead node's for a block no owner holds).
-  :meth:`lookup_prefix` is the longest prefix over replicas.
+- Lookups (kvstore/client/lookup.py): each key goes to its owners only (its first
+  ``replicas`` healthy nodes; batched EXISTS, all in parallel); the keys no owner holds then go
+  to the next ``lookahead`` nodes in their rendezvous order, which find blocks whose owner
+  changed when a node joined. A key is present when any of its first ``replicas + lookahead``
+  nodes has it; its tier is the best its owners hold (a lookahead node's for a block no owner
+  holds). :meth:`lookup_prefix` is the longest prefix over replicas. Each key's rendezvous
+  order is cached per healthy view (a bounded LRU), so repeated prompts skip the hashing.
 - Transfers: node clients share one :class:`~kvstore.client.rdma.ClientRdma` (one device
   probe, at most one device opened, buffers registered once with ``register``); reads and
   writes take the descriptor path to nodes that negotiated RDMA (kvstore/client/node.py).
@@ -43,9 +44,10 @@ from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.health import Health
+from kvstore.client.lookup import Lookups, RankCache
 from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
-from kvstore.client.placement import Node, rank
+from kvstore.client.placement import Node
 from kvstore.client.rdma import ClientRdma
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
@@ -54,8 +56,7 @@ from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, Status
 
 log = logging.getLogger("kvstore.client")
-_TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}
-_RANK_CACHE_MAX = 1 << 17
+_RANK_CACHE_MAX = 1 << 17  # keys whose rendezvous order is kept (16 prompts of 128K tokens)
 _WARM_KEY = BlockKey(bytes(16))  # EXISTS of this key opens and HELLOs a connection, nothing more
 
 __all__ = ["ClusterClient", "ClusterConfig", "PutReport"]
@@ -87,7 +88,7 @@ class ClusterClient:
         self._seen = -1
         self._view: list[Node] = []
         self._view_key: tuple = ()
-        self._ranks: dict[bytes, tuple[str, ...]] = {}
+        self._rank_cache = RankCache(_RANK_CACHE_MAX)
         self._own_counters: Counter[str] = Counter()
         self._started = False
         self._closed = False
@@ -100,6 +101,14 @@ class ClusterClient:
             self, self.health, self.repairer, self.cfg, self.client_cfg, self._own_counters
         )
         self._writes = ClusterWrites(self, self.cfg, self.client_cfg, self._own_counters)
+        self._lookups = Lookups(
+            self,
+            self._rank_cache,
+            self.cfg,
+            self.client_cfg.op_timeout_s,
+            self._own_counters,
+            self._stragglers,
+        )
 
     @classmethod
     def static(cls, addrs: Sequence[str], client_cfg=None, cfg=None) -> ClusterClient:
@@ -187,19 +196,15 @@ class ClusterClient:
         view = [n for a, n in sorted(self._weights.items()) if self.healthy(a)]
         key = tuple(view)
         if key != self._view_key:
-            self._view_key, self._view, self._ranks = key, view, {}
+            self._view_key, self._view = key, view
+            self._rank_cache.reset(view, self.cfg.replicas)  # placement changed
         return self._view
 
     def rank(self, key: BlockKey) -> tuple[str, ...]:
-        ids = self._ranks.get(key.raw)
-        if ids is None:
-            if len(self._ranks) >= _RANK_CACHE_MAX:
-                self._ranks.clear()
-            ids = tuple(n.id for n in rank(key.raw, self._view, self.cfg.replicas))
-            self._ranks[key.raw] = ids
-        return ids
+        """The healthy view's addresses in ``key``'s rendezvous order (owners first), cached."""
+        return self._rank_cache.order(key.raw)
 
-    async def _timed(self, addr: str, op: str, aw: Awaitable):
+    async def timed(self, addr: str, op: str, aw: Awaitable):
         """Await one node call and feed its time (and GET payload bytes) to health."""
         t0 = time.monotonic()
         res = await aw
@@ -211,89 +216,19 @@ class ClusterClient:
         self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable], op: str = ""
     ):
         addrs = list(groups)
-        results = await asyncio.gather(*(self._timed(a, op, call(self.nodes[a], groups[a])) for a in addrs))
+        results = await asyncio.gather(*(self.timed(a, op, call(self.nodes[a], groups[a])) for a in addrs))
         return zip(addrs, results)
 
     # ---------------------------------------------------------------- lookups
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key: the best tier its owners hold it in; for a key no owner holds, the best
-        of the next ``lookahead`` nodes (``None``: nowhere). See the module docstring."""
-        out: list[str | None] = [None] * len(keys)
-        view = await self.healthy_view(deadline_s)
-        if not keys or not view:
-            return out
-        end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
-        owners = self.cfg.replicas
-        pending: Sequence[int] = range(len(keys))
-        for lo, hi in ((0, owners), (owners, owners + self.cfg.lookahead)):
-            if lo >= len(view) or lo >= hi:
-                break
-            groups = self._rank_groups(keys, pending, lo, hi, view)
-            await self._exists_round(keys, groups, out, max(end - time.monotonic(), 1e-3))
-            pending = [i for i in pending if out[i] is None]
-            if not pending:
-                break
-        return out
-
-    def _rank_groups(
-        self, keys: Sequence[BlockKey], idx: Sequence[int], lo: int, hi: int, view: list[Node]
-    ) -> dict[str, list[int]]:
-        """Per node, the indices of ``keys[idx]`` whose rendezvous ranks ``lo..hi-1`` it holds."""
-        if lo == 0 and hi >= len(view):  # every node is a candidate for every key: no ranking
-            every = list(idx)
-            return {n.id: every for n in view}
-        groups: dict[str, list[int]] = {n.id: [] for n in view}
-        ranked = self.rank  # a hot loop: 8192 keys per lookup of a long prompt
-        for i in idx:
-            for a in ranked(keys[i])[lo:hi]:
-                groups[a].append(i)
-        return {a: g for a, g in groups.items() if g}
-
-    async def _exists_round(
-        self, keys: Sequence[BlockKey], groups: dict[str, list[int]], out: list[str | None], deadline_s: float
-    ) -> None:
-        """One batched EXISTS per node of ``groups``, in parallel; each answer's tiers merged
-        into ``out`` (the best tier wins). Returns early once every key of the round is found."""
-        tasks = {
-            asyncio.ensure_future(
-                self._timed(
-                    a,
-                    "exists",
-                    self.nodes[a].exists(
-                        keys if len(idx) == len(keys) else [keys[i] for i in idx], deadline_s
-                    ),
-                )
-            ): a
-            for a, idx in groups.items()
-        }
-        asked = {i for idx in groups.values() for i in idx}
-        self._own_counters["lookup_keys_asked"] += sum(len(idx) for idx in groups.values())
-        pending = set(tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                for i, tier in zip(groups[tasks[t]], t.result()):
-                    if tier is not None and (
-                        out[i] is None or _TIER_ORDER.get(tier, 9) < _TIER_ORDER.get(out[i], 9)
-                    ):
-                        out[i] = tier
-            if pending and all(out[i] is not None for i in asked):
-                # every key was found: a late node cannot change the answer. Its call goes on in
-                # the background (bounded by the deadline) and its time still feeds health.
-                self._own_counters["lookups_answered_early"] += 1
-                for t in pending:
-                    self._stragglers.add(t)
-                    t.add_done_callback(self._stragglers.discard)
-                return
+        of the next ``lookahead`` nodes (``None``: nowhere). kvstore/client/lookup.py."""
+        return await self._lookups.exists(keys, deadline_s)
 
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
         """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
-        tiers = await self.exists(keys, deadline_s)
-        n = 0
-        while n < len(tiers) and tiers[n] is not None:
-            n += 1
-        return n
+        return await self._lookups.lookup_prefix(keys, deadline_s)
 
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
@@ -301,7 +236,8 @@ class ClusterClient:
         view = await self.healthy_view(deadline_s)
         if not keys or not view:
             return out
-        groups = self._rank_groups(keys, range(len(keys)), 0, self.cfg.replicas + self.cfg.lookahead, view)
+        hi = self.cfg.replicas + self.cfg.lookahead
+        groups, _ = self._lookups.plan(keys, range(len(keys)), 0, hi, view)
         for addr, res in await self.fan(
             groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s), "delete"
         ):
@@ -376,6 +312,6 @@ class ClusterClient:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
         self.rdma.close()
         self._weights.clear()
-        self._ranks.clear()
+        self._rank_cache.reset((), self.cfg.replicas)
         self._view, self._view_key = [], ()
         self._seen = self.membership.version

@@ -77,6 +77,43 @@ def spread_zones(ordered: Sequence[Node], replicas: int) -> list[Node]:
     return head + [n for n in ordered if n.id not in chosen]
 
 
+def rank_many(keys: Sequence[bytes], nodes: Sequence[Node], replicas: int = 1) -> list[tuple[str, ...]]:
+    """Per key, the ids of :func:`rank` ``(key, nodes, replicas)``: the same scores (the same
+    floats), the same ties (broken by the larger id first) and the same zone spread, computed a
+    node at a time over all keys so the Python per key is one small sort. Equal orders come
+    back as one shared tuple (a cache of many keys holds few distinct orders)."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    ns = sorted(nodes, key=lambda n: n.id)
+    if len({n.id for n in ns}) != len(ns):
+        raise ValueError("placement: node ids must be unique")
+    if not ns:
+        return [()] * len(keys)
+    h64, log = xxhash.xxh3_64_intdigest, math.log
+    cols = []
+    for n in ns:
+        pre, w = n.id.encode() + b"\0", n.weight
+        cols.append([w / -log((h + 0.5) / _TWO64) for h in map(h64, [pre + k for k in keys])])
+    # sorting positions by score, highest first, from the last id down: equal scores keep
+    # that order, the larger id first, as rank's reverse sort of (score, id) does
+    back = range(len(ns) - 1, -1, -1)
+    zoned = replicas > 1 and any(n.zone for n in ns)
+    ids = [n.id for n in ns]
+    interned: dict[tuple[int, ...], tuple[str, ...]] = {}
+    out = []
+    for row in zip(*cols):
+        pos = tuple(sorted(back, key=row.__getitem__, reverse=True))
+        order = interned.get(pos)
+        if order is None:
+            if zoned:
+                order = tuple(n.id for n in spread_zones([ns[j] for j in pos], replicas))
+            else:
+                order = tuple(ids[j] for j in pos)
+            interned[pos] = order
+        out.append(order)
+    return out
+
+
 def owners(key: bytes, nodes: Sequence[Node], replicas: int) -> list[Node]:
     """The ``replicas`` nodes (fewer when there are fewer nodes) that own ``key``."""
     return rank(key, nodes, replicas)[:replicas]

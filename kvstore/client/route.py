@@ -39,6 +39,10 @@ class Route(Protocol):
         """Open the connections of those ``addrs`` never reached, within ``deadline_s``."""
         ...
 
+    async def timed(self, addr: str, op: str, aw: Awaitable) -> Any:
+        """Await one node call to ``addr`` and feed its time (and GET bytes) to health."""
+        ...
+
     async def fan(
         self, groups: dict[str, list[int]], call: Callable[[NodeClient, list[int]], Awaitable], op: str = ""
     ) -> Iterable[tuple[str, Any]]:
