@@ -271,8 +271,10 @@ class NodeStore:
                 disk_keys.append(k)
         if disk_keys:
             await self.disk.delete(disk_keys)
-            for k in disk_keys:  # a read that raced the delete may have promoted it meanwhile
-                if any(k in t for t in self.memory):
+            for k in disk_keys:
+                # pinned meanwhile (it was still indexed on disk): a pin does not outlive it
+                self.pinned.discard(k)
+                if any(k in t for t in self.memory):  # a racing read may have promoted it
                     self._forget(k)
         self.counters["deletes"] += sum(out)
         return out

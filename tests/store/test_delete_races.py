@@ -126,3 +126,20 @@ async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(c
         assert await node.contains([key, blocks[1][0].key]) == [None, "disk"], "a deleted block was flushed"
     finally:
         await node.close()
+
+
+async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
+    cfg = _big_cfg(cfg_factory)
+    blocks = make_blocks(2, nbytes=1 * MiB, seed=5)
+    node = await _on_disk_only(cfg, blocks)
+    try:
+        for h, _ in blocks:
+            delete = asyncio.create_task(node.delete([h.key]))
+            await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
+            await node.pin([h.key])  # pinned before the delete ends: the delete unpins it
+            assert await delete == [True]
+            assert await node.contains([h.key]) == [None]
+            node.check()  # no pin on a block that is gone
+        assert node.stats()["node"]["pinned"] == 0
+    finally:
+        await node.close()
