@@ -6,7 +6,8 @@ For each block size (2 MiB, 32 MiB) and client count (1, 8) it measures, in the 
           preallocated buffers (every payload checksum-verified by the client)
   redis   redis-server (no persistence) with redis-py SET/GET of the same bytes
 Each client is its own process; GB/s = total payload bytes / wall time of the slowest client.
-Prints a table and writes JSON (--json). Redis is skipped (noted) when redis-server is absent.
+Prints a table and the load average before and after, and writes both as JSON (--json). Redis
+is skipped (noted) when redis-server is absent.
 
     python bench/store_throughput.py --json .bench/store.json
 """
@@ -244,6 +245,7 @@ def main() -> int:
     clients_list = [int(c) for c in args.clients.split(",")]
     redis_bin = shutil.which("redis-server")
     rows = []
+    load_before = os.getloadavg()  # on a shared host the ratios are what count; the load says how shared
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         redis_proc = None
@@ -303,9 +305,11 @@ def main() -> int:
             if redis_proc:
                 redis_proc.terminate()
                 redis_proc.wait(10)
-    doc = {"host_cpus": os.cpu_count(), "python": sys.version.split()[0], "rows": rows}
+    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
+    doc = {"host_cpus": os.cpu_count(), "python": sys.version.split()[0], "load_avg": load, "rows": rows}
     print()
     print(table(rows))
+    print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
