@@ -44,10 +44,10 @@ from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.health import Health
-from kvstore.client.lookup import Lookups, RankCache
+from kvstore.client.lookup import Lookups
 from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
-from kvstore.client.placement import Node
+from kvstore.client.placement import Node, RankCache
 from kvstore.client.rdma import ClientRdma
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
@@ -313,5 +313,6 @@ class ClusterClient:
         self.rdma.close()
         self._weights.clear()
         self._rank_cache.reset((), self.cfg.replicas)
+        self._lookups.hints.clear()
         self._view, self._view_key = [], ()
         self._seen = self.membership.version

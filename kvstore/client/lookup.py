@@ -12,8 +12,11 @@ the deadline) so its time still feeds health. Never raises for a node problem (a
 fails answers all misses).
 
 Speed (a 128K-token prompt is 8,192 keys): a key's rendezvous order is computed once per
-healthy view and cached as a small int (:class:`RankCache`), so a repeated lookup costs one
-dict probe per key plus flat-list grouping and merging; no per-key objects are made.
+healthy view and cached as a small int (:class:`~kvstore.client.placement.RankCache`), so a repeated lookup costs one
+dict probe per key plus flat-list grouping and merging; no per-key objects are made. Keys no
+owner held at their last lookup (:class:`MissHints`) are asked of their lookahead nodes in
+round 1 too, so a partly cached prompt looked up again costs one round trip, not two; the
+owners' answers still decide, so this changes no result.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
 from kvstore.client.config import ClusterConfig
-from kvstore.client.placement import Node, rank_many
+from kvstore.client.placement import Node, RankCache
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey
 from kvstore.protocol import MAX_BATCH
@@ -33,74 +36,38 @@ from kvstore.protocol import MAX_BATCH
 TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}  # best first; an unknown tier ranks last
 
 
-class RankCache:
-    """Each key's rendezvous order over one healthy view, as a code: an index into
-    ``orders`` (a view of n nodes has at most n! orders, and equal orders share one code).
+class MissHints:
+    """The keys that no owner held at their last lookup (bounded: at ``max_entries`` it
+    starts over). A hinted key is asked of its lookahead nodes in the same round as of its
+    owners, which saves the second round trip of a prompt looked up again while partly
+    cached; the owners' answer still wins, so a hint changes no result, only what is asked
+    when. A key its owners hold again is dropped from it."""
 
-    Bounded in entries: two generations of at most ``max_entries // 2`` keys each; a key
-    found in the old generation moves to the new one, and when the new one is full the old
-    one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping
-    (a lookup of 8,192 cached keys is 8,192 dict probes). :meth:`reset` with a different view
-    or ``replicas`` empties it (placement changed)."""
-
-    def __init__(self, max_entries: int = 1 << 17) -> None:
-        if max_entries < 2:
-            raise ValueError(f"rank cache max_entries must be >= 2, got {max_entries}")
-        self._gen = max_entries // 2
-        self._new: dict[bytes, int] = {}
-        self._old: dict[bytes, int] = {}
-        self.orders: list[tuple[str, ...]] = []
-        self._code_of: dict[tuple[str, ...], int] = {}
-        self._view: tuple[Node, ...] = ()
-        self._replicas = 1
+    def __init__(self, max_entries: int = 1 << 16) -> None:
+        if max_entries < 1:
+            raise ValueError(f"miss hints max_entries must be >= 1, got {max_entries}")
+        self._max = max_entries
+        self._keys: set[bytes] = set()
 
     def __len__(self) -> int:
-        return len(self._new) + len(self._old)
+        return len(self._keys)
 
-    def reset(self, view: Sequence[Node], replicas: int) -> None:
-        """Rank over ``view`` (the healthy members) with ``replicas`` owners from now on."""
-        view = tuple(view)
-        if view == self._view and replicas == self._replicas:
-            return
-        self._view, self._replicas = view, replicas
-        self._new, self._old = {}, {}
-        self.orders, self._code_of = [], {}
+    def among(self, raws: Sequence[bytes]) -> list[int]:
+        """The (ascending) indices of hinted keys in ``raws``."""
+        have = self._keys
+        return [i for i, r in enumerate(raws) if r in have]
 
-    def codes(self, raws: Sequence[bytes]) -> list[int]:
-        """Per raw key, the code of its order (``orders[code]``: node ids, owners first).
-        Misses are ranked in one batch (:func:`~kvstore.client.placement.rank_many`)."""
-        codes: list[int | None] = list(map(self._new.get, raws))
-        if None not in codes:
-            return codes  # type: ignore[return-value]
-        missed = []
-        old = self._old
-        for i, c in enumerate(codes):
-            if c is None:
-                c = old.get(raws[i])
-                if c is None:
-                    missed.append(i)
-                else:
-                    codes[i] = c
-                    self._put(raws[i], c)
-        if missed:
-            fresh = rank_many([raws[i] for i in missed], self._view, self._replicas)
-            for i, order in zip(missed, fresh):
-                c = self._code_of.get(order)
-                if c is None:
-                    c = self._code_of[order] = len(self.orders)
-                    self.orders.append(order)
-                codes[i] = c
-                self._put(raws[i], c)
-        return codes  # type: ignore[return-value]
+    def note(self, raws: Sequence[bytes], missed: Sequence[int], found: Sequence[int]) -> None:
+        """``raws[missed]`` no owner held; ``raws[found]`` (hinted ones) an owner held."""
+        have = self._keys
+        for i in found:
+            have.discard(raws[i])
+        if len(have) + len(missed) > self._max:
+            have.clear()
+        have.update([raws[i] for i in missed][: self._max])
 
-    def order(self, raw: bytes) -> tuple[str, ...]:
-        """The view's node ids in ``raw``'s rendezvous order (owners first)."""
-        return self.orders[self.codes((raw,))[0]]
-
-    def _put(self, raw: bytes, code: int) -> None:
-        if len(self._new) >= self._gen:
-            self._old, self._new = self._new, {}
-        self._new[raw] = code
+    def clear(self) -> None:
+        self._keys.clear()
 
 
 class Lookups:
@@ -124,6 +91,7 @@ class Lookups:
         self.op_timeout_s = op_timeout_s
         self.counters = counters
         self.stragglers = stragglers
+        self.hints = MissHints()
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key, its tier as the module docstring says (``None``: nowhere)."""
@@ -132,17 +100,41 @@ class Lookups:
         if not keys or not view:
             return out
         end = time.monotonic() + (deadline_s or self.op_timeout_s)
-        owners = self.cfg.replicas
-        pending: Sequence[int] = range(len(keys))
-        codes: list[int] | None = None
-        for lo, hi in ((0, owners), (owners, owners + self.cfg.lookahead)):
-            if lo >= len(view) or lo >= hi:
-                break
-            groups, codes = self.plan(keys, pending, lo, hi, view, codes)
-            await self._round(keys, groups, out, len(pending), max(end - time.monotonic(), 1e-3))
-            pending = [i for i in pending if out[i] is None]
-            if not pending:
-                break
+        owners, hi = self.cfg.replicas, self.cfg.replicas + self.cfg.lookahead
+        second = owners < len(view) and hi > owners  # is there a lookahead round at all
+        groups, codes = self.plan(keys, range(len(keys)), 0, owners, view)
+        raws: list[bytes] = []
+        hinted: list[int] = []
+        ahead: dict[asyncio.Future, list[int]] = {}
+        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
+        if second and self.hints:  # the lookahead round of hinted keys goes out now, too
+            raws = [k.raw for k in keys]
+            hinted = self.hints.among(raws)
+            if hinted:
+                groups_ahead, codes = self.plan(keys, hinted, owners, hi, view, codes)
+                ahead = self._send(keys, groups_ahead, max(end - time.monotonic(), 1e-3))
+        if await self._collect(tasks, out, len(keys)) or not second:
+            self._leave(ahead)
+            if hinted:
+                self.hints.note(raws, (), [i for i in hinted if out[i] is not None])
+            return out
+        pending = [i for i, t in enumerate(out) if t is None]  # no owner has these
+        raws = raws or [k.raw for k in keys]
+        self.hints.note(raws, pending, [i for i in hinted if out[i] is not None])
+        if ahead:
+            late: list[str | None] = [None] * len(keys)
+            await self._collect(ahead, late, len(hinted))
+            asked = set(hinted)
+            for i in pending:
+                if i in asked:
+                    out[i] = late[i]
+            pending = [i for i in pending if i not in asked]
+        if pending:
+            self.counters["lookup_second_rounds"] += 1
+            groups, _ = self.plan(keys, pending, owners, hi, view, codes)
+            await self._collect(
+                self._send(keys, groups, max(end - time.monotonic(), 1e-3)), out, len(pending)
+            )
         return out
 
     def plan(
@@ -184,24 +176,26 @@ class Lookups:
             g.sort()  # ascending runs: a linear merge; requests stay in key order
         return groups
 
-    async def _round(
-        self,
-        keys: Sequence[BlockKey],
-        groups: dict[str, list[int]],
-        out: list[str | None],
-        asked: int,
-        deadline_s: float,
-    ) -> None:
-        """The EXISTS of ``groups`` in parallel, each answer merged into ``out`` (the best
-        tier wins); ``asked`` keys of the round, all missing in ``out`` when it starts.
-        Returns early once every one of them was found."""
+    def _send(
+        self, keys: Sequence[BlockKey], groups: dict[str, list[int]], deadline_s: float
+    ) -> dict[asyncio.Future, list[int]]:
+        """Start the EXISTS of ``groups`` (per node, at most ``MAX_BATCH`` keys a request, all
+        in parallel); each request's future with the indices it asked about."""
         nodes, timed = self.route.nodes, self.route.timed
         tasks: dict[asyncio.Future, list[int]] = {}
         for a, idx in groups.items():
             for part in _split(idx, MAX_BATCH):
                 ks = keys if len(part) == len(keys) else _pick(keys, part)
                 tasks[asyncio.ensure_future(timed(a, "exists", nodes[a].exists(ks, deadline_s)))] = part
-        self.counters["lookup_keys_asked"] += sum(len(g) for g in groups.values())
+            self.counters["lookup_keys_asked"] += len(idx)
+        return tasks
+
+    async def _collect(
+        self, tasks: dict[asyncio.Future, list[int]], out: list[str | None], asked: int
+    ) -> bool:
+        """Merge the answers of ``tasks`` into ``out`` (the best tier wins) as they come;
+        ``asked`` distinct keys, all missing in ``out`` at the start. True, early, once every
+        one of them was found (the rest are left to finish: :meth:`_leave`)."""
         missing, rank = asked, TIER_ORDER.get
         pending = set(tasks)
         while pending:
@@ -215,14 +209,21 @@ class Lookups:
                             missing -= 1
                         elif tier != have and rank(tier, 9) < rank(have, 9):
                             out[i] = tier
-            if pending and missing <= 0:
-                # every key was found: a late node cannot change a hit into a miss. Its call
-                # goes on in the background (bounded by the deadline), its time feeding health.
-                self.counters["lookups_answered_early"] += 1
-                for t in pending:
-                    self.stragglers.add(t)
-                    t.add_done_callback(self.stragglers.discard)
-                return
+            if missing <= 0:
+                if pending:
+                    self.counters["lookups_answered_early"] += 1
+                    self._leave(pending)
+                return True
+        return False
+
+    def _leave(self, tasks: Iterable[asyncio.Future]) -> None:
+        """Calls whose answer is no longer needed: a late node cannot turn a hit into a miss.
+        They go on in the background (bounded by the deadline) so their time feeds health;
+        the client cancels them at close."""
+        for t in tasks:
+            if not t.done():
+                self.stragglers.add(t)
+                t.add_done_callback(self.stragglers.discard)
 
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
         """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""

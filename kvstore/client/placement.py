@@ -9,6 +9,9 @@ about ``weight/total`` of the keys move and no others.
 
 Scores use the logarithmic method: ``score = weight / -ln(u)``, ``u`` uniform in (0, 1) from
 the hash; the argmax is node ``i`` with probability ``w_i / sum(w)``.
+
+:func:`rank_many` ranks many keys at once (the same orders); :class:`RankCache` keeps each
+key's order over one view, bounded in entries, for clients that rank the same keys again.
 """
 
 from __future__ import annotations
@@ -117,3 +120,73 @@ def rank_many(keys: Sequence[bytes], nodes: Sequence[Node], replicas: int = 1) -
 def owners(key: bytes, nodes: Sequence[Node], replicas: int) -> list[Node]:
     """The ``replicas`` nodes (fewer when there are fewer nodes) that own ``key``."""
     return rank(key, nodes, replicas)[:replicas]
+
+
+class RankCache:
+    """Each key's rendezvous order over one healthy view, as a code: an index into
+    ``orders`` (a view of n nodes has at most n! orders, and equal orders share one code).
+
+    Bounded in entries: two generations of at most ``max_entries // 2`` keys each; a key
+    found in the old generation moves to the new one, and when the new one is full the old
+    one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping
+    (a lookup of 8,192 cached keys is 8,192 dict probes). :meth:`reset` with a different view
+    or ``replicas`` empties it (placement changed)."""
+
+    def __init__(self, max_entries: int = 1 << 17) -> None:
+        if max_entries < 2:
+            raise ValueError(f"rank cache max_entries must be >= 2, got {max_entries}")
+        self._gen = max_entries // 2
+        self._new: dict[bytes, int] = {}
+        self._old: dict[bytes, int] = {}
+        self.orders: list[tuple[str, ...]] = []
+        self._code_of: dict[tuple[str, ...], int] = {}
+        self._view: tuple[Node, ...] = ()
+        self._replicas = 1
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    def reset(self, view: Sequence[Node], replicas: int) -> None:
+        """Rank over ``view`` (the healthy members) with ``replicas`` owners from now on."""
+        view = tuple(view)
+        if view == self._view and replicas == self._replicas:
+            return
+        self._view, self._replicas = view, replicas
+        self._new, self._old = {}, {}
+        self.orders, self._code_of = [], {}
+
+    def codes(self, raws: Sequence[bytes]) -> list[int]:
+        """Per raw key, the code of its order (``orders[code]``: node ids, owners first).
+        Misses are ranked in one batch (:func:`~kvstore.client.placement.rank_many`)."""
+        codes: list[int | None] = list(map(self._new.get, raws))
+        if None not in codes:
+            return codes  # type: ignore[return-value]
+        missed = []
+        old = self._old
+        for i, c in enumerate(codes):
+            if c is None:
+                c = old.get(raws[i])
+                if c is None:
+                    missed.append(i)
+                else:
+                    codes[i] = c
+                    self._put(raws[i], c)
+        if missed:
+            fresh = rank_many([raws[i] for i in missed], self._view, self._replicas)
+            for i, order in zip(missed, fresh):
+                c = self._code_of.get(order)
+                if c is None:
+                    c = self._code_of[order] = len(self.orders)
+                    self.orders.append(order)
+                codes[i] = c
+                self._put(raws[i], c)
+        return codes  # type: ignore[return-value]
+
+    def order(self, raw: bytes) -> tuple[str, ...]:
+        """The view's node ids in ``raw``'s rendezvous order (owners first)."""
+        return self.orders[self.codes((raw,))[0]]
+
+    def _put(self, raw: bytes, code: int) -> None:
+        if len(self._new) >= self._gen:
+            self._old, self._new = self._new, {}
+        self._new[raw] = code

@@ -14,7 +14,7 @@ from kvstore.address import parse_host_port
 from kvstore.client.etcd import parse_etcd_url
 from kvstore.client.membership import Member, MembershipError, StaticMembership
 from kvstore.client.node import NodeClient
-from kvstore.client.placement import Node, owners, rank
+from kvstore.client.placement import Node, owners, rank, rank_many
 from kvstore.errors import AddressError
 
 keys_st = st.binary(min_size=16, max_size=16)
@@ -44,6 +44,18 @@ def test_cluster_rank_is_a_deterministic_permutation(key, nodes, replicas):
     assert r == rank(key, list(reversed(nodes)), replicas)  # input order does not matter
     top = owners(key, nodes, replicas)
     assert len({n.id for n in top}) == len(top) == min(replicas, len(nodes))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(keys_st, max_size=20), nodes=nodes_st, replicas=st.integers(1, 4), tie=st.booleans())
+def test_cluster_rank_many_is_rank_of_each_key(keys, nodes, replicas, tie):
+    """The batch ranking gives every key rank's order, equal-weight ties and zones included."""
+    if tie:  # equal weights: scores differ only through the hash
+        nodes = [Node(n.id, 1.0, n.zone) for n in nodes]
+    got = rank_many(keys, nodes, replicas)
+    assert got == [tuple(n.id for n in rank(k, nodes, replicas)) for k in keys]
+    with pytest.raises(ValueError, match="unique"):
+        rank_many(keys, [*nodes, nodes[0]], replicas)
 
 
 @settings(max_examples=200, deadline=None)
