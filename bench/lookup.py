@@ -7,7 +7,9 @@ timed as the connector makes it: ``exists`` of every key, the longest prefix of 
 goes to its owners (one batched EXISTS per node, in parallel), the keys no owner holds then
 to the next ``lookahead`` node. Cases: the whole prompt cached, half of it cached (the other
 half asks the lookahead node too), and replicas=1, lookahead=0 (each node asked only for its
-own keys, one round). Prints a table; --json writes it.
+own keys, one round). Per case: wall-time percentiles of repeated lookups, the first lookup
+(cold rank cache), and the CPU one lookup costs the client and the three daemons together
+(load-independent; wall time adds the waits for a core). Prints a table; --json writes it.
 
     python bench/lookup.py --json .bench/lookup.json
 """
@@ -98,23 +100,42 @@ async def lookup_prefix(c, keys) -> int:
     return next((i for i, t in enumerate(tiers) if t is None), len(tiers))
 
 
-async def measure(addrs, ns, keys, expect, options, iters: int) -> dict:
+def cpu_s(pids) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+async def measure(addrs, pids, ns, keys, expect, options, iters: int) -> dict:
     c = open_cluster(addrs, ns, **options)
     await c.start(5.0)
-    assert await lookup_prefix(c, keys) == expect  # warm: rank cache
+    t0 = time.perf_counter()
+    assert await lookup_prefix(c, keys) == expect  # the first: a cold rank cache
+    first = (time.perf_counter() - t0) * 1e3
     asked0 = c.counters["lookup_keys_asked"]
     times = []
+    # CPU per lookup says what a lookup costs whatever the machine's load; wall time is
+    # that plus the waits for a core (this bench shares the cores with whatever else runs)
+    cpu0, dcpu0 = time.process_time(), cpu_s(pids)
     for _ in range(iters):
         t0 = time.perf_counter()
         n = await lookup_prefix(c, keys)
         times.append((time.perf_counter() - t0) * 1e3)
         assert n == expect
+    cpu, dcpu = time.process_time() - cpu0, cpu_s(pids) - dcpu0
     asked = (c.counters["lookup_keys_asked"] - asked0) / iters  # keys sent to nodes per lookup
     await c.close()
     return {
         "p50_ms": statistics.median(times),
         "p99_ms": pct(times, 0.99),
         "max_ms": max(times),
+        "first_ms": first,
+        "client_cpu_ms": cpu / iters * 1e3,
+        "daemons_cpu_ms": dcpu / iters * 1e3,
         "keys_asked": asked,
     }
 
@@ -126,7 +147,7 @@ async def store(addrs, ns, blocks) -> None:
     await w.close()
 
 
-async def run(addrs, iters: int) -> list[dict]:
+async def run(addrs, pids, iters: int) -> list[dict]:
     rows = []
     tokens = [(i * 7919) % 50000 for i in range(PROMPT_TOKENS)]
     for bt in (256, 16):
@@ -142,7 +163,7 @@ async def run(addrs, iters: int) -> list[dict]:
                     "block_tokens": bt,
                     "keys": len(keys),
                     "case": name,
-                    **await measure(addrs, ns, keys, expect, cc, iters),
+                    **await measure(addrs, pids, ns, keys, expect, cc, iters),
                 }
             )
         await store(addrs, ns, blocks[half:])
@@ -156,7 +177,7 @@ async def run(addrs, iters: int) -> list[dict]:
                     "block_tokens": bt,
                     "keys": len(keys),
                     "case": name,
-                    **await measure(addrs, ns, keys, expect, cc, iters),
+                    **await measure(addrs, pids, ns, keys, expect, cc, iters),
                 }
             )
     return rows
@@ -175,7 +196,8 @@ def main() -> int:
                 p, a = start_daemon(Path(tmp) / f"n{i}")
                 procs.append(p)
                 addrs.append(a)
-            rows = asyncio.run(run(addrs, args.iters))
+            load = os.getloadavg()
+            rows = asyncio.run(run(addrs, [p.pid for p in procs], args.iters))
         finally:
             for p in procs:
                 p.terminate()
@@ -184,19 +206,23 @@ def main() -> int:
     print(
         f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt over 3 nodes (loopback), {args.iters} runs each"
     )
+    print(f"load average at start: {load[0]:.2f} (1 min) on {os.cpu_count()} CPUs")
     print(
-        f"{'block_tokens':>12} {'keys':>6}  {'case':<28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'asked':>7}"
+        f"{'block_tokens':>12} {'keys':>6}  {'case':<28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f" {'first ms':>8} {'cli cpu':>8} {'srv cpu':>8} {'asked':>7}"
     )
     for r in rows:
         print(
             f"{r['block_tokens']:>12} {r['keys']:>6}  {r['case']:<28} {r['p50_ms']:>8.2f} "
-            f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['keys_asked']:>7.0f}"
+            f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['first_ms']:>8.2f} {r['client_cpu_ms']:>8.2f} "
+            f"{r['daemons_cpu_ms']:>8.2f} {r['keys_asked']:>7.0f}"
         )
     doc = {
         "bench": "lookup",
         "nodes": 3,
         "prompt_tokens": PROMPT_TOKENS,
         "cpus": os.cpu_count(),
+        "loadavg_1m_at_start": load[0],
         "python": platform.python_version(),
         "rows": rows,
     }
