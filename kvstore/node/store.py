@@ -35,6 +35,7 @@ from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
+from kvstore.node.tiers.tasks import to_the_end
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
 
@@ -269,15 +270,21 @@ class NodeStore:
             self._forget(k)
             if self.disk is not None and k in self.disk:
                 disk_keys.append(k)
-        if disk_keys:
-            await self.disk.delete(disk_keys)
-            for k in disk_keys:
-                # pinned meanwhile (it was still indexed on disk): a pin does not outlive it
-                self.pinned.discard(k)
-                if any(k in t for t in self.memory):  # a racing read may have promoted it
-                    self._forget(k)
         self.counters["deletes"] += sum(out)
+        if disk_keys:
+            # to its end even when the caller is cancelled: what raced the disk delete is
+            # undone only after it
+            await to_the_end(self._delete_on_disk(disk_keys))
         return out
+
+    async def _delete_on_disk(self, keys: list[bytes]) -> None:
+        """Drop ``keys``' disk copies, then what raced that delete while it ran (the keys
+        still indexed on disk meanwhile)."""
+        await self.disk.delete(keys)  # type: ignore[union-attr]
+        for k in keys:
+            self.pinned.discard(k)  # pinned meanwhile: a pin does not outlive the delete
+            if any(k in t for t in self.memory):  # a racing read may have promoted it
+                self._forget(k)
 
     def _forget(self, key: bytes) -> None:
         """Drop ``key`` from the memory tiers now, or (held) hide it until its last release."""

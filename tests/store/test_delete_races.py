@@ -143,3 +143,25 @@ async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
         assert node.stats()["node"]["pinned"] == 0
     finally:
         await node.close()
+
+
+async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
+    """Cancelled while its disk delete runs (which goes on): the delete still unpins what was
+    pinned meanwhile and drops what a racing read promoted meanwhile."""
+    cfg = _big_cfg(cfg_factory)
+    blocks = make_blocks(4, nbytes=8 * MiB, seed=6)
+    node = await _on_disk_only(cfg, blocks)
+    try:
+        for h, p in blocks:
+            get = asyncio.create_task(node.get_into([h.key], [bytearray(len(p))]))
+            await asyncio.sleep(0)
+            delete = asyncio.create_task(node.delete([h.key]))
+            await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
+            await node.pin([h.key])
+            delete.cancel()
+            await asyncio.gather(get, delete, return_exceptions=True)
+            await asyncio.sleep(0.3)  # the disk delete ends
+            assert await node.contains([h.key]) == [None], "a deleted block came back"
+            node.check()  # no pin on a block that is gone
+    finally:
+        await node.close()
