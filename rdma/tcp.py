@@ -87,6 +87,8 @@ class SocketChannel:
         self._offload = offload
         self._offload_if = offload_if
         self.closed = False
+        self._reader_fd: int | None = None  # registered with _on_readable (see _wait_readable)
+        self._reader_wait: asyncio.Future | None = None
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -108,26 +110,62 @@ class SocketChannel:
         raise err or OSError(f"cannot resolve {host}:{port}")
 
     async def _wait(self, write: bool) -> None:
-        fut = self._loop.create_future()
         fd = self.sock.fileno()
         if fd < 0:
             raise ConnectionError("channel closed")
+        fut = self._loop.create_future()
+        if not write:
+            await self._wait_readable(fd, fut)
+            return
 
         def ready() -> None:
             if not fut.done():
                 fut.set_result(None)
 
-        if write:
-            self._loop.add_writer(fd, ready)
-        else:
-            self._loop.add_reader(fd, ready)
+        self._loop.add_writer(fd, ready)
         try:
             await fut
         finally:
-            if write:
-                self._loop.remove_writer(fd)
-            else:
-                self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+
+    async def _wait_readable(self, fd: int, fut: asyncio.Future) -> None:
+        """Wait for ``fd`` to be readable. The reader stays registered after the wait (most
+        waits are followed by another: a daemon's next request, a client's next reply), which
+        saves two epoll_ctl calls and the selector's bookkeeping per wait; it removes itself
+        when it fires with no one waiting (epoll is level-triggered: it would fire on every
+        pass of the loop) and :meth:`close` removes it."""
+        self._reader_wait = fut
+        if self._reader_fd is None:
+            self._loop.add_reader(fd, self._on_readable)
+            self._reader_fd = fd
+        try:
+            await fut
+        finally:
+            self._reader_wait = None
+
+    def _on_readable(self) -> None:
+        fut = self._reader_wait
+        if fut is None:  # no one waits (nor was woken and not yet resumed): stop watching
+            self._stop_reader()
+        elif not fut.done() and self._has_input():
+            fut.set_result(None)
+
+    def _has_input(self) -> bool:
+        """A byte, EOF or an error is there to read. The readiness a callback reports may be
+        stale (queued before the task it woke read the bytes, then run after the task waits
+        again), and a waiter of :meth:`readable` must not be woken without input."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        return True
+
+    def _stop_reader(self) -> None:
+        if self._reader_fd is not None:
+            fd, self._reader_fd = self._reader_fd, None
+            self._loop.remove_reader(fd)
 
     def _offloads(self, nbytes: int) -> bool:
         return (
@@ -285,6 +323,7 @@ class SocketChannel:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._stop_reader()  # first: the loop must not watch an fd number about to be reused
             self.sock.close()
 
 

@@ -74,3 +74,29 @@ def test_a_digest_handed_in_is_checked_against_the_header(ns, blocks_of):
     assert check_payload(hdr, hdr.key, None, mv) is Status.HIT
     assert check_payload(hdr, hdr.key, None, mv, checksum(mv)) is Status.HIT
     assert check_payload(hdr, hdr.key, None, mv, checksum(mv) ^ 1) is Status.CORRUPT
+
+
+async def test_a_reader_stays_registered_between_waits_wakes_only_on_input_and_goes_at_close():
+    """The read waits share one registration (no epoll_ctl per wait); a stale readiness
+    callback (queued before the bytes were read) must not wake a waiter of ``readable()``, or
+    the daemon would take an idle connection's silence for a stalled transfer."""
+    loop = asyncio.get_running_loop()
+    a_sock, b_sock = socket.socketpair()
+    a, b = SocketChannel(a_sock), SocketChannel(b_sock)
+    fd = b_sock.fileno()
+    waiting = asyncio.ensure_future(b.readable())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await a.send([b"ping"])
+    await asyncio.wait_for(waiting, 5)
+    assert await b.recv_exact(4) == b"ping"
+    again = asyncio.ensure_future(b.readable())
+    await asyncio.sleep(0.05)
+    b._on_readable()  # a stale callback: nothing to read, so the waiter sleeps on
+    await asyncio.sleep(0.05)
+    assert not again.done()
+    await a.send([b"x"])
+    await asyncio.wait_for(again, 5)
+    b.close()
+    assert not loop.remove_reader(fd), "close() removes the channel's reader"
+    a.close()
