@@ -102,33 +102,37 @@ class Lookups:
         end = time.monotonic() + (deadline_s or self.op_timeout_s)
         owners, hi = self.cfg.replicas, self.cfg.replicas + self.cfg.lookahead
         second = owners < len(view) and hi > owners  # is there a lookahead round at all
-        groups, codes = self.plan(keys, range(len(keys)), 0, owners, view)
-        raws: list[bytes] = []
+        raws = [k.raw for k in keys] if owners < len(view) else []  # empty: no ranking needed
+        codes = self.ranks.codes(raws) if raws else None
+        groups, codes = self.plan(keys, range(len(keys)), 0, owners, view, codes)
+        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
         hinted: list[int] = []
         ahead: dict[asyncio.Future, list[int]] = {}
-        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
         if second and self.hints:  # the lookahead round of hinted keys goes out now, too
-            raws = [k.raw for k in keys]
             hinted = self.hints.among(raws)
             if hinted:
-                groups_ahead, codes = self.plan(keys, hinted, owners, hi, view, codes)
+                groups_ahead, _ = self.plan(keys, hinted, owners, hi, view, codes)
                 ahead = self._send(keys, groups_ahead, max(end - time.monotonic(), 1e-3))
         if await self._collect(tasks, out, len(keys)) or not second:
             self._leave(ahead)
             if hinted:
-                self.hints.note(raws, (), [i for i in hinted if out[i] is not None])
+                self.hints.note(raws, (), hinted)  # every one found on its owners
             return out
         pending = [i for i, t in enumerate(out) if t is None]  # no owner has these
-        raws = raws or [k.raw for k in keys]
         self.hints.note(raws, pending, [i for i in hinted if out[i] is not None])
         if ahead:
             late: list[str | None] = [None] * len(keys)
             await self._collect(ahead, late, len(hinted))
-            asked = set(hinted)
-            for i in pending:
-                if i in asked:
+            if pending == hinted:  # the steady state: exactly the hinted keys were missing
+                for i in pending:
                     out[i] = late[i]
-            pending = [i for i in pending if i not in asked]
+                pending = []
+            else:
+                asked = set(hinted)
+                for i in pending:
+                    if i in asked:
+                        out[i] = late[i]
+                pending = [i for i in pending if i not in asked]
         if pending:
             self.counters["lookup_second_rounds"] += 1
             groups, _ = self.plan(keys, pending, owners, hi, view, codes)
