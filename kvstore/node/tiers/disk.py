@@ -33,7 +33,7 @@ from kvstore.node.tiers.index import (
     header_namespace,
     now_s,
 )
-from kvstore.node.tiers.tasks import to_the_end
+from kvstore.node.tiers.tasks import to_the_end, until_the_thread_ends
 from kvstore.results import Status
 
 log = logging.getLogger("tierkv.disk")
@@ -178,7 +178,7 @@ class DiskTier(LruIndex):
         ``drop_corrupt``, deleted before return."""
         want = [k if k in self._index else None for k in keys]
         loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(self._readers, self._read_batch, want, bufs)
+        out = await until_the_thread_ends(loop.run_in_executor(self._readers, self._read_batch, want, bufs))
         corrupt = [k for k, (st, _) in zip(keys, out) if st is Status.CORRUPT]
         if corrupt and drop_corrupt:
             self.checksum_failures += len(corrupt)

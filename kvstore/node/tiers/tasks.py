@@ -30,6 +30,24 @@ async def to_the_end(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
+async def until_the_thread_ends(fut: asyncio.Future[T]) -> T:
+    """Await a thread's future; when the caller is cancelled, first wait for the thread to
+    end, then raise CancelledError. For threads that write into the caller's buffers: the
+    caller may reuse a buffer as soon as this returns or raises, so no copy may still be
+    running then (a disk read is bounded by the disk, so the wait is short)."""
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            try:
+                await asyncio.wait({fut})
+            except asyncio.CancelledError:
+                continue  # cancelled again: still never return under a running copy
+        if not fut.cancelled():
+            fut.exception()  # retrieved: its failure no longer matters to anyone
+        raise
+
+
 def _log_failure(task: asyncio.Future) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("event=finish_after_cancel_failed error=%r", task.exception())
