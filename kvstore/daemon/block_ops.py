@@ -191,7 +191,6 @@ class BlockOps:
 
 
 def stored_header(lease: Any) -> bytes:
-    """The encoded header a reply forwards for ``lease``'s block. The node's Lease carries the
-    decoded header only, so it is encoded here: the bytes the node stored (BlockHeader.encode
-    is deterministic), until Lease carries them as read (kvstore/node, another owner's)."""
-    return lease.header.encode()
+    """The encoded header a reply forwards for ``lease``'s block: the bytes the node stored,
+    as they are (no decode and encode again)."""
+    return lease.raw_header

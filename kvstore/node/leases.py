@@ -26,7 +26,9 @@ from kvstore.keys import BlockKey
 @dataclass(eq=False)
 class Lease:
     """A reader's claim on one block. ``view`` holds the payload (read-only; in the DRAM slot
-    when ``offset`` is not None, else a private copy) until :meth:`NodeStore.release`."""
+    when ``offset`` is not None, else a private copy) until :meth:`NodeStore.release`.
+    ``raw_header`` is the encoded header as the node stores it (a reply forwards these bytes
+    as they are; ``header`` is the same, decoded)."""
 
     id: int
     key: BlockKey
@@ -35,6 +37,7 @@ class Lease:
     offset: int | None
     tier: str
     expires: float
+    raw_header: bytes
 
 
 @dataclass(eq=False)

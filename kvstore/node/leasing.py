@@ -81,13 +81,19 @@ class Leaser:
 
     def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None) -> Lease:
         """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
-        header = BlockHeader.decode(t.header_sync(key.raw))
+        raw = bytes(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
         t.touch(key.raw)
-        return self._add_lease(key, header, view, off, t.name, ttl_s)
+        return self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
 
-    def _add_lease(self, key, header, view, off, tier: str, ttl_s: float | None) -> Lease:
-        lease = Lease(self._leases.next_id(), key, header, view, off, tier, self._leases.deadline(ttl_s))
+    def _add_lease(
+        self, key, header, view, off, tier: str, ttl_s: float | None, raw: bytes | None = None
+    ) -> Lease:
+        """``raw``: the header's bytes as stored, when the caller has them (a memory copy's);
+        a disk read hands over the decoded header, encoded again here (the encoding is
+        deterministic, so the bytes equal the stored ones)."""
+        raw = raw if raw is not None else header.encode()
+        lease = Lease(self._leases.next_id(), key, header, view, off, tier, self._leases.deadline(ttl_s), raw)
         self._leases.add_lease(lease)
         return lease
 
