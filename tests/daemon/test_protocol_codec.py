@@ -246,3 +246,9 @@ def test_token_table(tmp_path):
         TokenTable.load(str(f))
     with pytest.raises(ConfigError, match="cannot read"):
         TokenTable.load(str(tmp_path / "missing"))
+
+
+def test_exists_reply_names_a_bad_tier_item():
+    assert P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": ["dram", None]}, 2).tiers == ("dram", None)
+    with pytest.raises(P.ProtocolError, match=r"tiers\[1\] must be a string or nil, got int"):
+        P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": ["dram", 5]}, 2)
