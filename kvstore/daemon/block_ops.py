@@ -57,20 +57,14 @@ class BlockOps:
             P.StatsRequest.OP: self._op_stats,
         }
 
-    async def _visible(self, sess: Session, keys, tiers) -> list[str | None]:
-        """Per key: its tier when stored and in one of the session's namespaces, else None."""
-        present = [i for i, t in enumerate(tiers) if t is not None]
-        out: list[str | None] = [None] * len(keys)
-        if present:
-            nss = await self.node.namespaces([keys[i] for i in present])
-            for i, ns in zip(present, nss):
-                if sess.sees(ns):
-                    out[i] = tiers[i]
-        return out
+    async def _visible(self, sess: Session, keys) -> list[str | None]:
+        """Per key: its tier when stored and in one of the session's namespaces, else None
+        (another tenant's block answers exactly as an absent one)."""
+        return await self.node.visible_tiers(keys, sess.sees)
 
     async def _op_exists(self, ch, sess, req: P.ExistsRequest, plen) -> None:
         keys = list(req.keys)
-        tiers = await self._visible(sess, keys, await self.node.contains(keys))
+        tiers = await self._visible(sess, keys)
         await ch.send_frame(P.ExistsReply(req.rid, tuple(tiers)).to_wire())
 
     async def _op_get(self, ch, sess, req: P.GetRequest, plen) -> None:
@@ -171,7 +165,7 @@ class BlockOps:
 
     async def _op_delete(self, ch, sess, req: P.DeleteRequest, plen) -> None:
         keys = list(req.keys)
-        mine = await self._visible(sess, keys, await self.node.contains(keys))
+        mine = await self._visible(sess, keys)
         todo = [k for k, t in zip(keys, mine) if t is not None]
         done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
         await ch.send_frame(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvstore.block import BlockHeader
 from kvstore.config import StoreConfig
@@ -143,6 +143,19 @@ class NodeStore:
         unreadable: the daemon's per-tenant visibility check on every EXISTS/DELETE. From the
         tiers' indexes (kept at commit and at open): no I/O, no decode."""
         return [t.namespace(k.raw) if (t := self._where(k.raw)) is not None else None for k in keys]
+
+    async def visible_tiers(
+        self, keys: Sequence[BlockKey], sees: Callable[[bytes | None], bool]
+    ) -> list[str | None]:
+        """Per key: the highest tier holding it when ``sees`` accepts its namespace id (see
+        :meth:`namespaces`), else None -- :meth:`contains` and the tenant check in one index
+        lookup per key (the daemon's EXISTS and DELETE; 8,192 keys for a long prompt)."""
+        out: list[str | None] = []
+        for k in keys:
+            raw = k.raw
+            t = self._where(raw)
+            out.append(t.name if t is not None and sees(t.namespace(raw)) else None)
+        return out
 
     def _promote(self, header: BlockHeader, payload) -> None:
         """Copy a verified disk block into the top memory tier when that costs no I/O (and

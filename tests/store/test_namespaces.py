@@ -98,3 +98,19 @@ def test_namespace_ids_are_counted_and_reused():
     assert ids.get(a) is None and len(ids) == 1
     assert ids.acquire(b"c" * 16) == a, "a freed id is reused"
     assert ids.get(a) == b"c" * 16 and ids.get(b) == b"b" * 16
+
+
+async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
+    node = await NodeStore.open(cfg_factory())
+    mine, other = make_blocks(3, seed=6), make_blocks(2, ns=OTHER, seed=7)
+    missing = make_blocks(1, seed=98)[0][0].key
+    try:
+        await node.put(mine + other)
+        keys = [h.key for h, _ in mine + other] + [missing]
+        mine_ns = mine[0][0].namespace.raw
+        assert await node.visible_tiers(keys, lambda ns: ns == mine_ns) == ["dram"] * 3 + [None] * 3
+        assert await node.visible_tiers(keys, lambda ns: ns is not None) == await node.contains(keys)
+        await node.delete([mine[0][0].key])
+        assert (await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
+    finally:
+        await node.close()
