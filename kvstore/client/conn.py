@@ -1,6 +1,6 @@
 """One client connection to a node's data port, and the wire side of each op.
 
-:class:`Conn` owns a :class:`rdma.tcp.SocketChannel` after a successful HELLO and runs one
+:class:`Conn` owns a :class:`rdma.channel.SocketChannel` after a successful HELLO and runs one
 request at a time. HELLO may offer the client's queue pair (``rdma``); ``peer_rdma`` is the
 node's answer (its queue pair and registered slab) or None, and ``verbs`` is the connected
 one-sided transport once :mod:`kvstore.client.rdma` attached it (None: bytes over TCP).
@@ -26,7 +26,9 @@ from kvstore import protocol as P
 from kvstore.block import BlockHeader, checksum
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
-from rdma.tcp import DescriptorFrames, FrameError, SocketChannel, TcpTransport
+from rdma.channel import SocketChannel
+from rdma.framing import FrameError
+from rdma.tcp import DescriptorFrames, TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches

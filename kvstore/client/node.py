@@ -46,7 +46,7 @@ from kvstore.client.leased import DescriptorPath
 from kvstore.client.rdma import ClientRdma
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
-from rdma.tcp import FrameError
+from rdma.framing import FrameError
 from rdma.transport import TransportError
 
 log = logging.getLogger("kvstore.client.node")

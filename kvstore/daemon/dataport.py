@@ -5,7 +5,7 @@ different connections interleave on the event loop. Payloads go from the node's 
 to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``, on
 non-blocking sockets. While several requests are served at once, the kernel copies of large
 payloads run in a small thread pool, each job a non-blocking burst that returns at EAGAIN
-(rdma/tcp.py): every wait for a peer happens on the event loop, so no stalled peer can hold
+(rdma/bursts.py): every wait for a peer happens on the event loop, so no stalled peer can hold
 a worker, and a stalled peer costs only its own connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
@@ -48,7 +48,8 @@ from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
-from rdma.tcp import FrameError, SocketChannel, payload_len
+from rdma.channel import SocketChannel
+from rdma.framing import FrameError, payload_len
 from rdma.transport import TransportError
 from rdma.windows import Windows
 

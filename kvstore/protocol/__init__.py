@@ -1,8 +1,8 @@
 """The data-port protocol: operations, versioning, limits, and one typed message per frame.
 
-A frame is ``[u32 header length][msgpack map][raw payload]`` (framing, ``plen`` and the
-zero-copy socket I/O live in :mod:`rdma.tcp`); this package says what the maps contain, and is
-the only place that names their fields: fields.py (limits, error codes, field parsers),
+A frame is ``[u32 header length][msgpack map][raw payload]`` (framing and ``plen`` live in
+:mod:`rdma.framing`, the zero-copy socket I/O in :mod:`rdma.channel`); this package says
+what the maps contain, and is the only place that names their fields: fields.py (limits, error codes, field parsers),
 hello.py, records.py (per-key results), requests.py and replies.py; everything is re-exported
 here, so users write ``from kvstore import protocol as P``. Each op has a request and a reply dataclass (frozen):
 ``to_wire()`` gives the map to send, ``from_wire(map)`` validates every field and raises

@@ -17,7 +17,7 @@ from kvstore.protocol.fields import (
     bad,
     request_rid,
 )
-from rdma.tcp import payload_len
+from rdma.framing import payload_len
 from rdma.transport import QPInfo, Region, TransportError
 
 

@@ -14,7 +14,7 @@ from kvstore.protocol.records import (
     put_result_to_wire,
 )
 from kvstore.results import PutResult, Status
-from rdma.tcp import payload_len
+from rdma.framing import payload_len
 
 # ``from_wire(h, n)``: ``n`` is the number of results the request asked for (checked).
 

@@ -13,7 +13,7 @@ import numpy as np
 from kvstore.block import checksum
 from kvstore.client.conn import check_payload
 from kvstore.results import Status
-from rdma.tcp import OFFLOAD_MIN, SocketChannel
+from rdma.channel import OFFLOAD_MIN, SocketChannel
 
 
 def _digest_and_thread(seen: list[str]):

@@ -14,7 +14,8 @@ from kvstore.daemon.auth import TokenTable
 from kvstore.errors import ConfigError
 from kvstore.keys import Namespace
 from kvstore.results import Expect, PutResult, Status
-from rdma.tcp import FrameError, SocketChannel
+from rdma.channel import SocketChannel
+from rdma.framing import FrameError
 from rdma.transport import RemoteDescriptor
 
 

@@ -221,7 +221,7 @@ async def test_offloaded_channel_moves_large_payloads_and_cancels_cleanly():
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
-    from rdma.tcp import SocketChannel
+    from rdma.channel import SocketChannel
 
     pool = ThreadPoolExecutor(2)
     a_sock, b_sock = socket.socketpair()

@@ -28,7 +28,8 @@ from kvstore.errors import ConfigError
 from kvstore.keys import BlockKey
 from kvstore.results import Status
 from rdma import verbs
-from rdma.tcp import SocketChannel, TcpTransport
+from rdma.channel import SocketChannel
+from rdma.tcp import TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, TransportError, buffer_address
 
 HAS_DEVICE = verbs.device_available()
