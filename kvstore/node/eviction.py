@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from kvstore.node.leases import LeaseTable
 from kvstore.node.tiers.base import SlotTier, Tier
-from kvstore.node.tiers.tasks import to_the_end
+from kvstore.node.tiers.tasks import Finishing, to_the_end
 
 # Rounds of eviction per allocation (a round is one block or whole spans): bounded work.
 _MAX_EVICTIONS_PER_ALLOC = 64
@@ -28,7 +28,8 @@ class Evictor:
     ``doomed``: keys deleted while held (a copy made below during the delete is dropped);
     ``unhold``: the node's release of a hold taken here (it frees a key deleted meanwhile);
     ``counters``: the node's counters (evictions_<tier>, slab_moves_<tier>, demotions,
-    dropped)."""
+    dropped); ``finishing``: the node's tracker of copies left finishing by cancelled callers
+    (its own when not given)."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class Evictor:
         doomed: set[bytes],
         unhold: Callable[[bytes], None],
         counters: Counter[str],
+        finishing: Finishing | None = None,
     ) -> None:
         self._memory = memory
         self._disk = disk
@@ -49,6 +51,7 @@ class Evictor:
         self._doomed = doomed
         self._unhold = unhold
         self._counters = counters
+        self._finishing = finishing if finishing is not None else Finishing()
 
     def protected(self, key: bytes) -> bool:
         """Whether ``key`` may not be evicted from any tier: held (leased, in a copy) or pinned."""
@@ -108,7 +111,7 @@ class Evictor:
         self._leases.hold(key)  # now, not when the task starts: the slot stays put from here on
         # to its end even when the caller is cancelled: a disk thread reads the slot until
         # then, and the hold that keeps it in place goes only after it
-        await to_the_end(self._copy_held(tier, key, below))
+        await to_the_end(self._copy_held(tier, key, below), self._finishing)
         if key in tier and not self.protected(key):
             tier.remove(key, evicted=True)
             self._counters[f"evictions_{tier.name}"] += 1

@@ -35,18 +35,26 @@ from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
-from kvstore.node.tiers.tasks import to_the_end
+from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
 
 log = logging.getLogger("tierkv.node")
 
+# How long close waits for work that cancelled callers left finishing (disk writes of a few
+# blocks take well under a second); past it the tiers close anyway, so a stuck disk cannot
+# hang a shutdown.
+_FINISH_WAIT_S = 5.0
+
 
 class NodeStore:
     """Use :meth:`open`; the constructor takes already-built tiers: ``memory`` top first, and
-    the bottom ``disk`` tier (or None)."""
+    the bottom ``disk`` tier (or None), and ``finishing``, the tracker the disk tier was built
+    with: every part that leaves work finishing for a cancelled caller shares it."""
 
-    def __init__(self, cfg: StoreConfig, memory: list[SlotTier], disk: BottomTier | None) -> None:
+    def __init__(
+        self, cfg: StoreConfig, memory: list[SlotTier], disk: BottomTier | None, finishing: Finishing
+    ) -> None:
         self.cfg = cfg
         self.memory = memory
         self.disk = disk
@@ -58,6 +66,7 @@ class NodeStore:
         self.counters: Counter[str] = Counter()
         self.name = cfg.node.name or socket.gethostname()
         self._closed = False
+        self._finishing = finishing
         self._tiers: list[Tier] = [*memory, *([disk] if disk is not None else [])]
         c, promote = self.counters, cfg.node.promote_on_read
         self.reader = Reader(disk, self._where, self._promote, c)
@@ -66,10 +75,12 @@ class NodeStore:
             self.doomed, self.dirty, c,
         )  # fmt: skip
         unhold = self.leaser.unhold
-        self.evictor = Evictor(memory, disk, self.leases, self.pinned, self.dirty, self.doomed, unhold, c)
+        self.evictor = Evictor(
+            memory, disk, self.leases, self.pinned, self.dirty, self.doomed, unhold, c, finishing
+        )
         self.writer = Writer(
             memory, disk, self.leases, self._place, self._where, self.doomed, self.dirty,
-            self.write_back, unhold, c,
+            self.write_back, unhold, c, finishing,
         )  # fmt: skip
         self.inspector = Inspector(
             self.name, self._tiers, self.leases, self.pinned, self.dirty, self.doomed, c
@@ -81,8 +92,9 @@ class NodeStore:
     async def open(cls, cfg: StoreConfig) -> NodeStore:
         """Build the configured tiers and rebuild the disk index. Raises TierError naming the
         tier that cannot be opened."""
-        memory, disk = await build_tiers(cfg)
-        node = cls(cfg, memory, disk)
+        finishing = Finishing()
+        memory, disk = await build_tiers(cfg, finishing)
+        node = cls(cfg, memory, disk, finishing)
         log.info(
             "event=node_open tiers=%s disk_blocks=%d write_mode=%s",
             ",".join(t.name for t in node.tiers),
@@ -287,7 +299,7 @@ class NodeStore:
         if disk_keys:
             # to its end even when the caller is cancelled: what raced the disk delete is
             # undone only after it
-            await to_the_end(self._delete_on_disk(disk_keys))
+            await to_the_end(self._delete_on_disk(disk_keys), self._finishing)
         return out
 
     async def _delete_on_disk(self, keys: list[bytes]) -> None:
@@ -327,10 +339,16 @@ class NodeStore:
 
     # ------------------------------------------------------------------ close
     async def close(self) -> None:
-        """Flush write-back blocks to disk, end leases, close tiers. Idempotent."""
+        """Wait for work that cancelled callers left finishing (disk writes and what follows
+        them; up to a few seconds, then logged and left), flush write-back blocks to disk,
+        end leases, close tiers. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        # first: that work needs the tiers (the disk's writer thread, LMDB, held slots) to its end
+        unfinished = await self._finishing.drain(_FINISH_WAIT_S)
+        if unfinished:
+            log.warning("event=close_unfinished tasks=%d wait_s=%s", unfinished, _FINISH_WAIT_S)
         left = await self.writer.flush()
         if left:
             log.warning("event=close_unflushed blocks=%d", left)

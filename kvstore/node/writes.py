@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from kvstore.block import BlockHeader, checksum
 from kvstore.node.leases import LeaseTable, Reservation
 from kvstore.node.tiers.base import SlotTier, Tier
-from kvstore.node.tiers.tasks import to_the_end
+from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.results import PutResult, Status
 
 
@@ -22,7 +22,8 @@ class Writer:
     holding a visible key; ``doomed``: keys deleted while held (a write to one is BUSY). With
     ``write_back`` a memory block is acknowledged at once and marked ``dirty`` (it reaches
     disk when evicted or at :meth:`flush`); otherwise it is written through to disk before
-    the result. ``unhold``: the node's release of a hold taken here."""
+    the result. ``unhold``: the node's release of a hold taken here. ``finishing``: the
+    node's tracker of work left finishing by cancelled callers (its own when not given)."""
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class Writer:
         write_back: bool,
         unhold: Callable[[bytes], None],
         counters: Counter[str],
+        finishing: Finishing | None = None,
     ) -> None:
         self._tiers = memory
         self._memory = {t.name: t for t in memory}
@@ -48,6 +50,7 @@ class Writer:
         self._write_back = write_back
         self._unhold = unhold
         self._counters = counters
+        self._finishing = finishing if finishing is not None else Finishing()
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:
         """Store (header, payload) pairs: reserve, copy, commit. INVALID when the payload does
@@ -152,7 +155,7 @@ class Writer:
             self._leases.hold(k)
         # to its end even when the commit is cancelled: the disk thread reads the slots until
         # then, and the holds that keep them in place go only after it
-        stored = await to_the_end(self._put_held(keys, items))
+        stored = await to_the_end(self._put_held(keys, items), self._finishing)
         durable = disk.durable  # type: ignore[union-attr]
         for (i, r), ok in zip(to_disk, stored):
             if r.tier is not None:

@@ -11,11 +11,13 @@ from kvstore.node.tiers.arena import CudaArena, HostArena
 from kvstore.node.tiers.base import BottomTier, SlotTier
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.memory import MemoryTier
+from kvstore.node.tiers.tasks import Finishing
 
 
-async def build_tiers(cfg: StoreConfig) -> tuple[list[SlotTier], BottomTier | None]:
+async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[SlotTier], BottomTier | None]:
     """The configured memory tiers (top first) and disk tier (None when disabled); the disk
-    index is rebuilt here. Raises TierError naming the tier that cannot be opened."""
+    index is rebuilt here, and its writes left finishing are tracked by ``finishing``. Raises
+    TierError naming the tier that cannot be opened."""
     memory: list[SlotTier] = []
     if cfg.hbm.capacity:
         memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
@@ -28,5 +30,7 @@ async def build_tiers(cfg: StoreConfig) -> tuple[list[SlotTier], BottomTier | No
     disk = None
     if cfg.disk.enabled:
         d = cfg.disk
-        disk = DiskTier(d.path, d.capacity, map_size=d.map_size, sync=d.sync, writemap=d.writemap)
+        disk = DiskTier(
+            d.path, d.capacity, map_size=d.map_size, sync=d.sync, writemap=d.writemap, finishing=finishing
+        )
     return memory, disk

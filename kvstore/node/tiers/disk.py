@@ -33,7 +33,7 @@ from kvstore.node.tiers.index import (
     header_namespace,
     now_s,
 )
-from kvstore.node.tiers.tasks import to_the_end, until_the_thread_ends
+from kvstore.node.tiers.tasks import Finishing, to_the_end, until_the_thread_ends
 from kvstore.results import Status
 
 log = logging.getLogger("tierkv.disk")
@@ -45,7 +45,8 @@ _MAP_FULL_RETRIES = 6
 
 class DiskTier(LruIndex):
     """A :class:`kvstore.node.tiers.base.BottomTier` over LMDB at ``path``. ``protected``: see
-    :meth:`protect`."""
+    :meth:`protect`. ``finishing``: the node's tracker of writes left finishing by cancelled
+    callers (its own when not given); they must end before :meth:`close`."""
 
     name = "disk"
 
@@ -58,12 +59,14 @@ class DiskTier(LruIndex):
         sync: bool = True,
         writemap: bool = False,
         protected: Callable[[bytes], bool] = lambda k: False,
+        finishing: Finishing | None = None,
     ) -> None:
         super().__init__()
         self.path = path
         self._capacity = capacity
         self.sync = sync
         self._protected = protected
+        self._finishing = finishing if finishing is not None else Finishing()
         map_size = map_size or int(capacity * 1.5) + (64 << 20)
         self.map_size = map_size
         try:
@@ -238,7 +241,7 @@ class DiskTier(LruIndex):
         configured) on return; False where no room could be made or the write failed. The
         caller keeps each payload buffer unchanged until this returns. Runs to the end when
         the caller is cancelled (see :func:`kvstore.node.tiers.tasks.to_the_end`)."""
-        return await to_the_end(self._put(items))
+        return await to_the_end(self._put(items), self._finishing)
 
     async def _put(self, items) -> list[bool]:
         async with self._write_lock:  # room is computed and spent by one put at a time
@@ -341,7 +344,7 @@ class DiskTier(LruIndex):
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:
         """Remove keys; False where absent. Runs to the end when the caller is cancelled (see
         :func:`kvstore.node.tiers.tasks.to_the_end`)."""
-        return await to_the_end(self._delete(keys))
+        return await to_the_end(self._delete(keys), self._finishing)
 
     async def _delete(self, keys: Sequence[bytes]) -> list[bool]:
         present = [k for k in keys if k in self._index]
