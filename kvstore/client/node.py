@@ -176,9 +176,7 @@ class NodeClient:
             await asyncio.sleep(0)  # an instant miss still yields, so retry loops cannot starve the loop
             return Status.MISS
         try:
-            # a timeout scope, not wait_for: on 3.11 wait_for makes a task per call
-            async with asyncio.timeout(deadline_s or self.cfg.op_timeout_s):
-                return await self._with_conn(fn)
+            return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
         except TimeoutError:
             self.counters["timeouts"] += 1
             self._mark_down(op, "deadline passed")
