@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -74,7 +75,7 @@ class SocketChannel:
     async def connect(cls, host: str, port: int, offload: Executor | None = None) -> SocketChannel:
         """Open a TCP connection (raises OSError when refused or unreachable)."""
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _numeric(host, port) or await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         err: OSError | None = None
         for family, type_, proto, _, addr in infos:
             sock = socket.socket(family, type_, proto)
@@ -282,3 +283,16 @@ class SocketChannel:
             self.closed = True
             self._stop_reader()  # first: the loop must not watch an fd number about to be reused
             self.sock.close()
+
+
+def _numeric(host: str, port: int) -> list[tuple] | None:
+    """getaddrinfo's answer for an IP literal, without it: the loop runs getaddrinfo in its
+    default thread pool, where many connections opened at once (32 clients starting together)
+    queue behind each other past a short connect timeout, for an answer known here."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    addr = (host, port, 0, 0) if ip.version == 6 else (host, port)
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", addr)]
