@@ -48,7 +48,7 @@ class BlockOps:
 
     def ops(self) -> dict[str, Callable]:
         """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
-        op's typed request (kvstore/protocol.py) and ``plen`` the payload bytes that follow."""
+        op's typed request (kvstore/protocol/requests.py) and ``plen`` the payload bytes that follow."""
         return {
             P.ExistsRequest.OP: self._op_exists,
             P.GetRequest.OP: self._op_get,

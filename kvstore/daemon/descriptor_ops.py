@@ -66,7 +66,7 @@ class DescriptorOps:
 
     def ops(self) -> dict[str, Callable]:
         """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
-        op's typed request (kvstore/protocol.py) and ``plen`` the payload bytes that follow."""
+        op's typed request (kvstore/protocol/requests.py) and ``plen`` the payload bytes that follow."""
         return {
             P.LeaseRequest.OP: self._op_lease,
             P.ReleaseRequest.OP: self._op_release,
