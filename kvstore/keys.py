@@ -137,9 +137,10 @@ class KeyBatch(Sequence[BlockKey]):
             yield BlockKey(raw[off : off + KEY_BYTES])
 
     def raws(self) -> list[bytes]:
-        """Each key's 16 bytes (for dict or set probes keyed by key)."""
-        raw = self._raw
-        return [raw[off : off + KEY_BYTES] for off in range(0, len(raw), KEY_BYTES)]
+        """Each key's 16 bytes (for dict or set probes keyed by key), split in one numpy call."""
+        import numpy as np
+
+        return np.frombuffer(self._raw, dtype=f"V{KEY_BYTES}").tolist()
 
     def array(self) -> np.ndarray:
         """A read-only ``(n, 16)`` uint8 numpy view of the buffer (no copy)."""
