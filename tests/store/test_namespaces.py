@@ -109,8 +109,12 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
         await node.put(mine + other)
         keys = KeyBatch.of([h.key for h, _ in mine + other] + [missing])
         mine_ns = mine[0][0].namespace.raw
-        assert tier_names(await node.visible_tiers(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
-        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == await node.contains(keys)
+        assert (
+            tier_names(await node.visible_tiers(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
+        )
+        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == await node.contains(
+            keys
+        )
         await node.delete([mine[0][0].key])
         assert tier_names(await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
     finally:
