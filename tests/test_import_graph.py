@@ -150,6 +150,7 @@ ROOT_MODULES = {
     "demo",
     "errors",
     "keys",
+    "lookups",  # tier codes and the lookup result: what EXISTS answers, nodes and clients share
     "results",
 }
 FOLDERS = {"client", "daemon", "inspect", "node", "protocol"}  # protocol: the wire format, in five files
