@@ -27,6 +27,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -70,10 +71,10 @@ class MissHints:
         """``raws[missed]`` no owner held; ``raws[found]`` (hinted ones) an owner held."""
         have = self._keys
         if len(found):
-            have.difference_update([raws[i] for i in found])
+            have.difference_update(_pick(raws, found))
         if len(have) + len(missed) > self._max:
             have.clear()
-        have.update([raws[i] for i in missed][: self._max])
+        have.update(_pick(raws, missed[: self._max]))
 
     def clear(self) -> None:
         self._keys.clear()
@@ -150,8 +151,13 @@ class Lookups:
                 self.hints.note(raws, (), hinted.tolist())  # every one found on its owners
             return _codes(best)
         pending = np.flatnonzero(best == _NONE)  # no owner has these
-        found_hinted = hinted[best[hinted] != _NONE] if len(hinted) else hinted
-        self.hints.note(raws, pending.tolist(), found_hinted.tolist())
+        if len(hinted):  # the hints change only where this lookup's answers differ from them
+            found_hinted = hinted[best[hinted] != _NONE]
+            fresh = pending[~np.isin(pending, hinted, assume_unique=True)]
+        else:
+            found_hinted, fresh = hinted, pending
+        if len(found_hinted) or len(fresh):
+            self.hints.note(raws, fresh.tolist(), found_hinted.tolist())
         if ahead:
             late = np.full(n, _NONE, dtype=np.uint8)
             await self._collect(ahead, late, hinted)
@@ -225,6 +231,15 @@ class Lookups:
         codes = await self.codes(KeyBatch.of(keys), deadline_s)
         at = codes.find(b"\x00")
         return len(codes) if at < 0 else at
+
+
+def _pick(raws: Sequence[bytes], idx: Sequence[int]) -> Sequence[bytes]:
+    """``raws`` at ``idx`` in one C-level call."""
+    if len(idx) == 0:
+        return ()
+    if len(idx) == 1:
+        return (raws[idx[0]],)
+    return itemgetter(*idx)(raws)
 
 
 def _codes(best: np.ndarray) -> bytes:
