@@ -32,7 +32,7 @@ from operator import itemgetter
 import numpy as np
 
 from kvstore.client.config import ClusterConfig
-from kvstore.client.placement import Node, RankCache, Ranking, rank_positions
+from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
 from kvstore.lookups import tier_names
@@ -115,8 +115,8 @@ class Lookups:
         if self.ranks.view == tuple(view):
             return self.ranks.ranking(keys)
         ids, rows = rank_positions(keys, view, self.cfg.replicas)
-        uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
-        return Ranking(ids, inverse.reshape(-1).astype(np.int64), uniq.astype(np.int16))
+        uniq, inverse = unique_rows(rows)
+        return Ranking(ids, inverse.astype(np.int64), uniq.astype(np.int16))
 
     async def codes(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
         """Per key one tier code (kvstore.lookups), as the module docstring says (0: nowhere)."""

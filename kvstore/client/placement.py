@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 import xxhash
@@ -92,14 +93,54 @@ def rank_many(keys: Sequence[bytes], nodes: Sequence[Node], replicas: int = 1) -
     ids, rows = rank_positions(KeyBatch(b"".join(keys)), nodes, replicas)
     if not ids:
         return [()] * len(keys)
-    uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(rows)
     orders = [tuple(ids[j] for j in row) for row in uniq.tolist()]
-    return [orders[c] for c in inverse.reshape(-1).tolist()]
+    return list(map(orders.__getitem__, inverse.tolist()))
 
 
 def _exact_scores(pre: bytes, w: float, raws: Sequence[bytes]) -> list[float]:
     h64, log = xxhash.xxh3_64_intdigest, math.log
     return [w / -log((h + 0.5) / _TWO64) for h in map(h64, [pre + k for k in raws])]
+
+
+def _near_ties(scores: np.ndarray) -> np.ndarray:
+    """Per row, whether two of its scores lie within 1e-9 (relative) of each other."""
+    m = scores.shape[1]
+    if m > 16:
+        srt = np.sort(scores, axis=1)
+        return (np.diff(srt, axis=1) <= srt[:, 1:] * 1e-9).any(axis=1)
+    a, b = scores[:, :, None], scores[:, None, :]
+    near = np.abs(a - b) <= np.maximum(a, b) * 1e-9
+    near[:, np.arange(m), np.arange(m)] = False  # a score and itself
+    return near.any(axis=(1, 2))
+
+
+def _order(scores: np.ndarray) -> np.ndarray:
+    """Per row, the column positions by score, highest first; equal scores: the larger
+    position (id) first, as rank's reverse sort of (score, id). A view has a few nodes: each
+    node's place is the count of nodes that beat it (one broadcast compare), not a sort per
+    row; a large view sorts."""
+    n, m = scores.shape
+    if m > 16:
+        return (m - 1 - np.argsort(-scores[:, ::-1], axis=1, kind="stable")).astype(np.int16)
+    a, b = scores[:, :, None], scores[:, None, :]  # a: node j, b: node k
+    later = np.arange(m)[None, :] > np.arange(m)[:, None]  # [j, k]: k > j
+    place = ((b > a) | ((b == a) & later[None])).sum(axis=2)  # nodes ahead of j
+    rows = np.empty((n, m), dtype=np.int16)
+    np.put_along_axis(rows, place, np.arange(m, dtype=np.int16)[None, :].repeat(n, axis=0), axis=1)
+    return rows
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a ``(n, m)`` order matrix and each row's index among them (a
+    view's few orders: each row packed into one int and those sorted, not rows compared)."""
+    n, m = rows.shape
+    if m == 0 or m > 12 or n == 0:  # m**m no longer fits an int64
+        uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    packed = rows.astype(np.int64) @ (m ** np.arange(m, dtype=np.int64))
+    _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+    return rows[first], inverse.reshape(-1)
 
 
 def rank_positions(
@@ -129,17 +170,14 @@ def rank_positions(
         h = np.fromiter(map(h64, map(pre.__add__, raws)), dtype=np.uint64, count=n)
         scores[:, j] = node.weight / -np.log((h.astype(np.float64) + 0.5) / _TWO64)
     if m > 1:
-        srt = np.sort(scores, axis=1)
-        gaps = np.diff(srt, axis=1) <= srt[:, 1:] * 1e-9
-        close = np.flatnonzero(gaps.any(axis=1))
+        close = np.flatnonzero(_near_ties(scores))
         if len(close):  # near ties: the exact scores of those keys decide
             few = [raws[i] for i in close.tolist()]
             for j, node in enumerate(ns):
                 scores[close, j] = _exact_scores(node.id.encode() + b"\0", node.weight, few)
-    # highest score first; equal scores: the larger id first (rank's reverse sort of (score, id))
-    rows = (m - 1 - np.argsort(-scores[:, ::-1], axis=1, kind="stable")).astype(np.int16)
+    rows = _order(scores)
     if replicas > 1 and any(x.zone for x in ns):
-        uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+        uniq, inverse = unique_rows(rows)
         spread = np.array(
             [
                 [ids.index(x.id) for x in spread_zones([ns[j] for j in row], replicas)]
@@ -249,20 +287,23 @@ class RankCache:
         missed = np.flatnonzero(codes < 0)
         if not len(missed):
             return codes
+        few = raws if len(missed) == n else _pick(raws, missed)
         if self._old:
-            few = [raws[i] for i in missed.tolist()]
             back = np.fromiter(map(self._old.get, few, repeat(-1, len(few))), dtype=np.int64, count=len(few))
             hit = back >= 0
             if hit.any():
                 codes[missed[hit]] = back[hit]
-                self._insert([few[i] for i in np.flatnonzero(hit).tolist()], back[hit])
-                missed = missed[~hit]
+                self._insert(_pick(few, np.flatnonzero(hit)), back[hit])
+                missed, few = missed[~hit], _pick(few, np.flatnonzero(~hit))
         if len(missed):
-            few = [raws[i] for i in missed.tolist()]
-            _, rows = rank_positions(KeyBatch(b"".join(few)), self._view, self._replicas)
-            uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
-            fresh = np.array([self._code(tuple(r)) for r in uniq.tolist()], dtype=np.int64)
-            got = fresh[inverse.reshape(-1)]
+            if len(missed) == 1:  # one key (reads and writes rank per key): rank() itself
+                order = rank(few[0], self._view, self._replicas)
+                got = np.array([self._code(tuple(map(self._ids.index, (x.id for x in order))))])
+            else:
+                _, rows = rank_positions(KeyBatch(b"".join(few)), self._view, self._replicas)
+                uniq, inverse = unique_rows(rows)
+                fresh = np.array([self._code(tuple(r)) for r in uniq.tolist()], dtype=np.int64)
+                got = fresh[inverse]
             codes[missed] = got
             self._insert(few, got)
         return codes
@@ -275,7 +316,7 @@ class RankCache:
             self.orders.append(tuple(self._ids[j] for j in row))
         return c
 
-    def _insert(self, raws: list[bytes], codes: np.ndarray) -> None:
+    def _insert(self, raws: Sequence[bytes], codes: np.ndarray) -> None:
         if len(raws) > self._gen:
             raws, codes = raws[-self._gen :], codes[-self._gen :]
         if len(self._new) + len(raws) > self._gen:
@@ -283,5 +324,18 @@ class RankCache:
         self._new.update(zip(raws, codes.tolist()))
 
     def order(self, raw: bytes) -> tuple[str, ...]:
-        """The view's node ids in ``raw``'s rendezvous order (owners first)."""
-        return self.orders[int(self._codes([raw])[0])]
+        """The view's node ids in ``raw``'s rendezvous order (owners first): one dict probe
+        when cached (reads and writes ask per key), else ranked as a batch of one."""
+        c = self._new.get(raw)
+        if c is None:
+            c = int(self._codes([raw])[0])
+        return self.orders[c]
+
+
+def _pick(items: Sequence[bytes], idx: np.ndarray) -> list[bytes]:
+    """``items`` at positions ``idx`` in one C-level call."""
+    if len(idx) == 0:
+        return []
+    if len(idx) == 1:
+        return [items[int(idx[0])]]
+    return list(itemgetter(*idx.tolist())(items))
