@@ -49,7 +49,9 @@ PROMPT_TOKENS = 128 * 1024
 BLOCK_TOKENS = 16
 
 
-def start_daemon(wd: Path) -> tuple[subprocess.Popen, str]:
+def start_daemon(wd: Path, uvloop_dir: str = "") -> tuple[subprocess.Popen, str]:
+    """A daemon (DRAM only) under ``wd``; with ``uvloop_dir`` (a folder holding uvloop) its
+    loop runs on uvloop -- a measurement only: tierkv does not use it."""
     wd.mkdir(parents=True)
     cfg = wd / "node.toml"
     cfg.write_text(
@@ -57,8 +59,13 @@ def start_daemon(wd: Path) -> tuple[subprocess.Popen, str]:
         f'[server]\nport_file = "{wd / "ports.json"}"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    if uvloop_dir:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), uvloop_dir) if p)
+        argv = ["-c", "import sys, uvloop; uvloop.install(); from kvstore.cli import main; sys.exit(main())"]
+    else:
+        argv = ["-m", "kvstore.cli"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--log-level", "WARNING"],
+        [sys.executable, *argv, "serve", "--config", str(cfg), "--log-level", "WARNING"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -221,10 +228,10 @@ async def run(addrs, pids, iters: int, profile: bool, tag: str) -> list[dict]:
     return rows
 
 
-def start_cluster(tmp: Path, n: int, tag: str) -> tuple[list[subprocess.Popen], list[str]]:
+def start_cluster(tmp: Path, n: int, tag: str, uvloop_dir: str) -> tuple[list[subprocess.Popen], list[str]]:
     procs, addrs = [], []
     for i in range(n):
-        p, a = start_daemon(tmp / f"{tag}-n{i}")
+        p, a = start_daemon(tmp / f"{tag}-n{i}", uvloop_dir)
         procs.append(p)
         addrs.append(a)
     return procs, addrs
@@ -235,12 +242,14 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--profile", action="store_true", help="cProfile the client's misses on 3 daemons")
+    ap.add_argument("--uvloop", default="", help="run the daemons' loop on uvloop found in this folder")
     args = ap.parse_args()
+
     rows = []
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for n in (1, 3):
-            procs, addrs = start_cluster(Path(tmp), n, f"c{n}")
+            procs, addrs = start_cluster(Path(tmp), n, f"c{n}", args.uvloop)
             try:
                 rows += asyncio.run(
                     run(addrs, [p.pid for p in procs], args.iters, args.profile and n == 3, f"c{n}")
@@ -277,6 +286,7 @@ def main() -> int:
         "loadavg_1m_at_start": load[0],
         "loadavg_1m_at_end": load_end[0],
         "python": platform.python_version(),
+        "daemon_loop": "uvloop" if args.uvloop else "asyncio",
         "rows": rows,
     }
     if args.json:
