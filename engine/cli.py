@@ -66,8 +66,7 @@ def load_settings(a: argparse.Namespace) -> EngineSection:
     import os
 
     from engine.config import EngineSettings
-    from kvstore.config import load_config
-    from kvstore.errors import ConfigError
+    from kvstore.settings import ConfigError, load_config
 
     flags = {f"engine.{key}": (flag, getattr(a, key)) for key, flag in a.given.items()}
     s = load_config(EngineSettings, a.config, os.environ, flags=flags).engine
@@ -270,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A bad setting (kvstore's ConfigError: a key, a value, its source) or an
     engine error is one line on stderr and status 2, like an argparse usage error."""
     from engine.errors import EngineError
-    from kvstore.errors import ConfigError
+    from kvstore.settings import ConfigError
 
     a = build_parser().parse_args(argv)
     try:
