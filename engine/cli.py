@@ -10,6 +10,9 @@ from pathlib import Path
 
 from engine.config import KV_CACHE_DTYPES, EngineSection
 
+# what `tierkv[engine]` adds to the store's install (pyproject.toml); gguf's: `tierkv[gguf]`
+ENGINE_PACKAGES = {"torch", "safetensors", "tokenizers", "jinja2", "fastapi", "uvicorn"}
+
 
 class _Given(argparse.Action):
     """Keeps a flag's text and notes that it was given: a given flag overrides the environment
@@ -271,11 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     from engine.errors import EngineError
     from kvstore.settings import ConfigError
 
-    a = build_parser().parse_args(argv)
     try:
+        a = build_parser().parse_args(argv)  # the model presets' module imports torch
         return a.fn(a)
     except (EngineError, ConfigError) as exc:
         print(f"kvengine: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # a store-only install (`pip install tierkv`) has the kvengine script but not the engine
+        if (exc.name or "").partition(".")[0] not in ENGINE_PACKAGES:
+            raise
+        print(f"kvengine: error: {exc.name} is not installed: pip install 'tierkv[engine]'", file=sys.stderr)
         return 2
 
 
