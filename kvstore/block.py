@@ -152,7 +152,7 @@ def _typed(v, types, name: str):
     # exactly the types encode() writes: no bool for an int, no digits in a string, no float
     # truncated to an int (nor an infinite one, which int() raises OverflowError on)
     if type(v) not in (types if isinstance(types, tuple) else (types,)):
-        raise BlockFormatError(f"header field {name!r}: {type(v).__name__} {v!r} is not the field's type")
+        raise BlockFormatError(f"header field {name!r}: {type(v).__name__} {v!r:.40} is not the field's type")
     return v
 
 
