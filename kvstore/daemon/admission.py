@@ -1,49 +1,87 @@
-"""Admission: how many connections the data port keeps, before and after HELLO.
+"""Admission: which connections the data port keeps, before and after HELLO.
 
 A connection counts as *unauthenticated* from accept until its HELLO succeeds, then against
-its tenant. Past ``limits.max_unauthenticated`` a new connection is closed at once (no reply:
-nothing it sent has been read); past ``limits.max_conns_per_tenant`` its HELLO is refused
-with ``busy``. So a flood of connections that never authenticate cannot take the file
-descriptors that good clients and the admin port need, and one tenant cannot take another's
-share. Loop thread only.
+its tenant. A new connection is always taken: when ``limits.max_unauthenticated`` are
+already waiting for their HELLO, the oldest unauthenticated connection of the source
+address with the most of them is dropped to make room (:meth:`Admission.accept` names it;
+the port closes it, no reply). So a flood of connections that never authenticate costs the
+flooder its own oldest connections: a client from another address is never dropped for it,
+and one from the same address only when ``max_unauthenticated`` newer connections arrive
+before its HELLO does. Past ``limits.max_conns_per_tenant`` a HELLO is refused with
+``busy``, so one tenant cannot take another's share. Loop thread only.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from kvstore.config import LimitsSection
 
 
 class Admission:
+    """Tracks sessions (kvstore.daemon.session.Session: ``tenant`` None before HELLO,
+    ``source`` the peer's address)."""
+
     def __init__(self, limits: LimitsSection) -> None:
         self.limits = limits
+        # unauthenticated sessions per source, oldest first (dicts keep insertion order)
+        self._waiting: dict[str, dict[Any, None]] = {}
         self.unauthenticated = 0
         self.per_tenant: Counter[str] = Counter()
+        self._of_tenant: dict[str, dict[Any, None]] = {}
 
-    def accept(self) -> bool:
-        """A new connection: True when it may stay (it then counts as unauthenticated)."""
+    def accept(self, sess: Any) -> Any | None:
+        """Take ``sess`` (a new connection) as unauthenticated. Returns the session to drop
+        for it (already forgotten here; the caller closes its connection), or None."""
+        victim = None
         if self.unauthenticated >= self.limits.max_unauthenticated:
-            return False
+            busiest = max(self._waiting.values(), key=len)  # at most max_unauthenticated sources
+            victim = next(iter(busiest))
+            self.leave(victim)
+        self._waiting.setdefault(sess.source, {})[sess] = None
         self.unauthenticated += 1
-        return True
+        return victim
 
-    def authenticate(self, previous: str | None, tenant: str) -> bool:
-        """A HELLO for ``tenant`` on a connection that was ``previous`` (None: not yet
-        authenticated). False, changing nothing, when the tenant is at its limit."""
-        if previous == tenant:
+    def authenticate(self, sess: Any, tenant: str) -> bool:
+        """A HELLO for ``tenant`` on ``sess`` (whose ``tenant`` is still the previous one, None
+        when not yet authenticated). False, changing nothing, when the tenant is at its limit
+        or ``sess`` was dropped meanwhile."""
+        if sess.tenant == tenant:
             return True
-        if self.per_tenant[tenant] >= self.limits.max_conns_per_tenant:
+        if self.per_tenant[tenant] >= self.limits.max_conns_per_tenant or not self.admitted(sess):
             return False
-        self.leave(previous)
+        self.leave(sess)
         self.per_tenant[tenant] += 1
+        self._of_tenant.setdefault(tenant, {})[sess] = None
         return True
 
-    def leave(self, tenant: str | None) -> None:
-        """A connection that was ``tenant`` (None: unauthenticated) ends or changes tenant."""
-        if tenant is None:
+    def admitted(self, sess: Any) -> bool:
+        """Whether ``sess`` is counted here (not dropped, not left)."""
+        if sess.tenant is None:
+            return sess in self._waiting.get(sess.source, ())
+        return sess in self._of_tenant.get(sess.tenant, ())
+
+    def sessions(self, tenant: str) -> list[Any]:
+        """The open sessions of ``tenant``."""
+        return list(self._of_tenant.get(tenant, ()))
+
+    def leave(self, sess: Any) -> None:
+        """``sess`` ends, or changes tenant (then :meth:`authenticate` counts it anew).
+        Idempotent: a dropped session leaves once."""
+        if not self.admitted(sess):
+            return
+        if sess.tenant is None:
+            waiting = self._waiting[sess.source]
+            del waiting[sess]
+            if not waiting:
+                del self._waiting[sess.source]
             self.unauthenticated -= 1
             return
-        self.per_tenant[tenant] -= 1
-        if self.per_tenant[tenant] <= 0:
-            del self.per_tenant[tenant]
+        mine = self._of_tenant[sess.tenant]
+        del mine[sess]
+        if not mine:
+            del self._of_tenant[sess.tenant]
+        self.per_tenant[sess.tenant] -= 1
+        if self.per_tenant[sess.tenant] <= 0:
+            del self.per_tenant[sess.tenant]
