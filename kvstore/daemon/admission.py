@@ -19,28 +19,66 @@ from typing import Any
 from kvstore.config import LimitsSection
 
 
+class SourceShares:
+    """Connections by source address, oldest first: the one to drop for a newcomer is the
+    oldest of the source holding the most (the data port's unauthenticated connections, the
+    admin port's connections). Hashable items; loop thread only."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, dict[Any, None]] = {}  # dicts keep insertion order: oldest first
+        self._source: dict[Any, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._source
+
+    def __iter__(self):
+        return iter(list(self._source))
+
+    def add(self, item: Any, source: str) -> None:
+        self._of.setdefault(source, {})[item] = None
+        self._source[item] = source
+
+    def remove(self, item: Any) -> bool:
+        """Forget ``item``; False when it was not here."""
+        source = self._source.pop(item, None)
+        if source is None:
+            return False
+        mine = self._of[source]
+        del mine[item]
+        if not mine:
+            del self._of[source]
+        return True
+
+    def victim(self) -> Any:
+        """The oldest item of the source with the most (O(sources)); there must be one."""
+        return next(iter(max(self._of.values(), key=len)))
+
+
 class Admission:
     """Tracks sessions (kvstore.daemon.session.Session: ``tenant`` None before HELLO,
     ``source`` the peer's address)."""
 
     def __init__(self, limits: LimitsSection) -> None:
         self.limits = limits
-        # unauthenticated sessions per source, oldest first (dicts keep insertion order)
-        self._waiting: dict[str, dict[Any, None]] = {}
-        self.unauthenticated = 0
+        self._waiting = SourceShares()  # the unauthenticated sessions
         self.per_tenant: Counter[str] = Counter()
         self._of_tenant: dict[str, dict[Any, None]] = {}
+
+    @property
+    def unauthenticated(self) -> int:
+        return len(self._waiting)
 
     def accept(self, sess: Any) -> Any | None:
         """Take ``sess`` (a new connection) as unauthenticated. Returns the session to drop
         for it (already forgotten here; the caller closes its connection), or None."""
         victim = None
-        if self.unauthenticated >= self.limits.max_unauthenticated:
-            busiest = max(self._waiting.values(), key=len)  # at most max_unauthenticated sources
-            victim = next(iter(busiest))
-            self.leave(victim)
-        self._waiting.setdefault(sess.source, {})[sess] = None
-        self.unauthenticated += 1
+        if len(self._waiting) >= self.limits.max_unauthenticated:
+            victim = self._waiting.victim()
+            self._waiting.remove(victim)
+        self._waiting.add(sess, sess.source)
         return victim
 
     def authenticate(self, sess: Any, tenant: str) -> bool:
@@ -59,7 +97,7 @@ class Admission:
     def admitted(self, sess: Any) -> bool:
         """Whether ``sess`` is counted here (not dropped, not left)."""
         if sess.tenant is None:
-            return sess in self._waiting.get(sess.source, ())
+            return sess in self._waiting
         return sess in self._of_tenant.get(sess.tenant, ())
 
     def sessions(self, tenant: str) -> list[Any]:
@@ -72,11 +110,7 @@ class Admission:
         if not self.admitted(sess):
             return
         if sess.tenant is None:
-            waiting = self._waiting[sess.source]
-            del waiting[sess]
-            if not waiting:
-                del self._waiting[sess.source]
-            self.unauthenticated -= 1
+            self._waiting.remove(sess)
             return
         mine = self._of_tenant[sess.tenant]
         del mine[sess]
