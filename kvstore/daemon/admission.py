@@ -100,10 +100,6 @@ class Admission:
             return sess in self._waiting
         return sess in self._of_tenant.get(sess.tenant, ())
 
-    def sessions(self, tenant: str) -> list[Any]:
-        """The open sessions of ``tenant``."""
-        return list(self._of_tenant.get(tenant, ()))
-
     def leave(self, sess: Any) -> None:
         """``sess`` ends, or changes tenant (then :meth:`authenticate` counts it anew).
         Idempotent: a dropped session leaves once."""

@@ -118,7 +118,6 @@ class DataServer:
             rdma,
             self._bad,
             self.max_frame,
-            self.admission.sessions,
         )
         blocks = BlockOps(
             node,

@@ -59,7 +59,6 @@ class DescriptorOps:
         rdma: SlabRdma | None,
         bad: RateLimitedLog,
         max_frame: int,
-        sessions_of: Callable[[str], list[Any]],
     ) -> None:
         self.node = node
         self.metrics = metrics
@@ -70,7 +69,6 @@ class DescriptorOps:
         self.rdma = rdma
         self._bad = bad
         self.max_frame = max_frame
-        self._sessions_of = sessions_of  # a tenant's open sessions (the port's admission)
 
     def ops(self) -> dict[str, Callable]:
         """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
@@ -156,7 +154,7 @@ class DescriptorOps:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, req.rdma)
         self._room_for(sess, len(keys))
-        leases = await self.node.lease(keys, ttl, self._disk_budget(sess), sees=sess.sees)
+        leases = await self.node.lease(keys, ttl, self._disk_budget(sess), sees=sess.sees, owner=sess.tenant)
         res, drop = [], []
         for lease in leases:
             if lease is None or not sess.allows(lease.header):
@@ -175,18 +173,15 @@ class DescriptorOps:
     def _disk_budget(self, sess) -> int:
         """How many bytes of disk-only blocks a LEASE on ``sess`` may still read: copies and
         promotions live as long as their leases, so those already held count -- this
-        connection's against ``server.max_frame``, its tenant's (every connection) against
-        ``limits.max_leased_disk_bytes_per_tenant``. Walks the tenant's own holds only."""
-
-        def disk_bytes(s) -> int:
-            return sum(
-                h.obj.header.payload_len
-                for h in s.leases.values()
-                if h.obj.from_disk and self.node.is_live(h.obj)
-            )
-
-        mine = disk_bytes(sess)
-        tenant = sum(disk_bytes(s) for s in self._sessions_of(sess.tenant) if s is not sess) + mine
+        connection's against ``server.max_frame`` (a walk of its own holds), its tenant's
+        (every connection, counted by the node as leases begin and end) against
+        ``limits.max_leased_disk_bytes_per_tenant``."""
+        mine = sum(
+            h.obj.header.payload_len
+            for h in sess.leases.values()
+            if h.obj.from_disk and self.node.is_live(h.obj)
+        )
+        tenant = self.node.leased_disk_bytes(sess.tenant)
         cap = int(self.limits.max_leased_disk_bytes_per_tenant)
         return max(0, min(self.max_frame - mine, cap - tenant))
 

@@ -44,6 +44,7 @@ class Lease:
     expires: float
     raw_header: bytes
     from_disk: bool = False  # its bytes were read from disk for it (a private copy or a promotion)
+    owner: str | None = None  # whose share of leased disk bytes it counts in (LeaseTable.charge)
 
 
 @dataclass(eq=False)
@@ -75,6 +76,7 @@ class LeaseTable:
         self.moving: Counter[int] = Counter()  # lease/reservation ids with a transfer under way
         self._due: list[tuple[float, int]] = []  # (expires, id) heap; ended ids are skipped
         self._overdue_moving: set[int] = set()  # came due while in transfer: due again at its end
+        self.disk_bytes: Counter[str] = Counter()  # per owner: bytes of live from_disk leases
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -103,7 +105,21 @@ class LeaseTable:
         self._due_at(lease)
 
     def pop_lease(self, lease_id: int) -> Lease | None:
-        return self.leases.pop(lease_id, None)
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None and lease.owner is not None:
+            n = self.disk_bytes[lease.owner] - lease.view.nbytes
+            if n > 0:
+                self.disk_bytes[lease.owner] = n
+            else:
+                del self.disk_bytes[lease.owner]
+        return lease
+
+    def charge(self, lease: Lease, owner: str) -> None:
+        """Count a live ``from_disk`` lease's bytes in ``owner``'s share until it ends (O(1);
+        the daemon bounds each tenant's share, limits.max_leased_disk_bytes_per_tenant)."""
+        if lease.from_disk and lease.owner is None and self.live(lease):
+            lease.owner = owner
+            self.disk_bytes[owner] += lease.view.nbytes
 
     def add_reservation(self, r: Reservation) -> None:
         self.reservations[r.id] = r

@@ -56,6 +56,7 @@ class Leaser:
         ttl_s: float | None = None,
         max_read_bytes: int | None = None,
         sees: Callable[[bytes | None], bool] | None = None,
+        owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
         freed) until :meth:`release` or the TTL (the caller sweeps expired ones first). A
@@ -66,7 +67,9 @@ class Leaser:
 
         ``sees`` (a namespace id -> bool, the caller's tenant check): a block whose indexed
         namespace it refuses is None at once, exactly as an absent one -- no disk read, no
-        promotion, no lease, no counter and no share of ``max_read_bytes`` (docs/security.md)."""
+        promotion, no lease, no counter and no share of ``max_read_bytes`` (docs/security.md).
+        ``owner``: the leases read from disk count in that owner's share
+        (:attr:`LeaseTable.disk_bytes`) until they end."""
         out: list[Lease | None] = []
         read = 0
         for key in keys:
@@ -81,7 +84,10 @@ class Leaser:
                     out.append(None)
                     continue
                 read += plen
-                out.append(await self._lease_from_disk(key, plen, ttl_s))
+                lease = await self._lease_from_disk(key, plen, ttl_s)
+                if lease is not None and owner is not None:
+                    self._leases.charge(lease, owner)
+                out.append(lease)
                 continue
             if t is None:
                 out.append(None)

@@ -264,6 +264,7 @@ class NodeStore:
         ttl_s: float | None = None,
         max_read_bytes: int | None = None,
         sees: Callable[[bytes | None], bool] | None = None,
+        owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
         freed) until :meth:`release` or the TTL. A disk-only block is first brought into DRAM
@@ -271,9 +272,15 @@ class NodeStore:
         and (with ``max_read_bytes``) where reading it from disk would take this call's disk
         reads past that many bytes: the buffers one call allocates are bounded. With ``sees``
         (the caller's tenant check on a namespace id) a block it refuses is None before any
-        work on it (kvstore/node/leasing.py)."""
+        work on it (kvstore/node/leasing.py). With ``owner`` the bytes read from disk count in
+        :meth:`leased_disk_bytes` of ``owner`` while leased."""
         self._sweep()
-        return await self.leaser.lease(keys, ttl_s, max_read_bytes, sees)
+        return await self.leaser.lease(keys, ttl_s, max_read_bytes, sees, owner)
+
+    def leased_disk_bytes(self, owner: str) -> int:
+        """Bytes of live leases read from disk for ``owner`` (see :meth:`lease`); O(1)."""
+        self._sweep()
+        return self.leases.disk_bytes.get(owner, 0)
 
     def attach_payload(self, r: Reservation, payload: bytearray) -> None:
         """Give a lazy reservation (see :meth:`reserve`) its received payload buffer."""

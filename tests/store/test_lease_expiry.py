@@ -45,3 +45,15 @@ def test_the_heap_stays_proportional_to_the_live_leases():
         t.pop_lease(_lease(t, 50.0).id)
     assert len(t._due) <= 2 * 1 + 1024 + 1
     assert t.expired(200.0) == ([keep], [])
+
+
+def test_a_owners_disk_share_counts_its_live_disk_leases_only():
+    t = LeaseTable(30.0)
+    disk, dram = _lease(t, 10.0), _lease(t, 10.0)
+    disk.view, disk.from_disk = memoryview(bytes(4096)), True
+    dram.view = memoryview(bytes(1000))
+    t.charge(disk, "alpha")
+    t.charge(dram, "alpha")  # not read from disk: no share
+    assert t.disk_bytes["alpha"] == 4096
+    t.pop_lease(disk.id)
+    assert t.disk_bytes.get("alpha", 0) == 0
