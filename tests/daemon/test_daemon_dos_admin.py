@@ -5,12 +5,14 @@ request deadlines, a body limit), and ``/healthz`` answers while it is flooded."
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from daemonutil import RawPeer
 
 TOK_OP = "tok-operator1"
 
@@ -118,3 +120,42 @@ def test_admin_bodies_are_bounded_and_deep_json_is_a_400(admin):
     status, text = post(d, "/v1/lookup", json.dumps({"keys": []}).encode())
     assert status == 200, text
     assert "Traceback" not in d.logs()
+
+
+def test_failed_accepts_are_logged_rate_limited_without_tracebacks(admin, ns):
+    """The daemon's nofile limit is lowered to 200 (prlimit) and both ports are flooded past
+    it (pre-auth and admin connections, then authenticated ones): accept fails with EMFILE
+    for seconds, and the log holds at most a few rate-limited lines for it and no traceback
+    (before: one line per failure on the data port, one traceback per failure on the admin
+    port)."""
+    d = admin(max_unauthenticated=64, admin_max_connections=64, hello_timeout_s=60.0)
+    try:
+        resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (200, 200))
+    except (OSError, ValueError) as exc:
+        pytest.skip(f"cannot lower the daemon's nofile limit here: {exc}")
+    held = []
+    for _ in range(64):
+        held.append(connect(d, "127.0.0.2"))
+    for _ in range(120):  # authenticated: these count against the tenant cap, not a pre-auth share
+        try:
+            p = RawPeer(d.data_port, timeout=2)
+            p.hello("tok-tenant-a1", ns)
+            held.append(p.sock)
+        except (AssertionError, ConnectionError, OSError):
+            break
+    extra = []
+    end = time.monotonic() + 4
+    while time.monotonic() < end:  # keep knocking on both ports while the fds are spent
+        for p in (d.data_port, port(d)):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", p))
+            extra.append(s)
+        time.sleep(0.01)
+    logs = d.logs()
+    assert logs.count("event=accept_failed") >= 1  # the fds were spent indeed
+    assert logs.count("event=accept_failed") <= 40, logs.count("event=accept_failed")
+    assert "Traceback" not in logs
+    for s in held + extra:
+        s.close()
+    assert healthz(d) == 200
