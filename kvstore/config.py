@@ -88,12 +88,41 @@ class LimitsSection:
     max_header_unauthenticated: Size = Size(64 * 1024)  # frame header before HELLO
     max_leases_per_conn: int = 4096  # LEASE + RESERVE handles one connection may hold
     max_lease_ttl_s: float = 300.0  # the longest LEASE ttl a client may ask for
+    # msgpack objects in one decoded frame header, before HELLO and after: a header of tiny
+    # objects (empty maps) costs ~64 bytes of memory per wire byte and the loop's time
+    max_header_objects_unauthenticated: int = 2048
+    max_header_objects: int = 65536  # a GET of 4096 keys with expects and caps: ~20,500
+    # bytes of disk-only blocks one tenant's LEASEs hold at once (private copies and
+    # promotions into DRAM): an idle lease cannot pin memory beyond its tenant's share
+    max_leased_disk_bytes_per_tenant: Size = Size(256 * 1024**2)
+    # the admin port (HTTP): open connections (past it the oldest of the busiest source is
+    # closed), a request's header from accept or the previous reply, one request's body and
+    # handler, and the largest body
+    admin_max_connections: int = 64
+    admin_header_timeout_s: float = 10.0
+    admin_request_timeout_s: float = 30.0
+    admin_max_body: Size = Size(1024**2)
 
     def __post_init__(self) -> None:
-        for name in ("hello_timeout_s", "idle_timeout_s", "transfer_timeout_s", "max_lease_ttl_s"):
+        for name in (
+            "hello_timeout_s",
+            "idle_timeout_s",
+            "transfer_timeout_s",
+            "max_lease_ttl_s",
+            "admin_header_timeout_s",
+            "admin_request_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"limits.{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("max_unauthenticated", "max_conns_per_tenant", "max_leases_per_conn"):
+        for name in (
+            "max_unauthenticated",
+            "max_conns_per_tenant",
+            "max_leases_per_conn",
+            "max_header_objects_unauthenticated",
+            "max_header_objects",
+            "admin_max_connections",
+            "admin_max_body",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
         if self.max_header_unauthenticated < 256:
