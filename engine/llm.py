@@ -15,14 +15,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError
 from engine.kv_cache import KVCache
-from engine.kv_dtype import (
-    calibrate_scales,
-    calibration_tokens,
-    dtype_name,
-    is_scaled,
-    layout_name,
-    storage_dtype,
-)
+from engine.kv_calibration import calibrate_scales, calibration_tokens
+from engine.kv_dtype import dtype_name, is_scaled, layout_name, storage_dtype
 from engine.kv_transfer import KVTransfer
 from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
 from engine.model import CausalLM, rope_table

@@ -120,12 +120,12 @@ class BlockHeader:
                 parent=BlockKey(_bin(d["parent"])),
                 namespace=BlockKey(_bin(d["ns"])),
                 token_bytes=_bin(d["tokens"]),
-                dtype=str(d["dtype"]),
-                shape=tuple(d["shape"]),
-                payload_len=int(d["len"]),
-                checksum=int(d["xxh3"]),
-                created=float(d["created"]),
-                version=int(d["v"]),
+                dtype=_typed(d["dtype"], str, "dtype"),
+                shape=tuple(_int(x, "shape") for x in _typed(d["shape"], list, "shape")),
+                payload_len=_int(d["len"], "len"),
+                checksum=_int(d["xxh3"], "xxh3"),
+                created=float(_typed(d["created"], (int, float), "created")),
+                version=_int(d["v"], "v"),
             )
         except BlockFormatError:
             raise
@@ -146,6 +146,18 @@ def _bin(v) -> bytes:
     if not isinstance(v, bytes):
         raise BlockFormatError(f"expected bytes, got {type(v).__name__}")
     return v
+
+
+def _typed(v, types, name: str):
+    # exactly the types encode() writes: no bool for an int, no digits in a string, no float
+    # truncated to an int (nor an infinite one, which int() raises OverflowError on)
+    if type(v) not in (types if isinstance(types, tuple) else (types,)):
+        raise BlockFormatError(f"header field {name!r}: {type(v).__name__} {v!r:.40} is not the field's type")
+    return v
+
+
+def _int(v, name: str) -> int:
+    return _typed(v, int, name)
 
 
 def make_header(

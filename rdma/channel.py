@@ -27,7 +27,7 @@ from rdma.bursts import IOV_MAX, advance, recv_burst, send_burst
 from rdma.framing import decode_header, encode_header, header_length
 
 T = TypeVar("T")
-_DISCARD_CHUNK = 1 << 20
+_DISCARD_CHUNK = 256 << 10
 _GROW_CHUNK = 256 << 10
 _SOCK_BUF = 4 << 20
 OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread hop costs ~50 us
@@ -259,12 +259,22 @@ class SocketChannel:
             return True
 
     async def discard(self, n: int) -> None:
-        """Read and drop ``n`` bytes (a payload nobody can take), in bounded chunks."""
-        scratch = bytearray(min(n, _DISCARD_CHUNK))
-        while n > 0:
-            step = min(n, len(scratch))
-            await self.recv_into(memoryview(scratch)[:step])
-            n -= step
+        """Read and drop ``n`` bytes (a payload nobody can take). No buffer is kept while the
+        peer is slow: each chunk exists only for the ``recv`` that returns it, so a stalled
+        peer costs about the bytes it sent (docs/security.md). ConnectionError on EOF."""
+        left = n
+        while left > 0:
+            try:
+                data = self.sock.recv(min(left, _DISCARD_CHUNK))
+            except (BlockingIOError, InterruptedError):
+                await self._wait(write=False)
+                continue
+            except OSError as exc:
+                raise ConnectionError(f"recv failed: {exc}") from exc
+            if not data:
+                raise ConnectionError(f"peer closed the connection after {n - left} of {n} bytes")
+            left -= len(data)
+            self.bytes_in += len(data)
 
     async def send_frame(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> None:
         """Send one frame; ``plen`` is set from ``payloads`` (which are sent without copying)."""

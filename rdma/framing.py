@@ -53,12 +53,40 @@ def header_length(prefix: bytes | bytearray, max_header: int, max_frame: int) ->
     return hlen
 
 
-def decode_header(raw: bytes | bytearray, max_frame: int) -> dict[str, Any]:
+class _TooMany(Exception):
+    pass
+
+
+def decode_header(raw: bytes | bytearray, max_frame: int, max_objects: int | None = None) -> dict[str, Any]:
     """The header map in ``raw`` (``hlen`` bytes). FrameError ``bad_frame`` for garbage, a
-    non-map or a bad ``plen``; ``too_large`` when header and payload exceed ``max_frame``."""
+    non-map or a bad ``plen``; ``too_large`` when header and payload exceed ``max_frame``, or
+    (with ``max_objects``) when the header holds more msgpack objects than that: decoding
+    stops there, so a header of tiny objects (empty maps: ~64 bytes of memory per wire byte)
+    costs at most ``max_objects`` of them in time and memory. Every length is bounded by the
+    header's own (a string, array or map can never be longer than the bytes that carry it)."""
+    n = len(raw)
+    hooks: dict[str, Any] = {}
+    if max_objects is not None:
+        count = [0]
+
+        def counted(obj):  # every object is an element of a map or array, but the root
+            count[0] += len(obj)
+            if count[0] > max_objects:
+                raise _TooMany
+            return obj
+
+        hooks = {"object_hook": counted, "list_hook": counted}
+    cap = n if max_objects is None else min(n, max_objects)
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+        header = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True, max_str_len=n, max_bin_len=n,
+            max_array_len=cap, max_map_len=cap, max_ext_len=n, **hooks,
+        )  # fmt: skip
+    except _TooMany:
+        raise FrameError("too_large", f"header holds more than {max_objects} objects") from None
     except Exception as exc:  # msgpack raises several unrelated types
+        if "exceeds max" in str(exc):  # a length over the bounds above
+            raise FrameError("too_large", f"header holds more than {max_objects} objects") from None
         raise FrameError("bad_frame", f"header is not valid msgpack: {type(exc).__name__}") from exc
     if not isinstance(header, dict):
         raise FrameError("bad_frame", f"header is a {type(header).__name__}, not a map")

@@ -74,10 +74,11 @@ def _toml(value) -> str:
     )
 
 
-def launch_daemon(wd: Path, use_disk: bool = True, **sections) -> Daemon:
+def launch_daemon(wd: Path, use_disk: bool = True, env: dict[str, str] | None = None, **sections) -> Daemon:
     """Write a config into ``wd``, start ``kvstore serve`` on ephemeral loopback ports, wait
-    for its port file. ``sections`` override config tables ({"auth": {...}}). RuntimeError with
-    the daemon's log when it does not come up within 30 s."""
+    for its port file. ``sections`` override config tables ({"auth": {...}}); ``env``: the
+    daemon's environment (default: this process's; ``TIERKV_*`` variables are dropped either
+    way). RuntimeError with the daemon's log when it does not come up within 30 s."""
     wd.mkdir(parents=True, exist_ok=True)
     cfg = {
         "dram": {"capacity": "64MiB", "slab_size": "4MiB"},
@@ -95,7 +96,7 @@ def launch_daemon(wd: Path, use_disk: bool = True, **sections) -> Daemon:
     port_file = wd / "ports.json"
     port_file.unlink(missing_ok=True)
     log = wd / "daemon.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    env = {k: v for k, v in (os.environ if env is None else env).items() if not k.startswith("TIERKV_")}
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(wd / "node.toml")],

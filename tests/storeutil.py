@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 from kvstore.block import make_header
 from kvstore.config import load_store_config
@@ -26,9 +27,13 @@ def make_cfg(tmp_path, **overrides):
 def make_blocks(
     n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: int = 0, ns: Namespace | None = None
 ):
-    """``n`` chained blocks of random payload: list of (header, payload bytes)."""
+    """``n`` chained blocks of ``nbytes`` random payload each, in namespace ``ns`` (default: a
+    float16 one of ``block_tokens`` tokens a block; a given ``ns`` brings its own): a list of
+    (header, payload bytes). The same ``seed`` makes the same blocks. The suite's one block
+    maker (tests/daemon's ``blocks_of`` fixture calls it too)."""
     ns = ns or Namespace("test-model", "float16", block_tokens)
-    rnd = __import__("random").Random(seed)
+    block_tokens = ns.block_tokens
+    rnd = random.Random(seed)
     tokens = [rnd.randrange(50000) for _ in range(n * block_tokens)]
     keys = ns.block_keys(tokens)
     out, parent = [], ns.id

@@ -1,4 +1,5 @@
-"""The kvstore package's module graph has no cycles.
+"""The module graphs of kvstore/, engine/ and connector/ (and of the four packages together)
+have no cycles, and the engine imports of kvstore only what docs/architecture.md allows.
 
 Every import counts: module level, inside functions, and under ``TYPE_CHECKING`` (a
 function-level import that closes a circle works only by the order modules happen to load,
@@ -13,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "kvstore"
+OURS = ("kvstore", "engine", "connector", "rdma")  # the packages pyproject installs
 # Edges left out of the graph, each until a named change lands. cmd_blocks.py (edited by
 # another engineer now) imports the shared command helpers from kvstore.inspect.command, the
 # module that registers it, instead of kvstore.inspect.context: delete this entry with that
@@ -28,7 +30,8 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
-    """The package's modules ``path`` (module ``name``) imports anywhere in its body."""
+    """The modules of ours (of ``modules``) ``path`` (module ``name``) imports anywhere in its
+    body."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -43,7 +46,7 @@ def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
         else:
             continue
         for t in targets:
-            if t.split(".")[0] != PACKAGE:
+            if t.split(".")[0] not in OURS:
                 continue
             while t and t not in modules:  # `import kvstore.x.y` names a module or a package
                 t = t.rpartition(".")[0]
@@ -52,10 +55,16 @@ def imports_of(path: Path, name: str, modules: set[str]) -> set[str]:
     return out
 
 
-def package_graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+def package_graph(*packages: str) -> dict[str, set[str]]:
+    """The module graph of ``packages`` (default: kvstore), edges between them only."""
+    packages = packages or (PACKAGE,)
+    paths = {module_name(p): p for pkg in OURS for p in sorted((ROOT / pkg).rglob("*.py"))}
     modules = set(paths)
-    return {name: imports_of(path, name, modules) for name, path in paths.items()}
+    return {
+        name: {m for m in imports_of(path, name, modules) if m.split(".")[0] in packages}
+        for name, path in paths.items()
+        if name.split(".")[0] in packages
+    }
 
 
 def checked_graph() -> dict[str, set[str]]:
@@ -152,6 +161,7 @@ ROOT_MODULES = {
     "keys",
     "lookups",  # tier codes and the lookup result: what EXISTS answers, nodes and clients share
     "results",
+    "settings",
 }
 FOLDERS = {"client", "daemon", "inspect", "node", "protocol"}  # protocol: the wire format, in five files
 
@@ -168,3 +178,57 @@ def test_the_node_knows_no_client_and_no_daemon():
     """The node store is a library the daemon (and `local://`) drive: it imports neither."""
     graph = subpackage_graph(package_graph())
     assert not graph["kvstore.node"] & {"kvstore.client", "kvstore.daemon", "kvstore.inspect"}
+
+
+# ---------------------------------------------------------------- engine/ and connector/
+
+
+def test_engine_and_connector_graphs_see_function_level_imports():
+    engine = package_graph("engine")
+    # engine/cli.py imports the GGUF converter inside its command function
+    assert "engine.convert" in engine["engine.cli"]
+    assert {"engine.attention_meta", "engine.kv_cache"} <= engine["engine.kv_calibration"]
+    connector = package_graph("connector")
+    # connector/demo.py imports the flush check inside a function
+    assert "connector.flush" in connector["connector.demo"]
+
+
+def test_engine_module_graph_has_no_cycles():
+    cycle = find_cycle(package_graph("engine"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_connector_module_graph_has_no_cycles():
+    cycle = find_cycle(package_graph("connector"))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_four_packages_together_have_no_cycles():
+    """A circle through two packages (engine -> connector -> engine) counts too."""
+    graph = package_graph(*OURS)
+    assert "engine.errors" in graph["connector"]  # the graph crosses packages
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# engine -> only kvstore.keys and the one config loader (docs/architecture.md)
+ENGINE_MAY_IMPORT = {"kvstore.keys", "kvstore.settings"}
+
+
+def test_the_engine_imports_of_ours_only_the_keys_and_the_config_loader():
+    graph = package_graph(*OURS)
+    engine = {m: deps for m, deps in graph.items() if m.split(".")[0] == "engine"}
+    assert "kvstore.keys" in graph["engine.block_manager"]  # the check sees the engine's imports
+    bad = {
+        m: sorted(d - ENGINE_MAY_IMPORT)
+        for m, deps in engine.items()
+        if (d := {x for x in deps if x.split(".")[0] != "engine"}) - ENGINE_MAY_IMPORT
+    }
+    assert not bad, f"engine modules importing past kvstore.keys and kvstore.settings: {bad}"
+
+
+def test_the_config_loader_imports_only_the_errors():
+    """kvstore.settings is shared by roles that may not import each other: it stays a leaf."""
+    graph = package_graph(*OURS)
+    assert graph["kvstore.settings"] == {"kvstore.errors"}
+    assert graph["kvstore.errors"] == set()

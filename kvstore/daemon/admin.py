@@ -52,11 +52,15 @@ def make_app(
     metrics: DaemonMetrics,
     tokens: Callable[[], TokenTable],
     ready: Callable[[], bool],
+    limits: Any,
+    first: Any,
 ):
     """Build the admin application. ``node_of`` returns the NodeStore, or None while the
     daemon is still opening it (then every route but ``/healthz`` and ``/readyz`` answers
     503); ``tokens`` returns the current table (SIGHUP swaps it); ``ready`` says whether the
-    data port serves (``/readyz`` 200, else 503)."""
+    data port serves (``/readyz`` 200, else 503); ``first`` is the middleware that runs
+    before any other (the listener's deadlines, kvstore/daemon/admin_listener.py); a body
+    is at most ``limits.admin_max_body`` bytes."""
 
     @web.middleware
     async def starting(request: web.Request, handler):
@@ -149,7 +153,7 @@ def make_app(
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         return web.json_response({"pinned": request.method != "DELETE"})
 
-    app = web.Application(middlewares=[auth, starting])
+    app = web.Application(middlewares=[first, auth, starting], client_max_size=int(limits.admin_max_body))
     app.add_routes(
         [
             web.get("/healthz", healthz),

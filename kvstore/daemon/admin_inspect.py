@@ -42,6 +42,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
         doc = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise web.HTTPBadRequest(text=f"body: not JSON: {exc}") from exc
+    except RecursionError:  # json's decoder recurses per nesting level
+        raise web.HTTPBadRequest(text="body: JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise web.HTTPBadRequest(text="body: expected a JSON object")
     return doc

@@ -72,8 +72,9 @@ class BlockOps:
         keys, exp, caps = list(req.keys), req.expects, req.caps
         # disk-resident keys are read into private buffers: at most max_frame bytes of them per
         # GET (the rest are misses); no up-front refusal, which would tell another tenant's
-        # key exists
-        leases = await self.node.lease(keys, self.lease_ttl, self.max_frame)
+        # key exists. ``sees``: another tenant's block is skipped before any work on it (no
+        # disk read, promotion, lease or share of the read budget; docs/security.md)
+        leases = await self.node.lease(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
         try:
             # No await from here to the transfer's mark (moving): a lease live now stays live.
             # Leases are taken key by key around disk reads, so an early one may have lapsed

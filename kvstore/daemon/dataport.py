@@ -14,8 +14,11 @@ longer live), so it cannot expire and be reused underneath; each transfer has a 
 (``limits.transfer_timeout_s``), after which the connection is closed and only then is the
 slot given back. Each whole request, its reply included, has twice that deadline (a peer
 that stops reading its replies is closed and counted, ``tierkv_timeouts_total{kind="request"}``).
-HELLO and idle deadlines, and caps on connections before HELLO and per
-tenant, come from ``limits`` too.
+HELLO and idle deadlines, and caps on connections before HELLO (the oldest of the busiest
+source is dropped for a newcomer, kvstore/daemon/admission.py) and per tenant, come from
+``limits`` too. A header's decode is bounded in bytes and in msgpack objects (before HELLO and
+after, ``limits.max_header_objects*``), and the decoded map is emptied as soon as the typed
+request is parsed from it: what a request holds while its payload moves is what it uses.
 
 Failure rules (docs/protocol.md): a bad frame or a length over ``server.max_frame`` gets an
 error reply and the connection is closed; a bad request gets an error reply, its payload is
@@ -49,7 +52,7 @@ from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
 from rdma.channel import SocketChannel
-from rdma.framing import FrameError, payload_len
+from rdma.framing import FrameError, decode_header, header_length, payload_len
 from rdma.transport import TransportError
 from rdma.windows import Windows
 
@@ -101,6 +104,9 @@ class DataServer:
         self._accept_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
+        self._hellos = RateLimitedLog(log)  # one line per HELLO, at most 10 per 10 s
+        self._accept_failures = RateLimitedLog(log)
+        self._task_of: dict[Session, tuple[asyncio.Task, socket.socket]] = {}
         self.transfers = Transfers(node, cfg.limits, metrics)
         self.descriptors = DescriptorOps(
             node,
@@ -150,19 +156,30 @@ class DataServer:
                 conn, addr = await loop.sock_accept(self.sock)
             except asyncio.CancelledError:
                 raise
-            except OSError as exc:  # EMFILE and friends: log, back off, keep serving
-                log.warning(kv("accept_failed", error=exc))
+            except OSError as exc:  # EMFILE and friends: log (rate-limited), back off, keep serving
+                self._accept_failures.warning("accept_failed", error=exc)
                 await asyncio.sleep(0.1)
                 continue
-            if not self.admission.accept():
+            peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            sess = Session(peer=peer, source=addr[0] if isinstance(addr, tuple) else peer)
+            victim = self.admission.accept(sess)
+            if victim is not None:  # the oldest waiting connection of the busiest source
                 self.metrics.refused_connections.labels("unauthenticated").inc()
-                self._bad.info("refused_connection", why="unauthenticated_limit")
-                conn.close()
-                continue
-            sess = Session(peer=f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr))
+                self._bad.info("dropped_connection", peer=victim.peer, why="unauthenticated_limit")
+                gone = self._task_of.get(victim)
+                if gone is not None:
+                    gone[0].cancel()
             task = loop.create_task(self._serve(conn, sess))
             self._conns[task] = sess
-            task.add_done_callback(self._conns.pop)
+            self._task_of[sess] = (task, conn)
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        sess = self._conns.pop(task)
+        _, conn = self._task_of.pop(sess)
+        # a task cancelled before it started never ran _serve's cleanup: close its socket here
+        conn.close()
+        self.admission.leave(sess)
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting, let in-flight requests finish (up to ``grace_s``), close idle ones."""
@@ -236,7 +253,7 @@ class DataServer:
         finally:
             ch.close()  # first: no byte moves after this, so the slots can go back
             self._drop_session(sess)
-            self.admission.leave(sess.tenant)
+            self.admission.leave(sess)
             self.metrics.connections.dec()
 
     async def _next_header(self, ch: SocketChannel, sess: Session, hello_by: float) -> dict | None:
@@ -251,7 +268,7 @@ class DataServer:
             if sess.tenant is None:
                 cap = int(lim.max_header_unauthenticated)
                 async with asyncio.timeout(max(0.0, hello_by - time.monotonic())):
-                    return await ch.recv_header(cap, cap)
+                    return await self._header(ch, cap, cap, lim.max_header_objects_unauthenticated)
             # one timer for both waits, moved from the idle deadline to the transfer one when
             # the first byte is there (a timer per wait was a tenth of a small GET's loop time)
             kind = "idle"
@@ -259,7 +276,7 @@ class DataServer:
                 await ch.readable()
                 kind = "transfer"
                 deadline.reschedule(asyncio.get_running_loop().time() + lim.transfer_timeout_s)
-                return await ch.recv_header(P.MAX_HEADER, self.max_frame)
+                return await self._header(ch, P.MAX_HEADER, self.max_frame, lim.max_header_objects)
         except TimeoutError:
             self.metrics.timeouts.labels(kind).inc()
             self._bad.info("timeout", peer=sess.peer, kind=kind)
@@ -269,6 +286,12 @@ class DataServer:
             self._bad.info("bad_frame", peer=sess.peer, code=exc.code, error=exc)
             await _try_send(ch, P.ErrorReply(0, exc.code, str(exc)).to_wire())
             return None
+
+    @staticmethod
+    async def _header(ch: SocketChannel, max_header: int, max_frame: int, max_objects: int) -> dict:
+        """:meth:`SocketChannel.recv_header`, with the decode bounded in objects too."""
+        hlen = header_length(await ch.recv_exact(4), max_header, max_frame)
+        return decode_header(await ch.recv_growing(hlen), max_frame, max_objects)
 
     def _drop_session(self, sess: Session) -> None:
         # first: no one-sided access to slots about to be freed
@@ -289,29 +312,51 @@ class DataServer:
         sess.leases.clear()
         sess.reservations.clear()
 
-    async def _request(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> bool:
-        """Serve one request: decode it by op into its typed request (after the checks that
-        need only the op), hand it to the op's handler; False closes the connection."""
-        plen = payload_len(h)
-        rid = P.request_rid(h)
-        op = "?"
-        t0 = time.perf_counter()
+    def _parse(self, sess: Session, h: dict[str, Any], plen: int) -> tuple[str, Any]:
+        """The op and typed request of header ``h`` (HELLO: its :class:`P.Hello`), after the
+        checks that need only the op. ``h`` is emptied before this returns or raises: nothing
+        the request does not use stays alive while its payload moves (a stalled payload
+        behind a header of 65,536 objects would otherwise keep them all)."""
         try:
-            self.descriptors.expire_windows(sess)
-            op, rid = P.req_op(h)
+            op, _ = P.req_op(h)
             if op == P.Hello.OP:
                 if plen:
                     raise P.bad("HELLO carries no payload")
-                await self._hello(ch, sess, h)
+                try:
+                    return op, P.Hello.from_wire(h)
+                except P.ProtocolError as exc:
+                    if exc.code == P.BAD_VERSION:
+                        raise _Fatal(exc.code, str(exc)) from None
+                    raise
+            if sess.tenant is None:
+                raise _Fatal(P.AUTH, "send HELLO with a valid token first")
+            if sess.all_namespaces and op not in PEER_OPS:
+                # a peer session sees every tenant's blocks: only what repair needs
+                raise P.ProtocolError(P.AUTH, f"{op}: a peer session may use only {sorted(PEER_OPS)}")
+            if plen and op not in P.PAYLOAD_OPS:
+                raise P.bad(f"{op} carries no payload")
+            return op, P.REQUESTS[op].from_wire(h)
+        except (P.ProtocolError, _Fatal) as exc:
+            # the traceback's frames hold the parsers' locals (parts of ``h``): drop them
+            raise exc.with_traceback(None) from None
+        finally:
+            h.clear()
+
+    async def _request(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> bool:
+        """Serve one request: parse it into its typed request (:meth:`_parse`, which empties
+        ``h``), hand it to the op's handler; False closes the connection."""
+        plen = payload_len(h)
+        rid = P.request_rid(h)
+        op = _op_label(h)
+        t0 = time.perf_counter()
+        try:
+            self.descriptors.expire_windows(sess)
+            op, req = self._parse(sess, h, plen)
+            rid = req.rid
+            if op == P.Hello.OP:
+                await self._hello(ch, sess, req)
             else:
-                if sess.tenant is None:
-                    raise _Fatal(P.AUTH, "send HELLO with a valid token first")
-                if sess.all_namespaces and op not in PEER_OPS:
-                    # a peer session sees every tenant's blocks: only what repair needs
-                    raise P.ProtocolError(P.AUTH, f"{op}: a peer session may use only {sorted(PEER_OPS)}")
-                if plen and op not in P.PAYLOAD_OPS:
-                    raise P.bad(f"{op} carries no payload")
-                await self._ops[op](ch, sess, P.REQUESTS[op].from_wire(h), plen)
+                await self._ops[op](ch, sess, req, plen)
             ok, latency, stat = self._op_metrics(op)
             ok.inc()
             latency.observe(time.perf_counter() - t0)
@@ -363,13 +408,7 @@ class DataServer:
 
     # ------------------------------------------------------------ ops
 
-    async def _hello(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> None:
-        try:
-            hello = P.Hello.from_wire(h)
-        except P.ProtocolError as exc:
-            if exc.code == P.BAD_VERSION:
-                raise _Fatal(exc.code, str(exc)) from exc
-            raise
+    async def _hello(self, ch: SocketChannel, sess: Session, hello: P.Hello) -> None:
         tenant = self.tokens.tenant_of(hello.token)
         if tenant is None:
             raise _Fatal(P.AUTH, "token refused")
@@ -386,7 +425,7 @@ class DataServer:
         declared = [] if peer else hello.namespaces_with(salt)
         sess.all_namespaces = peer
         ids = [n.id.raw for n in declared]
-        if not self.admission.authenticate(sess.tenant, tenant):
+        if not self.admission.authenticate(sess, tenant):
             self.metrics.refused_connections.labels("per_tenant").inc()
             raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
         sess.tenant, sess.token, sess.salt = tenant, hello.token, salt
@@ -407,9 +446,19 @@ class DataServer:
         sess.namespaces = frozenset(ids)
         sess.declared = {n.id.raw: n for n in declared}
         sess.derive_keys = self.tokens.enabled
-        log.info(kv("hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport))
+        self._hellos.info(
+            "hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport
+        )
         reply = P.HelloReply(hello.rid, tenant, salt, tuple(ids), self.node_name, self.max_frame, rdma)
         await ch.send_frame(reply.to_wire())
+
+
+def _op_label(h: dict[str, Any]) -> str:
+    """The op a request's errors are counted under: "?" when it has no valid op and rid."""
+    try:
+        return P.req_op(h)[0]
+    except P.ProtocolError:
+        return "?"
 
 
 async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:

@@ -14,7 +14,13 @@ buffer) gets no descriptor and no hold, so no buffer exists before its bytes arr
 header whose payload_len is over ``server.max_frame`` is a bad_request.
 Leases and reservations live in the connection's :class:`~kvstore.daemon.session.Session` and
 end with it; a connection holds at most ``limits.max_leases_per_conn`` of them, and a LEASE
-ttl is at most ``limits.max_lease_ttl_s``. READ and WRITE move bytes only under a live
+ttl is at most ``limits.max_lease_ttl_s``. The bytes of disk-only blocks a tenant's LEASEs hold
+(private copies, or promotions into DRAM) are at most ``server.max_frame`` per connection and
+``limits.max_leased_disk_bytes_per_tenant`` over all its connections: past either, the block
+answers MISS (the tenant's own block: this reveals nothing about another's), so an idle lease
+pins at most its tenant's share. A LEASE checks the tenant before any work on a block (the
+node's Leaser, ``sees``), and a RESERVE makes no room (nothing is evicted for bytes that may
+never come) and answers BUSY for a key another tenant holds, as PUT does. READ and WRITE move bytes only under a live
 lease/reservation, marked in transfer for the move (kvstore/daemon/transfer.py: it cannot
 expire meanwhile). Owned by :class:`~kvstore.daemon.dataport.DataServer`, which gives it what
 it uses in its constructor and calls :meth:`DescriptorOps.unwindow` and
@@ -148,12 +154,7 @@ class DescriptorOps:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, req.rdma)
         self._room_for(sess, len(keys))
-        # private copies of disk-only blocks live as long as their leases: this connection's
-        # together stay within max_frame (those it already holds count)
-        held_private = sum(
-            held.obj.header.payload_len for held in sess.leases.values() if held.obj.offset is None
-        )
-        leases = await self.node.lease(keys, ttl, max(0, self.max_frame - held_private))
+        leases = await self.node.lease(keys, ttl, self._disk_budget(sess), sees=sess.sees, owner=sess.tenant)
         res, drop = [], []
         for lease in leases:
             if lease is None or not sess.allows(lease.header):
@@ -168,6 +169,21 @@ class DescriptorOps:
         if drop:
             self.node.release(drop)
         await ch.send_frame(P.LeaseReply(req.rid, tuple(res)).to_wire())
+
+    def _disk_budget(self, sess) -> int:
+        """How many bytes of disk-only blocks a LEASE on ``sess`` may still read: copies and
+        promotions live as long as their leases, so those already held count -- this
+        connection's against ``server.max_frame`` (a walk of its own holds), its tenant's
+        (every connection, counted by the node as leases begin and end) against
+        ``limits.max_leased_disk_bytes_per_tenant``."""
+        mine = sum(
+            h.obj.header.payload_len
+            for h in sess.leases.values()
+            if h.obj.from_disk and self.node.is_live(h.obj)
+        )
+        tenant = self.node.leased_disk_bytes(sess.tenant)
+        cap = int(self.limits.max_leased_disk_bytes_per_tenant)
+        return max(0, min(self.max_frame - mine, cap - tenant))
 
     async def _op_release(self, ch, sess, req: P.ReleaseRequest, plen) -> None:
         found = [sess.leases.pop(x, None) for x in req.handles]
@@ -213,7 +229,13 @@ class DescriptorOps:
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
         # lazy: a block with no host slot (disk, GPU) gets no buffer here; it is answered
         # inline below, so no memory is held for bytes that have not come (docs/security.md)
-        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
+        # make_room=False: a RESERVE may never be written, so it evicts nothing (a slot only
+        # where one is free now; else the client PUTs inline, which makes room as bytes come);
+        # sees: another tenant's key answers BUSY, never EXISTS
+        todo = [hdrs[i] for i in allowed]
+        reserved = (
+            await self.node.reserve(todo, lazy=True, make_room=False, sees=sess.sees) if allowed else []
+        )
         got = dict(zip(allowed, reserved))
         res, inline = [], []
         for i in range(len(hdrs)):

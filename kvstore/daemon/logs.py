@@ -46,6 +46,12 @@ class RateLimitedLog:
         self.suppressed = 0
 
     def info(self, event: str, **fields: object) -> None:
+        self._log(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: object) -> None:
+        self._log(logging.WARNING, event, fields)
+
+    def _log(self, level: int, event: str, fields: dict[str, object]) -> None:
         now = time.monotonic()
         if now - self._window >= self.period_s:
             self._window, self._sent = now, 0
@@ -56,4 +62,4 @@ class RateLimitedLog:
         if self.suppressed:
             fields = {**fields, "suppressed_before": self.suppressed}
             self.suppressed = 0
-        self.logger.info(kv(event, **fields))
+        self.logger.log(level, kv(event, **fields))

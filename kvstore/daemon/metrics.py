@@ -86,13 +86,13 @@ class DaemonMetrics:
         self.connections = Gauge("tierkv_connections", "Open data-port connections", registry=r)
         self.timeouts = Counter(
             "tierkv_timeouts",
-            "Connections closed at a deadline (hello, idle, transfer)",
+            "Connections closed at a deadline (hello, idle, transfer, request, admin)",
             ["kind"],
             registry=r,
         )
         self.refused_connections = Counter(
             "tierkv_refused_connections",
-            "Connections closed at a limit (unauthenticated, per_tenant, revoked)",
+            "Connections closed at a limit (unauthenticated, per_tenant, revoked, admin_limit)",
             ["why"],
             registry=r,
         )

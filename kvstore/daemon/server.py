@@ -23,6 +23,7 @@ from aiohttp import web
 
 from kvstore.config import StoreConfig
 from kvstore.daemon.admin import make_app
+from kvstore.daemon.admin_listener import AdminListener
 from kvstore.daemon.auth import TokenTable
 from kvstore.daemon.dataport import DataServer
 from kvstore.daemon.logs import kv
@@ -81,6 +82,7 @@ class Daemon:
         self.metrics: DaemonMetrics | None = None
         self.rdma: SlabRdma | None = None
         self._runner: web.AppRunner | None = None
+        self._admin: AdminListener | None = None
         self._stopped = asyncio.Event()
         self.data_port = 0
         self.admin_port = 0
@@ -115,6 +117,8 @@ class Daemon:
             data_sock.close()
             if self.node is not None:
                 await self.node.close()
+            if self._admin is not None:
+                await self._admin.stop()
             if self._runner is not None:
                 await self._runner.cleanup()
             raise
@@ -136,12 +140,23 @@ class Daemon:
         return self
 
     async def _start_admin(self) -> None:
-        app = make_app(lambda: self.node, self.metrics, lambda: self.tokens, self.ready)
+        """The admin app behind its own listener (kvstore/daemon/admin_listener.py: the
+        connection cap, header and request deadlines, the body limit)."""
+        sock = _bind(self.host, self.cfg.server.admin_port)
+        sock.listen(128)
+        self._admin = AdminListener(sock, self.cfg.limits, self.metrics)
+        app = make_app(
+            lambda: self.node,
+            self.metrics,
+            lambda: self.tokens,
+            self.ready,
+            self.cfg.limits,
+            self._admin.middleware,
+        )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.cfg.server.admin_port, backlog=128)
-        await site.start()
-        self.admin_port = site._server.sockets[0].getsockname()[1]
+        self._admin.start(self._runner.server)
+        self.admin_port = sock.getsockname()[1]
         log.info(kv("admin_listening", host=self.host, admin_port=self.admin_port))
 
     def ready(self) -> bool:
@@ -198,6 +213,8 @@ class Daemon:
         """Stop accepting, finish in-flight requests, close the admin port, close the node."""
         if self.data is not None:
             await self.data.stop(GRACE_S)
+        if self._admin is not None:
+            await self._admin.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if self.rdma is not None:

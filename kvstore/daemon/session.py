@@ -31,9 +31,10 @@ class Held:
     grant: int | None = None  # rkey of the memory window bound to its bytes (one-sided RDMA)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a session is a key of the port's tables
 class Session:
     peer: str
+    source: str = ""  # the peer's address without the port (admission's per-source shares)
     tenant: str | None = None
     token: str | None = None
     salt: str | None = None  # the tenant salt HELLO handed out (a SIGHUP that changes it closes)

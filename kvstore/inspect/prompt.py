@@ -26,15 +26,32 @@ def _read_json(path: str) -> Any:
         raise UsageError(f"{path} is not JSON: {exc}") from exc
 
 
-def load_tokenizer(model_dir: str):
-    """The engine's :class:`engine.loader.Tokenizer` of ``model_dir`` (``tokenizer.json``, its
-    special tokens and chat template); UsageError naming the file. The engine's own code, not a
-    copy, so the CLI's token ids are the engine's. The import is lazy, inside this function:
-    only the prompt and decode paths need the engine (whose loader imports torch only for
-    weights)."""
-    from engine.errors import ModelLoadError
-    from engine.loader import Tokenizer
+ENGINE_EXTRA = "pip install 'tierkv[engine]'"
 
+
+def _needs_engine(what: str, exc: ImportError, instead: str = "") -> UsageError:
+    # a store-only install (`pip install tierkv`) lacks the engine's tokenizer packages
+    return UsageError(
+        f"{what} uses the engine's tokenizer, not installed here ({exc.name or exc} is missing): "
+        f"{ENGINE_EXTRA}{instead}"
+    )
+
+
+def load_tokenizer(model_dir: str, what: str = "--tokenizer", instead: str = ""):
+    """The engine's :class:`engine.loader.Tokenizer` of ``model_dir`` (``tokenizer.json``, its
+    special tokens and chat template); UsageError naming the file, or, without the engine
+    extra (tokenizers, jinja2), naming ``what``, the install that adds it and ``instead``. The
+    engine's own code, not a copy, so the CLI's token ids are the engine's. The import is lazy,
+    inside this function: only the prompt and decode paths need the engine (whose loader
+    imports torch only for weights)."""
+    try:
+        import jinja2  # noqa: F401 - the chat template's; checked here, before any work
+        import tokenizers  # noqa: F401 - what engine.loader.Tokenizer loads tokenizer.json with
+
+        from engine.errors import ModelLoadError
+        from engine.loader import Tokenizer
+    except ImportError as exc:
+        raise _needs_engine(what, exc, instead) from exc
     try:
         return Tokenizer(model_dir)
     except ModelLoadError as exc:
@@ -44,10 +61,11 @@ def load_tokenizer(model_dir: str):
 def prompt_tokens(model_dir: str, text: str, chat: bool) -> list[int]:
     """Token ids of ``text`` as ``/v1/completions`` (special tokens added) or, with ``chat``,
     as ``/v1/chat/completions`` with one user message (the engine's chat template, which
-    carries its own special tokens). UsageError naming the folder when its template fails."""
-    import jinja2
+    carries its own special tokens). UsageError naming the folder when its template fails, or
+    the engine extra when it is not installed (``--tokens-json`` needs no tokenizer)."""
+    tok = load_tokenizer(model_dir, "tokenizing a prompt", " (or give its token ids: --tokens-json)")
+    import jinja2  # load_tokenizer checked it is there
 
-    tok = load_tokenizer(model_dir)
     if not chat:
         return tok.encode(text)
     try:

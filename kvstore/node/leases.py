@@ -9,11 +9,16 @@ A lease or reservation whose bytes are moving (``moving``: a send from its slot 
 into it is under way) never expires: a transfer owns its slot until its bytes have left or
 arrived. Whoever marks it moving bounds the transfer with its own deadline (the daemon closes
 the connection at ``limits.transfer_timeout_s``) and unmarks it when the transfer has ended.
+Expiry costs O(expired), not O(held): deadlines sit in a heap (each lease and reservation
+once, at its creation); ended ones are skipped when they surface, and the heap is rebuilt from
+the live ones when ended entries outnumber them. One tenant holding many leases therefore adds
+nothing to another tenant's requests (docs/security.md).
 Not thread-safe: one event loop owns a table.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from collections import Counter
@@ -38,6 +43,8 @@ class Lease:
     tier: str
     expires: float
     raw_header: bytes
+    from_disk: bool = False  # its bytes were read from disk for it (a private copy or a promotion)
+    owner: str | None = None  # whose share of leased disk bytes it counts in (LeaseTable.charge)
 
 
 @dataclass(eq=False)
@@ -67,6 +74,9 @@ class LeaseTable:
         self.reservations: dict[int, Reservation] = {}
         self.reserved_keys: dict[bytes, int] = {}
         self.moving: Counter[int] = Counter()  # lease/reservation ids with a transfer under way
+        self._due: list[tuple[float, int]] = []  # (expires, id) heap; ended ids are skipped
+        self._overdue_moving: set[int] = set()  # came due while in transfer: due again at its end
+        self.disk_bytes: Counter[str] = Counter()  # per owner: bytes of live from_disk leases
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -92,13 +102,36 @@ class LeaseTable:
     def add_lease(self, lease: Lease) -> None:
         self.leases[lease.id] = lease
         self.hold(lease.key.raw)
+        self._due_at(lease)
 
     def pop_lease(self, lease_id: int) -> Lease | None:
-        return self.leases.pop(lease_id, None)
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None and lease.owner is not None:
+            n = self.disk_bytes[lease.owner] - lease.view.nbytes
+            if n > 0:
+                self.disk_bytes[lease.owner] = n
+            else:
+                del self.disk_bytes[lease.owner]
+        return lease
+
+    def charge(self, lease: Lease, owner: str) -> None:
+        """Count a live ``from_disk`` lease's bytes in ``owner``'s share until it ends (O(1);
+        the daemon bounds each tenant's share, limits.max_leased_disk_bytes_per_tenant)."""
+        if lease.from_disk and lease.owner is None and self.live(lease):
+            lease.owner = owner
+            self.disk_bytes[owner] += lease.view.nbytes
 
     def add_reservation(self, r: Reservation) -> None:
         self.reservations[r.id] = r
         self.reserved_keys[r.header.key.raw] = r.id
+        self._due_at(r)
+
+    def _due_at(self, obj: Lease | Reservation) -> None:
+        heapq.heappush(self._due, (obj.expires, obj.id))
+        live = len(self.leases) + len(self.reservations)
+        if len(self._due) > 2 * live + 1024:  # mostly ended entries: keep the heap O(live)
+            self._due = [(x.expires, x.id) for t in (self.leases, self.reservations) for x in t.values()]
+            heapq.heapify(self._due)
 
     def pop_reservation(self, r: Reservation) -> bool:
         """Forget ``r``; False when it was already committed, aborted or expired."""
@@ -125,12 +158,25 @@ class LeaseTable:
         n = self.moving[obj.id] - 1
         if n <= 0:
             del self.moving[obj.id]
+            if obj.id in self._overdue_moving:  # came due meanwhile: due at the next sweep
+                self._overdue_moving.discard(obj.id)
+                heapq.heappush(self._due, (obj.expires, obj.id))
         else:
             self.moving[obj.id] = n
 
     def expired(self, now: float | None = None) -> tuple[list[Lease], list[Reservation]]:
-        """What is overdue and not in transfer."""
+        """What is overdue and not in transfer, in O(what came due) (see the module docstring)."""
         now = time.monotonic() if now is None else now
-        leases = [x for x in self.leases.values() if x.expires <= now and x.id not in self.moving]
-        res = [x for x in self.reservations.values() if x.expires <= now and x.id not in self.moving]
+        leases: list[Lease] = []
+        res: list[Reservation] = []
+        due = self._due
+        while due and due[0][0] <= now:
+            _, i = heapq.heappop(due)
+            obj = self.leases.get(i) or self.reservations.get(i)
+            if obj is None:
+                continue  # ended before its deadline
+            if i in self.moving:
+                self._overdue_moving.add(i)
+                continue
+            (leases if isinstance(obj, Lease) else res).append(obj)
         return leases, res

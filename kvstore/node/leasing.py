@@ -51,18 +51,32 @@ class Leaser:
         self._counters = counters
 
     async def lease(
-        self, keys: Sequence[BlockKey], ttl_s: float | None = None, max_read_bytes: int | None = None
+        self,
+        keys: Sequence[BlockKey],
+        ttl_s: float | None = None,
+        max_read_bytes: int | None = None,
+        sees: Callable[[bytes | None], bool] | None = None,
+        owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
         freed) until :meth:`release` or the TTL (the caller sweeps expired ones first). A
         disk-only block is first brought into DRAM (verified) when there is room, else copied
         privately. None where absent or corrupt, and (with ``max_read_bytes``) where reading it
         from disk would take this call's disk reads past that many bytes: the buffers one call
-        allocates are bounded. A lease's view is exactly its header's ``payload_len`` bytes."""
+        allocates are bounded. A lease's view is exactly its header's ``payload_len`` bytes.
+
+        ``sees`` (a namespace id -> bool, the caller's tenant check): a block whose indexed
+        namespace it refuses is None at once, exactly as an absent one -- no disk read, no
+        promotion, no lease, no counter and no share of ``max_read_bytes`` (docs/security.md).
+        ``owner``: the leases read from disk count in that owner's share
+        (:attr:`LeaseTable.disk_bytes`) until they end."""
         out: list[Lease | None] = []
         read = 0
         for key in keys:
             t = self._where(key.raw)
+            if t is not None and sees is not None and not sees(t.namespace(key.raw)):
+                out.append(None)  # another tenant's: answered before any work on it
+                continue
             if t is not None and t is self._disk:
                 plen = t.payload_len(key.raw)
                 if max_read_bytes is not None and read + plen > max_read_bytes:
@@ -70,7 +84,10 @@ class Leaser:
                     out.append(None)
                     continue
                 read += plen
-                out.append(await self._lease_from_disk(key, plen, ttl_s))
+                lease = await self._lease_from_disk(key, plen, ttl_s)
+                if lease is not None and owner is not None:
+                    self._leases.charge(lease, owner)
+                out.append(lease)
                 continue
             if t is None:
                 out.append(None)
@@ -79,12 +96,14 @@ class Leaser:
             out.append(self._lease_in(t, key, ttl_s))
         return out
 
-    def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None) -> Lease:
+    def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None, from_disk: bool = False) -> Lease:
         """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
         raw = bytes(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
         t.touch(key.raw)
-        return self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
+        lease = self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
+        lease.from_disk = from_disk
+        return lease
 
     def _add_lease(
         self, key, header, view, off, tier: str, ttl_s: float | None, raw: bytes | None = None
@@ -93,7 +112,8 @@ class Leaser:
         a disk read hands over the decoded header, encoded again here (the encoding is
         deterministic, so the bytes equal the stored ones)."""
         raw = raw if raw is not None else header.encode()
-        lease = Lease(self._leases.next_id(), key, header, view, off, tier, self._leases.deadline(ttl_s), raw)
+        deadline = self._leases.deadline(ttl_s)
+        lease = Lease(self._leases.next_id(), key, header, view, off, tier, deadline, raw, tier == "disk")
         self._leases.add_lease(lease)
         return lease
 
@@ -113,7 +133,7 @@ class Leaser:
                 return None
             dram = next((t for t in self._memory if t.name == "dram"), None)
             if dram is not None and k in dram and k not in self._doomed:
-                return self._lease_in(dram, key, ttl_s)
+                return self._lease_in(dram, key, ttl_s, from_disk=True)
             view = memoryview(scratch)[: r.header.payload_len].toreadonly()
             return self._add_lease(key, r.header, view, None, "disk", ttl_s)
         version = disk.version(k)  # type: ignore[union-attr]  # of the copy ``plen`` describes
@@ -139,7 +159,7 @@ class Leaser:
         if n == plen and r.header.encode() == slot[1] and self._unchanged(k, version):
             top.commit(k, slot, len(slot[1]), plen)
             self._counters["promotions"] += 1
-            return self._lease_in(top, key, ttl_s)
+            return self._lease_in(top, key, ttl_s, from_disk=True)
         # the key changed while it was read: the slot goes back, the bytes read are copied out
         copy = bytes(buf[:n])
         top.abandon(slot)

@@ -217,25 +217,39 @@ class NodeStore:
         self._sweep()
         return await self.writer.put(blocks)
 
-    async def reserve(self, headers: Sequence[BlockHeader], lazy: bool = False) -> list[Reservation | Status]:
+    async def reserve(
+        self,
+        headers: Sequence[BlockHeader],
+        lazy: bool = False,
+        make_room: bool = True,
+        sees: Callable[[bytes | None], bool] | None = None,
+    ) -> list[Reservation | Status]:
         """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise). The
         slot is invisible to readers until :meth:`commit`; it expires after the lease TTL.
         A reservation without a host slot (disk, GPU) gets a private buffer; with ``lazy`` that
         buffer is not allocated here: its ``view`` is empty and the caller hands the payload
-        over with :meth:`attach_payload` (no memory is committed before the bytes come)."""
+        over with :meth:`attach_payload` (no memory is committed before the bytes come).
+        Without ``make_room`` nothing is evicted: a memory slot only where one is free now,
+        else the private (disk-bound) kind. With ``sees`` (the caller's tenant check), a key
+        stored in a namespace it refuses is BUSY, never EXISTS."""
         self._sweep()
-        return await self.writer.reserve(headers, lazy)
+        return await self.writer.reserve(headers, lazy, make_room, sees)
 
-    async def _place(self, h: BlockHeader, lazy: bool = False) -> Reservation | None:
+    async def _place(self, h: BlockHeader, lazy: bool = False, make_room: bool = True) -> Reservation | None:
         """Where a new block lands: the highest memory tier it fits once room is made (moving
-        blocks down), else a private buffer bound for disk; None when no tier can take it."""
+        blocks down; without ``make_room``, only one with room free now), else a private
+        buffer bound for disk; None when no tier can take it."""
         hb = h.encode()
         size = 0 if lazy else h.payload_len  # private buffers only
         rid, expires = self.leases.next_id(), self.leases.deadline(None)
         for tier in self.memory:
             if not tier.fits(h.payload_len, len(hb)):
                 continue
-            if await self.evictor.make_room(tier, h.payload_len, len(hb)):
+            if make_room:
+                roomy = await self.evictor.make_room(tier, h.payload_len, len(hb))
+            else:
+                roomy = tier.can_alloc(h.payload_len, len(hb))
+            if roomy:
                 slots = tier.reserve(hb, h.payload_len)
                 if slots is None:
                     continue
@@ -263,15 +277,28 @@ class NodeStore:
 
     # ------------------------------------------------------------------ leases
     async def lease(
-        self, keys: Sequence[BlockKey], ttl_s: float | None = None, max_read_bytes: int | None = None
+        self,
+        keys: Sequence[BlockKey],
+        ttl_s: float | None = None,
+        max_read_bytes: int | None = None,
+        sees: Callable[[bytes | None], bool] | None = None,
+        owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
         freed) until :meth:`release` or the TTL. A disk-only block is first brought into DRAM
         (verified) when there is room, else copied privately. None where absent or corrupt,
         and (with ``max_read_bytes``) where reading it from disk would take this call's disk
-        reads past that many bytes: the buffers one call allocates are bounded."""
+        reads past that many bytes: the buffers one call allocates are bounded. With ``sees``
+        (the caller's tenant check on a namespace id) a block it refuses is None before any
+        work on it (kvstore/node/leasing.py). With ``owner`` the bytes read from disk count in
+        :meth:`leased_disk_bytes` of ``owner`` while leased."""
         self._sweep()
-        return await self.leaser.lease(keys, ttl_s, max_read_bytes)
+        return await self.leaser.lease(keys, ttl_s, max_read_bytes, sees, owner)
+
+    def leased_disk_bytes(self, owner: str) -> int:
+        """Bytes of live leases read from disk for ``owner`` (see :meth:`lease`); O(1)."""
+        self._sweep()
+        return self.leases.disk_bytes.get(owner, 0)
 
     def attach_payload(self, r: Reservation, payload: bytearray) -> None:
         """Give a lazy reservation (see :meth:`reserve`) its received payload buffer."""

@@ -30,7 +30,7 @@ class Writer:
         memory: list[SlotTier],
         disk: Tier | None,
         leases: LeaseTable,
-        place: Callable[[BlockHeader, bool], Awaitable[Reservation | None]],
+        place: Callable[[BlockHeader, bool, bool], Awaitable[Reservation | None]],
         where: Callable[[bytes], Tier | None],
         doomed: set[bytes],
         dirty: set[bytes],
@@ -79,24 +79,36 @@ class Writer:
             results[i] = res
         return results  # type: ignore[return-value]
 
-    async def reserve(self, headers: Sequence[BlockHeader], lazy: bool = False) -> list[Reservation | Status]:
+    async def reserve(
+        self,
+        headers: Sequence[BlockHeader],
+        lazy: bool = False,
+        make_room: bool = True,
+        sees: Callable[[bytes | None], bool] | None = None,
+    ) -> list[Reservation | Status]:
         """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise). The
         slot is invisible to readers until :meth:`commit`; it expires after the lease TTL.
         A reservation without a host slot (disk, GPU) gets a private buffer; with ``lazy`` that
         buffer is not allocated here: its ``view`` is empty and the caller hands the payload
         over with :meth:`attach_payload` (no memory is committed before the bytes come).
-        The caller sweeps expired reservations first."""
+        Without ``make_room`` nothing is evicted (a RESERVE whose bytes may never come: room
+        is made when they arrive, by the PUT that carries them). With ``sees``, a key stored
+        in a namespace it refuses is BUSY (another tenant's block: the answer for a key being
+        written, never EXISTS). The caller sweeps expired reservations first."""
         out: list[Reservation | Status] = []
         for h in headers:
             key = h.key.raw
-            if self._where(key) is not None:
+            if (t := self._where(key)) is not None:
+                if sees is not None and not sees(t.namespace(key)):
+                    out.append(Status.BUSY)
+                    continue
                 self._counters["put_exists"] += 1
                 out.append(Status.EXISTS)
                 continue
             if key in self._leases.reserved_keys or key in self._doomed:
                 out.append(Status.BUSY)
                 continue
-            r = await self._place(h, lazy)
+            r = await self._place(h, lazy, make_room)
             if r is None:
                 self._counters["put_no_space"] += 1
                 out.append(Status.NO_SPACE)
@@ -105,9 +117,10 @@ class Writer:
                 # indexed) until its last release, so BUSY as before the wait
                 self.free(r)
                 out.append(Status.BUSY)
-            elif self._where(key) is not None or key in self._leases.reserved_keys:
+            elif (t := self._where(key)) is not None or key in self._leases.reserved_keys:
                 self.free(r)  # another writer won the race while we made room
-                out.append(Status.EXISTS)
+                foreign = t is not None and sees is not None and not sees(t.namespace(key))
+                out.append(Status.BUSY if foreign else Status.EXISTS)
             else:
                 self._leases.add_reservation(r)
                 out.append(r)

@@ -1,5 +1,5 @@
 """Fixtures for the inspection CLI tests: run ``kvstore`` in-process (exit status, stdout,
-stderr), put blocks into real daemons through the client, a tiny model folder."""
+stderr), put blocks into real daemons through the client, the tiny model folder."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _put_blocks(addr: str, blocks, ns: Namespace, token: str = "") -> None:
         c = NodeClient(addr, ClientConfig(token=token, namespaces=(ns,)))
         try:
             res = await c.put(blocks)
-            assert all(r.status.ok for r in res), res
+            assert len(res) == len(blocks) and all(r.status.ok for r in res), res
         finally:
             await c.close()
 
@@ -61,7 +61,6 @@ def put_blocks():
 
 
 @pytest.fixture(scope="session")
-def cli_model(tmp_path_factory) -> str:
-    from engine.convert import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("llama-tiny"), "llama-tiny")
+def cli_model(tiny_model_dir) -> str:
+    """The tiny Llama model folder (tests/conftest.py's ``tiny_model_dir``)."""
+    return tiny_model_dir("llama-tiny")

@@ -46,7 +46,7 @@ async def test_cluster_replicas_land_on_their_owners_and_read_back(start_daemon)
     c = ClusterClient.static(addrs, FAST, CFG)
     blocks = make_blocks(40, NBYTES, seed=11, ns=NS)
     res = await c.put(blocks, 5.0)
-    assert all(r.status is Status.STORED for r in res)
+    assert [r.status for r in res] == [Status.STORED] * len(blocks)
     view = [c._weights[a] for a in sorted(addrs)]
     for h, _ in blocks[:10]:
         assert sorted(await holders(addrs, h.key)) == sorted(n.id for n in owners(h.key.raw, view, 2))
@@ -56,7 +56,7 @@ async def test_cluster_replicas_land_on_their_owners_and_read_back(start_daemon)
     assert await c.lookup_prefix(keys) == 40
     other = make_blocks(3, NBYTES, seed=12, ns=NS)
     assert await c.lookup_prefix(keys[:5] + [other[0][0].key] + keys[5:]) == 5
-    assert all(await c.delete(keys[:4]))
+    assert await c.delete(keys[:4]) == [True] * 4
     assert await c.exists(keys[:4]) == [None] * 4
     await c.close()
     assert (await c.exists(keys[4:6])) == [None, None]  # closed: misses, no exceptions
@@ -66,13 +66,13 @@ async def test_cluster_kill9_one_node_reads_and_writes_go_on(start_daemon):
     ds = [start_daemon(use_disk=False) for _ in range(3)]
     c = ClusterClient.static([d.addr for d in ds], FAST, CFG)
     blocks = make_blocks(60, NBYTES, seed=21, ns=NS)
-    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     ds[0].kill9()
     ok, _ = await read_all(c, blocks)
     assert ok == len(blocks)  # every block had a second replica
     assert ds[0].addr not in c.live_addrs()
     new = make_blocks(30, NBYTES, seed=22, ns=NS)
-    assert all(r.status.ok for r in await c.put(new, 5.0))
+    assert [r.status.ok for r in await c.put(new, 5.0)] == [True] * len(new)
     for h, _ in new[:8]:  # two copies on the two survivors
         assert len(await holders([d.addr for d in ds[1:]], h.key)) == 2
     assert (await read_all(c, new))[0] == len(new)
@@ -118,12 +118,12 @@ async def test_cluster_etcd_client_survives_etcd_restart(etcd, start_daemon):
         assert time.monotonic() < end
         await asyncio.sleep(0.1)
     blocks = make_blocks(30, NBYTES, seed=31, ns=NS)
-    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     etcd.stop()
     await asyncio.sleep(0.5)
     assert (await read_all(c, blocks))[0] == len(blocks)  # last known membership
     more = make_blocks(10, NBYTES, seed=32, ns=NS)
-    assert all(r.status.ok for r in await c.put(more, 5.0))
+    assert [r.status.ok for r in await c.put(more, 5.0)] == [True] * len(more)
     etcd.start()
     await asyncio.sleep(4)  # past the lease TTL: the daemons kept (or renewed) their records
     assert len(c.live_addrs()) == 3 and len(c.membership.members) == 3
@@ -167,7 +167,7 @@ async def test_cluster_read_repair_keeps_hits_across_two_joins(start_daemon):
     m.set([d.addr for d in ds[:2]])
     c = ClusterClient(m, FAST, ClusterConfig(replicas=1, lookahead=1, probe_interval_s=0.1))
     blocks = make_blocks(120, NBYTES, seed=41, ns=NS)
-    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     m.set([d.addr for d in ds[:3]])  # about 1/3 of the blocks now belong to node 3
     assert (await read_all(c, blocks))[0] == len(blocks)  # found one rank further
     end = time.monotonic() + 5
@@ -233,7 +233,7 @@ async def test_cluster_lookup_asks_each_node_only_about_the_keys_it_owns(start_d
     c = ClusterClient.static(addrs, FAST, cc)
     await c.start(5.0)
     blocks = make_blocks(30, NBYTES, seed=51, ns=NS)
-    assert all(r.status.ok for r in await c.put(blocks, 5.0))
+    assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     keys = [h.key for h, _ in blocks]
     view = [c._weights[a] for a in sorted(addrs)]
     before = {a: c.nodes[a].counters["exists_keys"] for a in addrs}

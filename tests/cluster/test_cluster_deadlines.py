@@ -31,7 +31,7 @@ async def slow_node(start_daemon):
 async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_node):
     blocks = make_blocks(6, 4096, seed=1, ns=NS)
     w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
-    assert all(r.status.ok for r in await w.put(blocks, 5.0))
+    assert [r.status.ok for r in await w.put(blocks, 5.0)] == [True] * len(blocks)
     await w.close()
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))  # a fresh engine's client
     assert await c.lookup_prefix([h.key for h, _ in blocks], 2.0) == 6
@@ -42,7 +42,7 @@ async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_no
 async def test_cluster_start_opens_connections_off_the_request_path(slow_node):
     blocks = make_blocks(4, 4096, seed=2, ns=NS)
     w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
-    assert all(r.status.ok for r in await w.put(blocks, 5.0))
+    assert [r.status.ok for r in await w.put(blocks, 5.0)] == [True] * len(blocks)
     await w.close()
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
     await c.start(wait_s=5.0)  # membership + connections, each HELLO'd (0.8 s each, in parallel)
@@ -60,7 +60,7 @@ async def test_cluster_save_that_outlives_a_short_internal_timeout_is_stored_and
     blocks = make_blocks(16, 256 * 1024, seed=3, ns=NS)  # a 4 MiB save batch
     report = await c.put_report(blocks, 10.0)
     assert report.dropped == 0 and report.stored == 16, report
-    assert all(r.status is Status.STORED for r in report.results)
+    assert [r.status for r in report.results] == [Status.STORED] * len(blocks)
     assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
     await c.close()
 

@@ -91,7 +91,7 @@ async def test_cluster_kill9_during_mixed_load(hosts):
     )
     stored = prompts(20, 100)
     for p in stored:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     fresh = (make_blocks(BLOCKS, NBYTES, seed=1000 + i, ns=TENANT_NS) for i in range(10**6))
     load = Load(c, 1.0)
     rnd = random.Random(7)
@@ -131,7 +131,7 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
     c = ClusterClient.static([d.addr for d in ds], cfg, ClusterConfig(replicas=2, probe_interval_s=0.1))
     stored = prompts(12, 200)
     for p in stored:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     load = Load(c, deadline)
     victim = ds[0]
     hosts.net.partition(victim.host)
@@ -154,7 +154,7 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
     await until(lambda: victim.addr in c.live_addrs(), 10.0, "the healed node to be used again")
     new = prompts(12, 300)
     for p in new:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     assert await copies_on(victim.addr, cfg, new) > 0  # it takes its share of writes again
     for p in stored + new:
         assert await load.read(p) == BLOCKS
@@ -169,7 +169,7 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
     c = ClusterClient.static([d.addr for d in ds], cfg, ClusterConfig(replicas=2, probe_interval_s=0.1))
     stored = prompts(12, 400)
     for p in stored:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     slow = ds[2]
     kind = hosts.net.slow(slow.host, 400)  # each packet towards it waits longer than the deadline
     print(f"slow node made with tc {kind}")
@@ -201,7 +201,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
     await until(lambda: len(c.live_addrs()) == 3, 10.0, "three members")
     old = prompts(25, 500)
     for p in old:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     load = Load(c, 1.0)
 
     d4 = hosts.start_node(join=url)
@@ -213,7 +213,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
 
     new = prompts(50, 600)
     for p in new:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     per_node = [await copies_on(d.addr, cfg, new) for d in [*ds, d4]]
     assert sum(per_node) == 2 * BLOCKS * len(new)  # replicas=2, no extra copies
     share = per_node[3] / sum(per_node)
@@ -225,7 +225,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
         assert await load.read(p) == BLOCKS
     more = prompts(10, 700)
     for p in more:
-        assert all(r.status.ok for r in await c.put(p, 2.0))
+        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     etcd.start()
     await asyncio.sleep(3.0)  # past the lease TTL (2 s): the nodes renewed or re-registered
     assert len(c.membership.members) == 4 and len(c.live_addrs()) == 4

@@ -83,7 +83,7 @@ async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_f
     c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
     bufs = [bytearray(NBYTES) for _ in blocks]
     res = await c.get_into(keys, bufs, None, 5.0)
-    assert all(r.status is Status.HIT for r in res), [
+    assert len(res) == len(keys) and all(r.status is Status.HIT for r in res), [
         r.status.name for r in res if r.status is not Status.HIT
     ][:5]
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
@@ -105,7 +105,7 @@ async def test_cluster_repair_progress_shows_in_kvstore_stats(start_daemon):
         repair={"interval_s": 0.2, "settle_s": 0.0},
     )
     n = NodeClient(d.addr, FAST)
-    assert all(r.status.ok for r in await n.put(make_blocks(20, 4096, seed=8, ns=NS), 5.0))
+    assert [r.status.ok for r in await n.put(make_blocks(20, 4096, seed=8, ns=NS), 5.0)] == [True] * 20
     await n.close()
     end = time.monotonic() + 10
     while True:

@@ -27,7 +27,7 @@ async def test_cluster_put_report_counts_under_replicated_and_dropped_blocks(sta
     ds[1].kill9()
     r = await c.put_report(make_blocks(10, 4096, seed=2, ns=NS), 2.0)
     assert (r.stored, r.dropped, r.under_replicated) == (10, 0, 10), r
-    assert all(x.status.ok for x in r.results)
+    assert [x.status.ok for x in r.results] == [True] * 10
     ds[2].kill9()
     r = await c.put_report(make_blocks(10, 4096, seed=3, ns=NS), 2.0)
     assert (r.stored, r.dropped) == (0, 10) and not any(x.status.ok for x in r.results)
@@ -53,7 +53,9 @@ async def test_cluster_write_to_a_partitioned_owner_is_redirected_in_the_same_ca
     live = [d for d in ds if d is not victim]
     for d in live:  # both survivors hold every block: two copies each
         n = NodeClient(d.addr, cfg)
-        assert all(t is not None for t in await n.exists([h.key for h, _ in blocks], 5.0))
+        assert [t is not None for t in await n.exists([h.key for h, _ in blocks], 5.0)] == [True] * len(
+            blocks
+        )
         await n.close()
     assert c.counters["writes_redirected"] == r.redirected
     await c.close()

@@ -1,4 +1,4 @@
-"""Fixtures for connector tests: tiny random models (built once per session)."""
+"""Fixtures for connector tests: tiny random models (tests/conftest.py's ``tiny_model_dir``)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    from engine.convert import make_tiny_model
-
-    made: dict[str, str] = {}
-
-    def get(preset: str = "llama-gqa4") -> str:
-        if preset not in made:
-            made[preset] = make_tiny_model(tmp_path_factory.mktemp(preset), preset)
-        return made[preset]
-
-    return get
+def tiny_model(tiny_model_dir):
+    """``tiny_model(preset="llama-gqa4") -> folder``: the suite's tiny models, by default one
+    with grouped KV heads (fewer KV heads than query heads, as the block layout must handle)."""
+    return lambda preset="llama-gqa4": tiny_model_dir(preset)

@@ -59,13 +59,18 @@ def test_layer_group_and_whole_block_copies_agree(device, monkeypatch):
         t = KVTransfer(kv)
         pending = t.scatter(blocks, groups, staged=staged)
         if device == "cuda":
-            assert t.step_barrier() is not None or pending.done()
-            torch.cuda.synchronize()
+            # the next step's barrier: the compute stream waits for every layer of an unfinished
+            # load (synchronizing that stream alone, not the device, then finishes the load)
+            barrier = t.step_barrier()
+            assert barrier is not None or pending.done(), "an unfinished load is not in the barrier"
+            for layer in range(kv.num_layers) if barrier is not None else ():
+                barrier(layer)
+            torch.cuda.current_stream().synchronize()
         assert pending.done()
         for pages, buf in blocks:  # each block reads back exactly, through the save path too
             assert torch.equal(t.gather(pages).cpu(), buf)
         results.append(kv.data.cpu())
-    assert all(torch.equal(results[0], r) for r in results[1:])
+    assert len(results) == len(cases) and all(torch.equal(results[0], r) for r in results[1:])
     untouched = [p for p in range(12) if p not in (7, 2, 0, 11)]
     assert not results[0][:, :, untouched].any()
 

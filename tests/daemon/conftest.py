@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from storeutil import make_blocks
 
-from kvstore.block import make_header
 from kvstore.keys import Namespace
 
 
@@ -15,34 +14,8 @@ def ns() -> Namespace:
     return Namespace("test-model", "uint8", 4)
 
 
-def make_blocks(ns: Namespace, n: int, size: int, seed: int = 0, start_token: int = 0):
-    """A chain of ``n`` blocks of random payload (``size`` bytes each): [(header, payload)]."""
-    rng = np.random.default_rng(seed)
-    tokens = [int(t) for t in rng.integers(0, 50000, n * ns.block_tokens)]
-    tokens[0] = start_token + seed
-    keys = ns.block_keys(tokens)
-    out, parent = [], ns.id
-    for i, k in enumerate(keys):
-        payload = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        toks = tokens[i * ns.block_tokens : (i + 1) * ns.block_tokens]
-        out.append(
-            (
-                make_header(
-                    key=k,
-                    parent=parent,
-                    namespace=ns.id,
-                    tokens=toks,
-                    dtype="uint8",
-                    shape=[size],
-                    payload=payload,
-                ),
-                payload,
-            )
-        )
-        parent = k
-    return out
-
-
 @pytest.fixture
 def blocks_of():
-    return make_blocks
+    """``blocks_of(ns, n, size, seed=0)``: a chain of ``n`` blocks of ``size`` random bytes in
+    ``ns`` ([(header, payload)]), made by the suite's one block maker (tests/storeutil.py)."""
+    return lambda ns, n, size, seed=0: make_blocks(n, size, seed=seed, ns=ns)

@@ -186,7 +186,7 @@ async def _verify_store(d) -> None:
     async with aiohttp.ClientSession(d.admin) as s:
         listed = (await (await s.get("/v1/blocks", params={"limit": "10000"})).json())["blocks"]
     keys = [BlockKey.from_hex(b["key"]) for b in listed]
-    assert all(b["namespace"] == NS.id.hex for b in listed)
+    assert key in keys and all(b["namespace"] == NS.id.hex for b in listed)
     got = await c.get_into(keys, [bytearray(b["payload_len"]) for b in listed])
     assert [g.status for g in got] == [Status.HIT] * len(keys)  # the client verified every checksum
     assert c.counters["errors"] == 0

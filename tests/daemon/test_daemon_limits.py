@@ -77,7 +77,8 @@ def test_connections_before_hello_are_capped_and_healthz_answers(limited, ns, bl
     d = limited(max_unauthenticated=4, hello_timeout_s=5.0)
     flood = [RawPeer(d.data_port, timeout=10) for _ in range(12)]
     assert until(lambda: 'tierkv_refused_connections_total{why="unauthenticated"} 8.0' in _metrics(d))
-    # capped now (the first 4 wait out the HELLO deadline): the probes still answer
+    # capped now (the 8 oldest were dropped for newcomers, the newest 4 wait out the HELLO
+    # deadline): the probes still answer
     assert _get(d, "/healthz") == (200, {"ok": True})
     closed = sum(p.closed_by_peer() for p in flood)
     assert closed == 12

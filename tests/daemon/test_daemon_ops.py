@@ -269,7 +269,7 @@ async def test_large_batches_are_cut_to_fit_frames(daemon, blocks_of):
     blocks = blocks_of(wide, 1500, 64, seed=21)
     assert [r.status for r in await c.put(blocks)] == [Status.STORED] * 1500
     keys = [h.key for h, _ in blocks]
-    assert all(t is not None for t in await c.exists(keys))
+    assert [t is not None for t in await c.exists(keys)] == [True] * len(keys)
     bufs = [bytearray(64) for _ in keys]
     got = await c.get_into(keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 1500

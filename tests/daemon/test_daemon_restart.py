@@ -17,7 +17,7 @@ async def test_sigterm_then_restart_finds_every_block(start_daemon, ns, blocks_o
     c = NodeClient(d.addr, ClientConfig(namespaces=(ns,)))
     blocks = blocks_of(ns, 12, 300_000)
     res = await c.put(blocks)
-    assert all(r.status is Status.STORED and r.durable for r in res), res
+    assert [(r.status, r.durable) for r in res] == [(Status.STORED, True)] * len(blocks), res
     await c.close()
     assert d.stop() == 0
     assert "event=stopped" in d.logs()
@@ -25,7 +25,7 @@ async def test_sigterm_then_restart_finds_every_block(start_daemon, ns, blocks_o
     d2 = start_daemon(workdir=wd)
     c = NodeClient(d2.addr, ClientConfig(namespaces=(ns,)))
     keys = [h.key for h, _ in blocks]
-    assert all(t is not None for t in await c.exists(keys))
+    assert [t is not None for t in await c.exists(keys)] == [True] * len(keys)
     bufs = [bytearray(300_000) for _ in keys]
     got = await c.get_into(keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 12
@@ -39,7 +39,7 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
     cfg = ClientConfig(namespaces=(ns,), op_timeout_s=2.0, probe_interval_s=0.1, pool_size=2)
     c = NodeClient(d.addr, cfg)
     blocks = blocks_of(ns, 16, 2 * MiB, seed=4)
-    assert all(r.status is Status.STORED for r in await c.put(blocks))
+    assert [r.status for r in await c.put(blocks)] == [Status.STORED] * len(blocks)
     keys = [h.key for h, _ in blocks]
     outcomes: list[tuple[float, list[Status]]] = []  # (when the GET started, statuses)
     stop = asyncio.Event()

@@ -1,5 +1,5 @@
-"""Fixtures for the engine tests: tiny random models (per preset) and SmolLM2-135M converted
-from its GGUF once per session. Nothing is downloaded."""
+"""Fixtures for the engine tests: SmolLM2-135M converted from its GGUF once per session (tiny
+random models: ``tiny_model_dir`` of tests/conftest.py). Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -9,21 +9,6 @@ import os
 import pytest
 
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """Factory: preset name -> folder of a random tiny model (built once per preset)."""
-    from engine.convert import make_tiny_model
-
-    made: dict[str, str] = {}
-
-    def get(preset: str = "llama-tiny") -> str:
-        if preset not in made:
-            made[preset] = make_tiny_model(tmp_path_factory.mktemp(preset), preset)
-        return made[preset]
-
-    return get
 
 
 def smol_gguf_path() -> str | None:

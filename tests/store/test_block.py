@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvstore.block import BlockHeader, make_header, payload_ok
@@ -57,13 +59,55 @@ def test_matches_checks_key_parent_tokens():
     assert not h.matches(NS.id, None, None)
 
 
+# a value of every msgpack type, for any field of a valid header's wire form
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),  # msgpack's integers
+    st.floats(),
+    st.text(max_size=12),
+    st.binary(max_size=24),
+    st.lists(st.integers(-2, 64), max_size=3),
+)
+
+
+def _assert_carries_the_wire_values(h: BlockHeader, wire: dict) -> None:
+    """A header that decoded is exactly what the wire said: each field encodes back to the
+    wire's value, of the type encode() writes (``created``, a number, may arrive as an int)."""
+    back = msgpack.unpackb(h.encode())
+    assert set(back) <= set(wire)
+    for field, value in back.items():
+        sent = float(wire[field]) if field == "created" else wire[field]
+        nan = isinstance(sent, float) and math.isnan(sent) and math.isnan(value)
+        assert value == sent or nan, (field, sent, value)
+        assert type(value) is type(sent), (field, sent)
+
+
 @given(st.binary(max_size=300))
 def test_garbage_never_decodes_silently(data):
     try:
         h = BlockHeader.decode(data)
     except BlockFormatError:
         return
-    assert isinstance(h, BlockHeader)  # only a fully valid header may decode
+    _assert_carries_the_wire_values(h, msgpack.unpackb(data))
+
+
+WIRE = msgpack.unpackb(_header(b"\x00" * 64).encode())
+
+
+@given(st.sampled_from(sorted(WIRE)), ANY_VALUE)
+@example("xxh3", 12345)  # fields a header may carry other values in: the decoding branch runs
+@example("created", 7)
+def test_a_header_with_one_field_changed_decodes_as_sent_or_not_at_all(field, value):
+    """No coercion: a bool, a float or digits in a string for an integer field, an infinite
+    length or version, a mapping for the shape are each a BlockFormatError, never a header
+    holding something else than what was sent, nor another exception."""
+    wire = dict(WIRE, **{field: value})
+    try:
+        h = BlockHeader.decode(msgpack.packb(wire, use_bin_type=True))
+    except BlockFormatError:
+        return
+    _assert_carries_the_wire_values(h, wire)
 
 
 def test_inconsistent_fields_rejected():

@@ -38,7 +38,7 @@ async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
         assert where[-1] == "hbm" and "dram" in where
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
         got = await node.get_into([h.key for h, _ in blocks], bufs)
-        assert all(g.status is Status.HIT for g in got)
+        assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
         node.check()
     finally:

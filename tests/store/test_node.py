@@ -174,7 +174,7 @@ async def test_restart_keeps_blocks(cfg_factory, mode):
     node = await NodeStore.open(cfg)
     blocks = make_blocks(8)
     res = await node.put(blocks)
-    assert all(r.durable == (mode == "write-through") for r in res)
+    assert [r.durable for r in res] == [mode == "write-through"] * len(blocks)
     await node.close()  # write-back flushes here
     node = await NodeStore.open(cfg)
     try:
@@ -196,7 +196,7 @@ async def test_write_back_reaches_disk_on_eviction(cfg_factory):
         assert len(node.disk) >= 6  # evicted blocks were written down, not lost
         assert node.stats()["node"].get("dropped", 0) == 0
         got, bufs = await _read_all(node, blocks)
-        assert all(g.status is Status.HIT for g in got)
+        assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     finally:
         await node.close()
@@ -281,7 +281,7 @@ async def test_concurrent_writers_and_readers(node):
 
     await asyncio.gather(*(writer(blocks[i::4]) for i in range(4)), writer(blocks))
     got, bufs = await _read_all(node, blocks)
-    assert all(g.status is Status.HIT for g in got)
+    assert [g.status for g in got] == [Status.HIT] * len(blocks)
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
 
 

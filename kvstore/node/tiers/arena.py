@@ -93,7 +93,9 @@ class CudaArena:
         try:
             import torch
         except ImportError as exc:
-            raise TierError("hbm tier configured but torch is not installed") from exc
+            raise TierError(
+                "hbm tier configured but torch is not installed (a CUDA build of torch >= 2.4)"
+            ) from exc
         if not torch.cuda.is_available():
             raise TierError(f"hbm tier configured (device {device!r}) but CUDA is not available")
         self._torch = torch
