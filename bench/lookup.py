@@ -1,44 +1,57 @@
-"""Longest-prefix lookup latency over a 3-node cluster on loopback.
+"""Longest-prefix lookup latency of a 128K-token prompt (8,192 keys) on loopback.
 
-A 128K-token prompt is cut into blocks (16 and 256 tokens per block: 8192 and 512 keys); its
-blocks are stored on 3 ``kvstore serve`` daemons (DRAM only, replicas=2, 1 KiB payloads:
-lookups only send keys). Then a lookup through the store facade (``kvstore.client.open``) is
-timed as the connector makes it: ``exists`` of every key, the longest prefix of hits. Each key
-goes to its owners (one batched EXISTS per node, in parallel), the keys no owner holds then
-to the next ``lookahead`` node. Cases: the whole prompt cached, half of it cached (the other
-half asks the lookahead node too), and replicas=1, lookahead=0 (each node asked only for its
-own keys, one round). Per case: wall-time percentiles of repeated lookups, the first lookup
-(cold rank cache), and the CPU one lookup costs the client and the three daemons together
-(load-independent; wall time adds the waits for a core). Prints a table; --json writes it.
+The prompt is cut into blocks of 16 tokens (8,192 keys); its blocks are stored on 1 and on 3
+``kvstore serve`` daemons (DRAM only, 1 KiB payloads: lookups only send keys; replicas=2).
+Then the connector's lookup through the store facade is timed: ``StoreClient.lookup`` of the
+packed keys (one :class:`~kvstore.keys.KeyBatch`), the held prefix of its tier codes. Each key
+goes to its owners (one batched EXISTS per node and at most 4,096 keys, in parallel), the
+keys no owner holds then to the next ``lookahead`` node. Cases: all, half and none of the
+prompt present. Per case: wall-time percentiles of repeated lookups, the first lookup (cold
+rank cache), and the CPU one lookup costs the client and the daemons (load-independent; wall
+time adds the waits for a core). The floor, measured in the same run: the same 8,192 keys
+asked of one daemon as two packed EXISTS on one raw socket (no tierkv client), so the ratio
+says what the client and the cluster add to the bare round trips. ``--profile`` prints the
+client's cProfile of the "none present" lookups on 3 daemons (where a miss's time goes).
 
-    python bench/lookup.py --json .bench/lookup.json
+    python bench/lookup.py --json .bench/lookup.json [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import msgpack
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import kvstore.client  # noqa: E402
+from kvstore import protocol as P  # noqa: E402
 from kvstore.client import make_header  # noqa: E402
-from kvstore.keys import Namespace  # noqa: E402
+from kvstore.keys import KeyBatch, Namespace  # noqa: E402
 
 PROMPT_TOKENS = 128 * 1024
+BLOCK_TOKENS = 16
 
 
-def start_daemon(wd: Path) -> tuple[subprocess.Popen, str]:
+def start_daemon(wd: Path, uvloop_dir: str = "") -> tuple[subprocess.Popen, str]:
+    """A daemon (DRAM only) under ``wd``; with ``uvloop_dir`` (a folder holding uvloop) its
+    loop runs on uvloop -- a measurement only: tierkv does not use it."""
     wd.mkdir(parents=True)
     cfg = wd / "node.toml"
     cfg.write_text(
@@ -46,8 +59,13 @@ def start_daemon(wd: Path) -> tuple[subprocess.Popen, str]:
         f'[server]\nport_file = "{wd / "ports.json"}"\n'
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    if uvloop_dir:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), uvloop_dir) if p)
+        argv = ["-c", "import sys, uvloop; uvloop.install(); from kvstore.cli import main; sys.exit(main())"]
+    else:
+        argv = ["-m", "kvstore.cli"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--log-level", "WARNING"],
+        [sys.executable, *argv, "serve", "--config", str(cfg), "--log-level", "WARNING"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -94,12 +112,6 @@ def open_cluster(addrs, ns, **options):
     return kvstore.client.open(f"kvstore://{','.join(addrs)}", namespaces=(ns,), **options)
 
 
-async def lookup_prefix(c, keys) -> int:
-    """The connector's lookup: which keys are stored, then the longest prefix of them."""
-    tiers = await c.exists(keys, 5.0)
-    return next((i for i, t in enumerate(tiers) if t is None), len(tiers))
-
-
 def cpu_s(pids) -> float:
     """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -110,26 +122,63 @@ def cpu_s(pids) -> float:
     return total / tick
 
 
-async def measure(addrs, pids, ns, keys, expect, options, iters: int) -> dict:
-    c = open_cluster(addrs, ns, **options)
+def raw_floor(addr: str, ns: Namespace, keys: KeyBatch, iters: int) -> dict:
+    """The same keys asked of one daemon as packed EXISTS on one raw socket: HELLO once, then
+    per round one request per MAX_BATCH keys, all sent before the replies are read."""
+    host, port = addr.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    f = s.makefile("rb")
+
+    def send(h):
+        body = msgpack.packb(h, use_bin_type=True)
+        s.sendall(struct.pack(">I", len(body)) + body)
+
+    def reply():
+        (n,) = struct.unpack(">I", f.read(4))
+        return msgpack.unpackb(f.read(n), raw=False)
+
+    send({"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": "", "ns": [P.namespace_to_wire(ns)]})
+    assert reply()["ok"]
+    parts = [keys[i : i + P.MAX_BATCH].raw for i in range(0, len(keys), P.MAX_BATCH)]
+    times = []
+    for it in range(iters + 5):
+        t0 = time.perf_counter()
+        for i, raw in enumerate(parts):
+            send({"op": "EXISTS", "rid": it * 8 + i + 1, "keys": raw})
+        for _ in parts:
+            assert reply()["ok"]
+        if it >= 5:
+            times.append((time.perf_counter() - t0) * 1e3)
+    s.close()
+    return {"p50_ms": statistics.median(times), "p99_ms": pct(times, 0.99)}
+
+
+async def measure(addrs, pids, ns, keys: KeyBatch, expect: int, iters: int, profile: bool) -> dict:
+    c = open_cluster(addrs, ns, replicas=2)
     await c.start(5.0)
     t0 = time.perf_counter()
-    assert await lookup_prefix(c, keys) == expect  # the first: a cold rank cache
+    assert (await c.lookup(keys, 5.0)).hit_blocks == expect  # the first: a cold rank cache
     first = (time.perf_counter() - t0) * 1e3
     asked0 = c.counters["lookup_keys_asked"]
     times = []
+    prof = cProfile.Profile() if profile else None
     # CPU per lookup says what a lookup costs whatever the machine's load; wall time is
     # that plus the waits for a core (this bench shares the cores with whatever else runs)
     cpu0, dcpu0 = time.process_time(), cpu_s(pids)
+    if prof:
+        prof.enable()
     for _ in range(iters):
         t0 = time.perf_counter()
-        n = await lookup_prefix(c, keys)
+        n = (await c.lookup(keys, 5.0)).hit_blocks
         times.append((time.perf_counter() - t0) * 1e3)
         assert n == expect
+    if prof:
+        prof.disable()
     cpu, dcpu = time.process_time() - cpu0, cpu_s(pids) - dcpu0
     asked = (c.counters["lookup_keys_asked"] - asked0) / iters  # keys sent to nodes per lookup
     await c.close()
-    return {
+    out = {
         "p50_ms": statistics.median(times),
         "p99_ms": pct(times, 0.99),
         "max_ms": max(times),
@@ -138,92 +187,106 @@ async def measure(addrs, pids, ns, keys, expect, options, iters: int) -> dict:
         "daemons_cpu_ms": dcpu / iters * 1e3,
         "keys_asked": asked,
     }
+    if prof:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+        out["profile"] = buf.getvalue()
+    return out
 
 
 async def store(addrs, ns, blocks) -> None:
-    w = open_cluster(addrs, ns, replicas=2)
-    for i in range(0, len(blocks), 512):
-        assert (await w.put(blocks[i : i + 512], 30.0)).dropped == 0
+    w = open_cluster(addrs, ns, replicas=2, op_timeout_s=30.0)  # a loaded host: writes take time
+    for i in range(0, len(blocks), 256):
+        assert (await w.put(blocks[i : i + 256], 30.0)).dropped == 0
     await w.close()
 
 
-async def run(addrs, pids, iters: int) -> list[dict]:
+async def run(addrs, pids, iters: int, profile: bool, tag: str) -> list[dict]:
+    """All, half and none of a prompt present on the daemons ``addrs`` (fresh namespace)."""
     rows = []
     tokens = [(i * 7919) % 50000 for i in range(PROMPT_TOKENS)]
-    for bt in (256, 16):
-        ns = Namespace("bench-lookup", "uint8", bt)
-        blocks = blocks_of(ns, tokens)
-        keys = [h.key for h, _ in blocks]
-        half = len(keys) // 2
-        await store(addrs, ns, blocks[:half])
-        cases = [("half cached, replicas=2", half, {"replicas": 2})]
-        for name, expect, cc in cases:
-            rows.append(
-                {
-                    "block_tokens": bt,
-                    "keys": len(keys),
-                    "case": name,
-                    **await measure(addrs, pids, ns, keys, expect, cc, iters),
-                }
-            )
-        await store(addrs, ns, blocks[half:])
-        cases = [
-            ("all cached, replicas=2", len(keys), {"replicas": 2}),
-            ("all cached, replicas=1 la=0", len(keys), {"replicas": 1, "lookahead": 0}),
-        ]
-        for name, expect, cc in cases:
-            rows.append(
-                {
-                    "block_tokens": bt,
-                    "keys": len(keys),
-                    "case": name,
-                    **await measure(addrs, pids, ns, keys, expect, cc, iters),
-                }
-            )
+    ns = Namespace(f"bench-lookup-{tag}", "uint8", BLOCK_TOKENS)
+    blocks = blocks_of(ns, tokens)
+    keys = ns.key_batch(tokens)
+    absent = Namespace(f"bench-lookup-absent-{tag}", "uint8", BLOCK_TOKENS)
+    nowhere = absent.key_batch(tokens)  # the same prompt under a namespace never stored
+    half = len(keys) // 2
+    base = {"daemons": len(addrs), "keys": len(keys)}
+    rows.append(
+        {**base, "case": "none present", **await measure(addrs, pids, ns, nowhere, 0, iters, profile)}
+    )
+    await store(addrs, ns, blocks[:half])
+    rows.append({**base, "case": "half present", **await measure(addrs, pids, ns, keys, half, iters, False)})
+    await store(addrs, ns, blocks[half:])
+    rows.append(
+        {**base, "case": "all present", **await measure(addrs, pids, ns, keys, len(keys), iters, False)}
+    )
+    floor = raw_floor(addrs[0], ns, keys, iters)
+    for r in rows:
+        r["floor_p50_ms"] = floor["p50_ms"]
+        r["p50_vs_floor"] = r["p50_ms"] / floor["p50_ms"]
     return rows
+
+
+def start_cluster(tmp: Path, n: int, tag: str, uvloop_dir: str) -> tuple[list[subprocess.Popen], list[str]]:
+    procs, addrs = [], []
+    for i in range(n):
+        p, a = start_daemon(tmp / f"{tag}-n{i}", uvloop_dir)
+        procs.append(p)
+        addrs.append(a)
+    return procs, addrs
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--profile", action="store_true", help="cProfile the client's misses on 3 daemons")
+    ap.add_argument("--uvloop", default="", help="run the daemons' loop on uvloop found in this folder")
     args = ap.parse_args()
-    procs = []
+
+    rows = []
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            addrs = []
-            for i in range(3):
-                p, a = start_daemon(Path(tmp) / f"n{i}")
-                procs.append(p)
-                addrs.append(a)
-            load = os.getloadavg()
-            rows = asyncio.run(run(addrs, [p.pid for p in procs], args.iters))
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(30)
+        for n in (1, 3):
+            procs, addrs = start_cluster(Path(tmp), n, f"c{n}", args.uvloop)
+            try:
+                rows += asyncio.run(
+                    run(addrs, [p.pid for p in procs], args.iters, args.profile and n == 3, f"c{n}")
+                )
+            finally:
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(30)
+    load_end = os.getloadavg()
     print(
-        f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt over 3 nodes (loopback), {args.iters} runs each"
+        f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt (8,192 keys), replicas=2, loopback, {args.iters} runs each"
     )
-    print(f"load average at start: {load[0]:.2f} (1 min) on {os.cpu_count()} CPUs")
+    print(f"load average (1 min): {load[0]:.2f} at start, {load_end[0]:.2f} at end, on {os.cpu_count()} CPUs")
     print(
-        f"{'block_tokens':>12} {'keys':>6}  {'case':<28} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
-        f" {'first ms':>8} {'cli cpu':>8} {'srv cpu':>8} {'asked':>7}"
+        f"{'daemons':>7}  {'case':<13} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'first ms':>8}"
+        f" {'cli cpu':>7} {'srv cpu':>7} {'asked':>6} {'floor':>6} {'p50/floor':>9}"
     )
     for r in rows:
         print(
-            f"{r['block_tokens']:>12} {r['keys']:>6}  {r['case']:<28} {r['p50_ms']:>8.2f} "
-            f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['first_ms']:>8.2f} {r['client_cpu_ms']:>8.2f} "
-            f"{r['daemons_cpu_ms']:>8.2f} {r['keys_asked']:>7.0f}"
+            f"{r['daemons']:>7}  {r['case']:<13} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['max_ms']:>7.2f}"
+            f" {r['first_ms']:>8.2f} {r['client_cpu_ms']:>7.2f} {r['daemons_cpu_ms']:>7.2f}"
+            f" {r['keys_asked']:>6.0f} {r['floor_p50_ms']:>6.2f} {r['p50_vs_floor']:>9.2f}"
         )
+    for r in rows:
+        if "profile" in r:
+            print(f"\nclient profile, {r['case']} on {r['daemons']} daemons (by own time):")
+            print(r["profile"])
     doc = {
         "bench": "lookup",
-        "nodes": 3,
         "prompt_tokens": PROMPT_TOKENS,
+        "block_tokens": BLOCK_TOKENS,
         "cpus": os.cpu_count(),
         "loadavg_1m_at_start": load[0],
+        "loadavg_1m_at_end": load_end[0],
         "python": platform.python_version(),
+        "daemon_loop": "uvloop" if args.uvloop else "asyncio",
         "rows": rows,
     }
     if args.json:

@@ -15,9 +15,9 @@ from typing import Any
 from urllib.parse import quote
 
 from connector.config import ConnectorConfig
-from kvstore.client import GetResult, PutReport, PutResult, Status, StoreClient
+from kvstore.client import GetResult, LookupResult, PutReport, PutResult, Status, StoreClient
 from kvstore.client import open as open_store
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
 
 
 def store_url(cfg: ConnectorConfig) -> str:
@@ -66,6 +66,9 @@ class Backend:
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         return [None] * len(keys)
+
+    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
+        return LookupResult.empty(keys)
 
     async def get_into(self, keys, bufs, expect=None, deadline_s: float | None = None) -> list[GetResult]:
         return [GetResult(Status.MISS)] * len(keys)

@@ -1,7 +1,10 @@
 """The engine's KV connector on top of tierkv's store.
 
-- ``lookup``: one batched EXISTS for the prompt's block keys under a deadline; the longest
-  prefix present, cut by the cost model to what is worth loading.
+- ``lookup``: the prompt's chain hashed once into a :class:`~kvstore.keys.KeyBatch`, one
+  store lookup of it under a deadline; the longest prefix present, cut by the cost model to
+  what is worth loading. Its record (:class:`~connector.prompt_lookup.PromptLookup`: keys and
+  tiers) travels with the request: the engine hands it back to ``load`` and ``save``, which
+  take their keys and tiers from it (no second hash, no second lookup).
 - ``load``: GETs of whole blocks (one buffer per block, all layers) into staging buffers,
   pipelined in batches; each block is verified before use (key, parent, token ids, checksum —
   by the node or the client) and scattered into the engine's pages. The first block that fails
@@ -25,6 +28,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from connector.backends import make_backend
@@ -32,14 +36,14 @@ from connector.config import ConnectorConfig
 from connector.flush import FlushResult, SaveTally
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
-from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
+from connector.prompt_lookup import PromptLookup
+from engine.kv_connector import ConnectorContext, ConnectorLookup, ConnectorRequest, KVConnector
 from kvstore.client import ConfigError, Expect, Status, StoreClient, make_header
-from kvstore.keys import BlockKey, tokens_le_bytes
+from kvstore.keys import KeyBatch, tokens_le_bytes
 
 log = logging.getLogger("tierkv.connector")
 
 _KNOWN_STORED_MAX = 1 << 16
-_RECENT_LOOKUPS_MAX = 1024
 _GATHER_BYTES = 64 << 20  # a save copies out up to this much per hop to a worker thread (CUDA)
 
 
@@ -75,7 +79,6 @@ class StoreConnector(KVConnector):
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
         self.metrics.block_bytes.labels(self.dtype_name).set(self.block_bytes)
-        self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()
         self._stored: OrderedDict[bytes, None] = OrderedDict()
         self._queue: asyncio.Queue | None = None
         self._queued_bytes = 0
@@ -146,15 +149,32 @@ class StoreConnector(KVConnector):
             self._saver = asyncio.create_task(self._save_loop(), name="kv-connector-saver")
 
     # ------------------------------------------------------------------ helpers
-    def _chain(self, token_ids: Sequence[int], n_blocks: int | None = None) -> list[BlockKey]:
+    def _keys_for(self, request: ConnectorRequest, n_blocks: int) -> KeyBatch:
+        """The keys of ``request``'s first ``n_blocks`` blocks: its lookup's (the chain hashed
+        once), and only blocks past those hashed here, from the last key on. A request without
+        a lookup of the current namespace (the tenant's salt learnt since, or no lookup made)
+        is hashed here whole."""
         bt = self.block_tokens
-        toks = token_ids if n_blocks is None else token_ids[: n_blocks * bt]
-        return self.ns.block_keys(toks)
+        found = request.lookup
+        if not isinstance(found, PromptLookup) or found.namespace != self.ns.id.raw:
+            return self.ns.key_batch(request.token_ids[: n_blocks * bt])
+        have = len(found.keys)
+        if have >= n_blocks:
+            return found.keys[:n_blocks]
+        more = request.token_ids[have * bt : n_blocks * bt]
+        return found.keys + self.ns.key_batch(more, found.keys[have - 1] if have else None)
 
     def _remember(self, d: OrderedDict, key: bytes, value, limit: int) -> None:
         d[key] = value
         d.move_to_end(key)
         while len(d) > limit:
+            d.popitem(last=False)
+
+    def _remember_stored(self, raws: list[bytes]) -> None:
+        """``raws`` are stored: one C-level update (a key known already keeps its place)."""
+        d = self._stored
+        d.update(dict.fromkeys(raws))
+        for _ in range(len(d) - _KNOWN_STORED_MAX):
             d.popitem(last=False)
 
     def _buffer(self) -> torch.Tensor:
@@ -169,38 +189,37 @@ class StoreConnector(KVConnector):
 
     # ------------------------------------------------------------------ lookup
     async def lookup(self, token_ids: Sequence[int]) -> int:
+        return (await self.lookup_result(token_ids)).hit_tokens
+
+    async def lookup_result(self, token_ids: Sequence[int]) -> ConnectorLookup:
         self.metrics.lookups.inc()
-        keys = self._chain(token_ids)
-        if not keys:
-            return 0
+        ns = self.ns
+        keys = ns.key_batch(token_ids)  # the one hash of this prompt's chain
+        if not len(keys):
+            return ConnectorLookup(0)
         try:
-            tiers = await asyncio.wait_for(
-                self.backend.exists(keys, self.cfg.lookup_deadline_s), self.cfg.lookup_deadline_s
+            found = await asyncio.wait_for(
+                self.backend.lookup(keys, self.cfg.lookup_deadline_s), self.cfg.lookup_deadline_s
             )
-            if not self.backend.in_process:  # the cost model tells a daemon's DRAM from ours
-                tiers = [f"remote:{t}" if t else None for t in tiers]
         except Exception as exc:  # a slow or failed lookup is a miss
             log.debug("event=lookup_failed error=%r", exc)
             self.metrics.fallbacks.labels("lookup_timeout").inc()
-            return 0
-        hit = 0
-        for t in tiers:
-            if t is None:
-                break
-            hit += 1
-        for k, t in zip(keys, tiers):
-            if t is not None:
-                self._remember(self._stored, k.raw, None, _KNOWN_STORED_MAX)
+            return ConnectorLookup(0, PromptLookup(ns.id.raw, keys))
+        held = np.flatnonzero(np.frombuffer(found.tiers, dtype=np.uint8))
+        if len(held):
+            self._remember_stored(keys.take(held).raws())
+        record = PromptLookup.of(ns.id.raw, found, remote=not self.backend.in_process)
+        hit = found.hit_blocks
         if hit == 0:
-            return 0
-        for t in set(tiers[:hit]):
-            self.metrics.lookup_hit_tokens.labels(t).inc(self.block_tokens * tiers[:hit].count(t))
-        self._remember(self._lookups, keys[hit - 1].raw, list(tiers[:hit]), _RECENT_LOOKUPS_MAX)
+            return ConnectorLookup(0, record)
+        tiers = list(record.tiers)
+        for t in set(tiers):
+            self.metrics.lookup_hit_tokens.labels(t).inc(self.block_tokens * tiers.count(t))
         if self.cfg.policy == "never":
-            return 0
+            return ConnectorLookup(0, record)
         if self.cfg.policy == "always":
-            return hit * self.block_tokens
-        d = self.cost.decide(list(tiers[:hit]), self.block_bytes, self.block_tokens)
+            return ConnectorLookup(hit * self.block_tokens, record)
+        d = self.cost.decide(tiers, self.block_bytes, self.block_tokens)
         log.debug(
             "event=load_decision hit_blocks=%d load_blocks=%d est_load_s=%.4f est_recompute_s=%.4f prefill_tps=%.0f",
             d.hit_blocks,
@@ -211,7 +230,7 @@ class StoreConnector(KVConnector):
         )
         if d.load_blocks < hit:
             self.metrics.policy_skipped_tokens.inc((hit - d.load_blocks) * self.block_tokens)
-        return d.load_blocks * self.block_tokens
+        return ConnectorLookup(d.load_blocks * self.block_tokens, record)
 
     # ------------------------------------------------------------------ load
     async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int:
@@ -220,10 +239,11 @@ class StoreConnector(KVConnector):
         n = len(page_ids) // ppb
         if request.first_token % bt or n == 0:
             return 0
-        chain = self._chain(request.token_ids, first + n)
+        chain = self._keys_for(request, first + n)  # the lookup's keys: no second hash
         keys = chain[first:]
         n = min(n, len(keys))
-        tiers = self._tiers_for(first, keys)
+        found = request.lookup
+        tiers = found.tiers_of(first, n) if isinstance(found, PromptLookup) else [None] * n
         t0 = time.perf_counter()
         done = 0
         cause = None
@@ -356,15 +376,6 @@ class StoreConnector(KVConnector):
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
-    def _tiers_for(self, first: int, keys: list[BlockKey]) -> list[str | None]:
-        """Tiers seen at lookup for prompt blocks ``first..first+len(keys)`` (from the latest
-        lookup that covered the most of them), None where unknown."""
-        for i in range(len(keys) - 1, -1, -1):
-            t = self._lookups.get(keys[i].raw)  # tiers of prompt blocks 0..first+i
-            if t is not None:
-                return [t[first + j] if first + j < len(t) else None for j in range(len(keys))]
-        return [None] * len(keys)
-
     # ------------------------------------------------------------------ save
     async def save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
         if not self.cfg.save:
@@ -381,7 +392,7 @@ class StoreConnector(KVConnector):
     async def _save(self, request: ConnectorRequest, page_ids: Sequence[int]) -> None:
         bt, ppb = self.block_tokens, self.pages_per_block
         n = len(page_ids) // ppb
-        keys = self._chain(request.token_ids, n)
+        keys = self._keys_for(request, n)  # the lookup's keys: no second hash
         self._start_saver()
         deadline = time.monotonic() + self.cfg.save_deadline_s
         parent = self.ns.id
@@ -425,9 +436,7 @@ class StoreConnector(KVConnector):
             parent = key
         self.metrics.save_queue.set(self._queue.qsize())
 
-    async def _gather_from(
-        self, j: int, keys: list[BlockKey], page_ids: Sequence[int]
-    ) -> dict[int, torch.Tensor]:
+    async def _gather_from(self, j: int, keys: KeyBatch, page_ids: Sequence[int]) -> dict[int, torch.Tensor]:
         """Copy out block ``j`` and the next not-yet-stored blocks, up to _GATHER_BYTES (at
         least one block): on CUDA in one hop to a worker thread (the copies block their
         thread), not one hop per block."""

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.errors import ConfigError
-from engine.kv_connector import ConnectorContext, ConnectorRegistry, ConnectorRequest, KVConnector
+from engine.kv_connector import (
+    ConnectorContext,
+    ConnectorLookup,
+    ConnectorRegistry,
+    ConnectorRequest,
+    KVConnector,
+)
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams, Sequence
 
@@ -223,17 +229,21 @@ class AsyncEngine:
     async def _lookup(self, seq: Sequence) -> None:
         t0 = time.perf_counter()
         try:
-            hit = await asyncio.wait_for(self.connector.lookup(seq.prompt_tokens), self.lookup_timeout_s)
+            found = await asyncio.wait_for(
+                self.connector.lookup_result(seq.prompt_tokens), self.lookup_timeout_s
+            )
         except Exception as exc:  # a slow or failing store is a miss, never an error
             log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
-            hit = 0
+            found = ConnectorLookup(0)
         self.engine.timeline.observe("lookup", time.perf_counter() - t0)
-        self._events.append(("lookup", seq, int(hit)))
+        self._events.append(("lookup", seq, found))
         self._kick()
 
     async def _load(self, seq: Sequence, first: int, pages: list[int]) -> None:
         t0 = time.perf_counter()
-        req = ConnectorRequest(seq.request_id, tuple(seq.tokens), tuple(seq.page_table), first)
+        req = ConnectorRequest(
+            seq.request_id, tuple(seq.tokens), tuple(seq.page_table), first, seq.connector_lookup
+        )
         try:
             n = await self.connector.load(req, pages)
         except Exception as exc:  # the rest becomes recompute
@@ -244,8 +254,10 @@ class AsyncEngine:
         self._events.append(("loaded", seq, first, n, t0))
         self._kick()
 
-    async def _save(self, sid: int, seq_id: str, tokens: tuple[int, ...], pages: list[int]) -> None:
-        req = ConnectorRequest(seq_id, tokens, tuple(pages), 0)
+    async def _save(
+        self, sid: int, seq_id: str, tokens: tuple[int, ...], pages: list[int], found: object = None
+    ) -> None:
+        req = ConnectorRequest(seq_id, tokens, tuple(pages), 0, found)
         try:
             await self.connector.save(req, pages)
         except Exception as exc:
@@ -261,9 +273,10 @@ class AsyncEngine:
         for ev in events:
             kind = ev[0]
             if kind == "lookup":
-                _, seq, hit = ev
+                _, seq, found = ev
                 if seq.finish_reason is None:
-                    seq.external_hit_tokens = hit
+                    seq.external_hit_tokens = int(found.hit_tokens)
+                    seq.connector_lookup = found.found
                     sch.add(seq)
             elif kind == "loaded":
                 _, seq, first, n, t0 = ev
@@ -303,10 +316,10 @@ class AsyncEngine:
             for seq, first, pages in eng.scheduler.to_load:
                 self._spawn(self._load(seq, first, pages))
             eng.scheduler.to_load.clear()
-            for rid, tokens, pages in eng.pending_saves:  # referenced by the step
+            for rid, tokens, pages, found in eng.pending_saves:  # referenced by the step
                 sid = id(pages)
                 self._held[sid] = pages
-                self._spawn(self._save(sid, rid, tokens, pages))
+                self._spawn(self._save(sid, rid, tokens, pages, found))
             eng.pending_saves.clear()
         for o in outs:
             q = self._queues.get(o.seq.request_id)

@@ -4,9 +4,13 @@ The engine calls a connector at three points, all ``async`` on the engine's even
 
 0. ``start()`` once at engine start: connections, buffers, device probes (off the request
    path).
-1. ``lookup(token_ids) -> int`` when a request arrives (under the connector's
-   ``lookup_deadline_s``; a timeout or an error counts as 0): how many leading tokens the store holds, a multiple of
-   ``block_tokens``.
+1. ``lookup_result(token_ids) -> ConnectorLookup`` when a request arrives (under the
+   connector's ``lookup_deadline_s``; a timeout or an error counts as 0): ``hit_tokens``, how
+   many leading tokens the store holds (a multiple of ``block_tokens``), and ``found``, what
+   the connector learnt (for tierkv: the prompt's keys, hashed once, and their tiers). The
+   engine keeps ``found`` on the sequence and hands it back, untouched, as
+   ``ConnectorRequest.lookup`` to that sequence's ``load`` and ``save``, so neither hashes the
+   prompt again nor asks the store again. ``lookup(token_ids) -> int`` is ``hit_tokens`` alone.
 2. ``load(request, page_ids) -> int`` when the scheduler admits a request whose reported hit
    exceeds the engine's own prefix cache: fill ``page_ids`` (holding tokens
    ``[request.first_token, request.first_token + len(page_ids) * page_size)``, block-aligned)
@@ -58,6 +62,17 @@ class ConnectorRequest:
     token_ids: tuple[int, ...]
     page_table: tuple[int, ...]
     first_token: int
+    lookup: Any = None  # ConnectorLookup.found of this request's lookup (None: none made)
+
+
+@dataclass(frozen=True)
+class ConnectorLookup:
+    """What a connector's lookup answers: ``hit_tokens`` worth loading, and ``found``, the
+    connector's own record of the lookup (opaque to the engine, which hands it back in
+    ``ConnectorRequest.lookup``; None when the connector keeps nothing)."""
+
+    hit_tokens: int
+    found: Any = None
 
 
 class KVConnector(ABC):
@@ -76,6 +91,11 @@ class KVConnector(ABC):
 
     @abstractmethod
     async def lookup(self, token_ids: Sequence[int]) -> int: ...
+
+    async def lookup_result(self, token_ids: Sequence[int]) -> ConnectorLookup:
+        """:meth:`lookup` with the record the engine hands back to ``load`` and ``save`` (a
+        connector that keeps one overrides this; the default keeps none)."""
+        return ConnectorLookup(await self.lookup(token_ids))
 
     @abstractmethod
     async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int: ...

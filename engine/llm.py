@@ -148,7 +148,8 @@ class LLMEngine:
         self.last_step_tokens = (0, 0)
         # Connector saves (set by AsyncEngine): block size, and pages held until saved.
         self.save_block_tokens = 0
-        self.pending_saves: list[tuple[str, tuple[int, ...], list[int]]] = []
+        # (request id, tokens, pages, its connector lookup's record) per save to start
+        self.pending_saves: list[tuple[str, tuple[int, ...], list[int], object]] = []
 
     def namespace(self, block_tokens: int, fingerprint: str | None = None):
         """The kvstore.keys Namespace of this model: fingerprint of its folder (or
@@ -263,7 +264,9 @@ class LLMEngine:
         if n_pages:
             pages = seq.page_table[:n_pages]
             self.bm.incref(pages)
-            self.pending_saves.append((seq.request_id, tuple(seq.tokens[: n_pages * ps]), pages))
+            self.pending_saves.append(
+                (seq.request_id, tuple(seq.tokens[: n_pages * ps]), pages, seq.connector_lookup)
+            )
 
     def _postprocess(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params
@@ -344,7 +347,7 @@ class LLMEngine:
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
         """Raise PoolIntegrityError unless the page pool is consistent with live requests."""
-        held = [p for _, _, p in self.pending_saves]
+        held = [p for _, _, p, _ in self.pending_saves]
         self.bm.check([*self.scheduler.live_tables(), *held, *(extra_tables or [])])
 
     def stats(self) -> dict[str, float]:

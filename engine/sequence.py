@@ -64,6 +64,7 @@ class Sequence:
     status: Status = Status.WAITING
     num_cached_tokens: int | None = None  # prompt tokens served from a cache on first admission
     external_hit_tokens: int = 0  # what the connector's lookup reported
+    connector_lookup: object = None  # its record, handed back to the connector's load and save
     finish_reason: str | None = None
     generator: object = None  # torch.Generator for seeded sampling
     seq_no: int = field(default_factory=itertools.count().__next__)

@@ -159,6 +159,7 @@ ROOT_MODULES = {
     "demo",
     "errors",
     "keys",
+    "lookups",  # tier codes and the lookup result: what EXISTS answers, nodes and clients share
     "results",
     "settings",
 }

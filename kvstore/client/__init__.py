@@ -23,6 +23,7 @@ _EXPORTS = {
     "members": "kvstore.client.facade",
     "StoreClient": "kvstore.client.api",
     "PutReport": "kvstore.client.api",
+    "LookupResult": "kvstore.lookups",
     "Status": "kvstore.results",
     "GetResult": "kvstore.results",
     "PutResult": "kvstore.results",

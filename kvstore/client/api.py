@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, overload, runtime_checkable
 
 from kvstore.block import BlockHeader
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
+from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, PutResult
 
 
@@ -97,6 +98,12 @@ class StoreClient(Protocol):
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key: the best tier holding it (visible to this client), or None."""
+        ...
+
+    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
+        """:meth:`exists` of packed keys as one frozen result: per key a tier code
+        (kvstore.lookups; 0 where not held), and how many leading keys are held. A caller keeps
+        it with its request and loads or saves those keys without hashing them again."""
         ...
 
     async def get_into(

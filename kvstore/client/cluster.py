@@ -40,6 +40,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
@@ -52,7 +54,8 @@ from kvstore.client.rdma import ClientRdma
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
+from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, Status
 
 log = logging.getLogger("kvstore.client")
@@ -226,24 +229,30 @@ class ClusterClient:
         of the next ``lookahead`` nodes (``None``: nowhere). kvstore/client/lookup.py."""
         return await self._lookups.exists(keys, deadline_s)
 
+    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
+        """:meth:`exists` of packed keys as a :class:`~kvstore.lookups.LookupResult` (one tier
+        code per key, the held prefix), to hand back to a load or save of the same keys."""
+        return LookupResult.of(keys, await self._lookups.codes(keys, deadline_s))
+
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
         """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
         return await self._lookups.lookup_prefix(keys, deadline_s)
 
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
-        out = [False] * len(keys)
+        batch = KeyBatch.of(keys)
+        done = np.zeros(len(batch), dtype=np.uint8)
         view = await self.healthy_view(deadline_s)
-        if not keys or not view:
-            return out
+        if not len(batch) or not view:
+            return [False] * len(batch)
         hi = self.cfg.replicas + self.cfg.lookahead
-        groups, _ = self._lookups.plan(keys, range(len(keys)), 0, hi, view)
+        groups = self._lookups.plan(batch, 0, hi, view)
         for addr, res in await self.fan(
-            groups, lambda n, idx: n.delete([keys[i] for i in idx], deadline_s), "delete"
+            groups, lambda n, idx: n.delete_packed(batch.take(idx), deadline_s), "delete"
         ):
-            for i, ok in zip(groups[addr], res):
-                out[i] = out[i] or ok
-        return out
+            idx = groups[addr]
+            done[idx] |= np.frombuffer(res, dtype=np.uint8)
+        return done.astype(bool).tolist()
 
     # ---------------------------------------------------------------- reads and writes
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader, checksum
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError
@@ -96,6 +96,8 @@ class Conn:
             reply = await ch.recv_header(P.MAX_HEADER, P.MAX_HEADER)
             failed = P.check_reply(reply, hello.rid)
             if failed is not None:
+                if failed.code == P.BAD_VERSION:  # a node of another version names its own
+                    raise NodeRefused(failed.code, f"{failed.err}; this client speaks {P.PROTOCOL_VERSION}")
                 raise NodeRefused(failed.code, failed.err)
             return cls(ch, reply)
         except BaseException:
@@ -136,9 +138,10 @@ class Conn:
             raise NodeRefused(failed.code, failed.err)
         return reply
 
-    async def exists(self, keys: Sequence[BlockKey]) -> list[str | None]:
-        reply = await self._call(P.ExistsRequest(self._next(), tuple(keys)))
-        return list(P.ExistsReply.from_wire(reply, len(keys)).tiers)
+    async def exists(self, keys: KeyBatch) -> bytes:
+        """EXISTS of packed ``keys``: one tier code per key (kvstore.lookups)."""
+        reply = await self._call(P.ExistsRequest(self._next(), keys))
+        return P.ExistsReply.from_wire(reply, len(keys)).codes
 
     async def get_into(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
@@ -195,9 +198,10 @@ class Conn:
         self.bytes_out += sum(mv.nbytes for _, mv in batch)
         return list(P.PutReply.from_wire(reply, len(batch)).results)
 
-    async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
-        reply = await self._call(P.DeleteRequest(self._next(), tuple(keys)))
-        return list(P.DeleteReply.from_wire(reply, len(keys)).res)
+    async def delete(self, keys: KeyBatch) -> bytes:
+        """DELETE of packed ``keys``: per key 1 (deleted) or 0."""
+        reply = await self._call(P.DeleteRequest(self._next(), keys))
+        return P.DeleteReply.from_wire(reply, len(keys)).done
 
     async def stats(self) -> dict[str, Any]:
         reply = await self._call(P.StatsRequest(self._next()))

@@ -11,9 +11,11 @@ answering cannot turn a hit into a miss, and its call goes on in the background 
 the deadline) so its time still feeds health. Never raises for a node problem (a node that
 fails answers all misses).
 
-Speed (a 128K-token prompt is 8,192 keys): a key's rendezvous order is computed once per
-healthy view and cached as a small int (:class:`~kvstore.client.placement.RankCache`), so a repeated lookup costs one
-dict probe per key plus flat-list grouping and merging; no per-key objects are made. Keys no
+Speed (a 128K-token prompt is 8,192 keys): keys travel as one :class:`~kvstore.keys.KeyBatch`
+and answers as one tier code byte per key (kvstore.lookups); a key's rendezvous order is
+computed in bulk (numpy) once per healthy view and cached as a small int
+(:class:`~kvstore.client.placement.RankCache`), grouping keys by node and merging answers
+are numpy passes; no Python runs per key and no per-key object is made. Keys no
 owner held at their last lookup (:class:`MissHints`) are asked of their lookahead nodes in
 round 1 too, so a partly cached prompt looked up again costs one round trip, not two; the
 owners' answers still decide, so this changes no result.
@@ -27,13 +29,16 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
+import numpy as np
+
 from kvstore.client.config import ClusterConfig
-from kvstore.client.placement import Node, RankCache
+from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
+from kvstore.lookups import tier_names
 from kvstore.protocol import MAX_BATCH
 
-TIER_ORDER = {"hbm": 0, "dram": 1, "disk": 2}  # best first; an unknown tier ranks last
+_NONE = 255  # "not found yet" while merging codes (every real code is smaller)
 
 
 class MissHints:
@@ -41,7 +46,7 @@ class MissHints:
     starts over). A hinted key is asked of its lookahead nodes in the same round as of its
     owners, which saves the second round trip of a prompt looked up again while partly
     cached; the owners' answer still wins, so a hint changes no result, only what is asked
-    when. A key its owners hold again is dropped from it."""
+    when. A key its owners hold again is dropped from it. Probes are C-level maps."""
 
     def __init__(self, max_entries: int = 1 << 16) -> None:
         if max_entries < 1:
@@ -54,17 +59,22 @@ class MissHints:
 
     def among(self, raws: Sequence[bytes]) -> list[int]:
         """The (ascending) indices of hinted keys in ``raws``."""
-        have = self._keys
-        return [i for i, r in enumerate(raws) if r in have]
+        return self._among(list(raws)).tolist()
+
+    def _among(self, raws: list[bytes]) -> np.ndarray:
+        if not self._keys:
+            return np.zeros(0, dtype=np.int64)
+        have = np.fromiter(map(self._keys.__contains__, raws), dtype=bool, count=len(raws))
+        return np.flatnonzero(have)
 
     def note(self, raws: Sequence[bytes], missed: Sequence[int], found: Sequence[int]) -> None:
         """``raws[missed]`` no owner held; ``raws[found]`` (hinted ones) an owner held."""
         have = self._keys
-        for i in found:
-            have.discard(raws[i])
+        if len(found):
+            have.difference_update(_pick(raws, found))
         if len(have) + len(missed) > self._max:
             have.clear()
-        have.update([raws[i] for i in missed][: self._max])
+        have.update(_pick(raws, missed[: self._max]))
 
     def clear(self) -> None:
         self._keys.clear()
@@ -74,7 +84,9 @@ class Lookups:
     """The lookup rounds of one cluster client. ``route`` gives the node clients, the healthy
     view and timed calls; ``ranks`` is the client's rank cache (reset by the client when its
     healthy view changes); ``counters`` and ``stragglers`` (late node calls, cancelled at
-    close) are the client's."""
+    close) are the client's. A lookup takes the view and a :class:`Ranking` of its keys at
+    its start and keeps both through all its rounds: a view change meanwhile (another call
+    resets the cache) changes nothing it asks."""
 
     def __init__(
         self,
@@ -95,125 +107,110 @@ class Lookups:
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key, its tier as the module docstring says (``None``: nowhere)."""
-        out: list[str | None] = [None] * len(keys)
+        return tier_names(await self.codes(KeyBatch.of(keys), deadline_s))
+
+    def ranking(self, keys: KeyBatch, view: list[Node]) -> Ranking:
+        """``keys``' orders over ``view``: from the cache when it ranks over ``view`` (it does
+        right after ``healthy_view``), else computed for this call alone."""
+        if self.ranks.view == tuple(view):
+            return self.ranks.ranking(keys)
+        ids, rows = rank_positions(keys, view, self.cfg.replicas)
+        uniq, inverse = unique_rows(rows)
+        return Ranking(ids, inverse.astype(np.int64), uniq.astype(np.int16))
+
+    async def codes(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
+        """Per key one tier code (kvstore.lookups), as the module docstring says (0: nowhere)."""
+        n = len(keys)
         view = await self.route.healthy_view(deadline_s)
-        if not keys or not view:
-            return out
+        if not n or not view:
+            return bytes(n)
         end = time.monotonic() + (deadline_s or self.op_timeout_s)
         owners, hi = self.cfg.replicas, self.cfg.replicas + self.cfg.lookahead
-        second = owners < len(view) and hi > owners  # is there a lookahead round at all
-        raws = [k.raw for k in keys] if owners < len(view) else []  # empty: no ranking needed
-        codes = self.ranks.codes(raws) if raws else None
-        groups, codes = self.plan(keys, range(len(keys)), 0, owners, view, codes)
-        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
-        hinted: list[int] = []
-        ahead: dict[asyncio.Future, list[int]] = {}
-        if second and self.hints:  # the lookahead round of hinted keys goes out now, too
-            hinted = self.hints.among(raws)
-            if hinted:
-                groups_ahead, _ = self.plan(keys, hinted, owners, hi, view, codes)
-                ahead = self._send(keys, groups_ahead, max(end - time.monotonic(), 1e-3))
-        if await self._collect(tasks, out, len(keys)) or not second:
-            self._leave(ahead)
-            if hinted:
-                self.hints.note(raws, (), hinted)  # every one found on its owners
-            return out
-        pending = [i for i, t in enumerate(out) if t is None]  # no owner has these
-        self.hints.note(raws, pending, [i for i in hinted if out[i] is not None])
-        if ahead:
-            late: list[str | None] = [None] * len(keys)
-            await self._collect(ahead, late, len(hinted))
-            if pending == hinted:  # the steady state: exactly the hinted keys were missing
-                for i in pending:
-                    out[i] = late[i]
-                pending = []
-            else:
-                asked = set(hinted)
-                for i in pending:
-                    if i in asked:
-                        out[i] = late[i]
-                pending = [i for i in pending if i not in asked]
-        if pending:
-            self.counters["lookup_second_rounds"] += 1
-            groups, _ = self.plan(keys, pending, owners, hi, view, codes)
-            await self._collect(
-                self._send(keys, groups, max(end - time.monotonic(), 1e-3)), out, len(pending)
-            )
-        return out
-
-    def plan(
-        self,
-        keys: Sequence[BlockKey],
-        idx: Sequence[int],
-        lo: int,
-        hi: int,
-        view: list[Node],
-        codes: list[int] | None = None,
-    ) -> tuple[dict[str, list[int]], list[int] | None]:
-        """:meth:`groups` of ``keys[idx]`` for ranks ``lo..hi-1``, and the keys' codes (pass
-        them back for the next round; ``None`` while no ranking was needed)."""
-        if lo == 0 and hi >= len(view):  # every node is a candidate for every key: no ranking
-            every = list(idx)
-            return {n.id: every for n in view}, codes
-        if codes is None:
-            codes = self.ranks.codes([k.raw for k in keys])
-        return self.groups(codes, idx, lo, hi), codes
-
-    def groups(self, codes: Sequence[int], idx: Sequence[int], lo: int, hi: int) -> dict[str, list[int]]:
-        """Per node, the indices ``idx`` (ascending) of the keys whose rendezvous ranks
-        ``lo..hi-1`` it holds; ``codes`` are the keys' :meth:`RankCache.codes`."""
-        orders = self.ranks.orders
-        buckets: list[list[int]] = [[] for _ in orders]  # the keys of each order
-        add = [b.append for b in buckets]
-        if isinstance(idx, range) and idx == range(len(codes)):
-            for i, c in enumerate(codes):
-                add[c](i)
+        addrs = [x.id for x in view]
+        every = owners >= len(view)  # every node owns every key: no ranking, no second round
+        second = not every and hi > owners
+        ranking = None if every else self.ranking(keys, view)  # kept for every round
+        best = np.full(n, _NONE, dtype=np.uint8)
+        if every:
+            groups = {a: np.arange(n) for a in addrs}
         else:
-            for i in idx:
-                add[codes[i]](i)
-        groups: dict[str, list[int]] = {}
-        for c, b in enumerate(buckets):
-            if b:
-                for a in orders[c][lo:hi]:
-                    groups.setdefault(a, []).extend(b)
-        for g in groups.values():
-            g.sort()  # ascending runs: a linear merge; requests stay in key order
-        return groups
+            groups = ranking.groups(None, 0, owners)
+        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
+        raws: list[bytes] = keys.raws() if second else []
+        hinted = np.zeros(0, dtype=np.int64)
+        ahead: dict[asyncio.Future, np.ndarray] = {}
+        if second and self.hints:  # the lookahead round of hinted keys goes out now, too
+            hinted = self.hints._among(raws)
+            if len(hinted):
+                ahead = self._send(
+                    keys, ranking.groups(hinted, owners, hi), max(end - time.monotonic(), 1e-3)
+                )
+        if await self._collect(tasks, best, None) or not second:
+            self._leave(ahead)
+            if len(hinted):
+                self.hints.note(raws, (), hinted.tolist())  # every one found on its owners
+            return _codes(best)
+        pending = np.flatnonzero(best == _NONE)  # no owner has these
+        if len(hinted):  # the hints change only where this lookup's answers differ from them
+            found_hinted = hinted[best[hinted] != _NONE]
+            fresh = pending[~np.isin(pending, hinted, assume_unique=True)]
+        else:
+            found_hinted, fresh = hinted, pending
+        if len(found_hinted) or len(fresh):
+            self.hints.note(raws, fresh.tolist(), found_hinted.tolist())
+        if ahead:
+            late = np.full(n, _NONE, dtype=np.uint8)
+            await self._collect(ahead, late, hinted)
+            asked = np.isin(pending, hinted)
+            best[pending[asked]] = late[pending[asked]]
+            pending = pending[~asked]
+        if len(pending):
+            self.counters["lookup_second_rounds"] += 1
+            groups = ranking.groups(pending, owners, hi)
+            await self._collect(self._send(keys, groups, max(end - time.monotonic(), 1e-3)), best, pending)
+        return _codes(best)
+
+    def plan(self, keys: KeyBatch, lo: int, hi: int, view: list[Node]) -> dict[str, np.ndarray]:
+        """Per node of ``view``, the (ascending) indices of ``keys`` whose ranks ``lo..hi-1``
+        it holds (all keys for every node when every node is a candidate)."""
+        if lo == 0 and hi >= len(view):
+            every = np.arange(len(keys))
+            return {x.id: every for x in view}
+        return self.ranking(keys, view).groups(None, lo, hi)
 
     def _send(
-        self, keys: Sequence[BlockKey], groups: dict[str, list[int]], deadline_s: float
-    ) -> dict[asyncio.Future, list[int]]:
+        self, keys: KeyBatch, groups: dict[str, np.ndarray], deadline_s: float
+    ) -> dict[asyncio.Future, np.ndarray]:
         """Start the EXISTS of ``groups`` (per node, at most ``MAX_BATCH`` keys a request, all
-        in parallel); each request's future with the indices it asked about."""
+        in parallel); each request's future with the indices it asked about. A node that
+        left the membership since the lookup began is not asked (its keys stay unanswered)."""
         nodes, timed = self.route.nodes, self.route.timed
-        tasks: dict[asyncio.Future, list[int]] = {}
+        tasks: dict[asyncio.Future, np.ndarray] = {}
         for a, idx in groups.items():
+            node = nodes.get(a)
+            if node is None:
+                continue
             for part in _split(idx, MAX_BATCH):
-                ks = keys if len(part) == len(keys) else _pick(keys, part)
-                tasks[asyncio.ensure_future(timed(a, "exists", nodes[a].exists(ks, deadline_s)))] = part
+                ks = keys if len(part) == len(keys) else keys.take(part)
+                tasks[asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))] = part
             self.counters["lookup_keys_asked"] += len(idx)
         return tasks
 
     async def _collect(
-        self, tasks: dict[asyncio.Future, list[int]], out: list[str | None], asked: int
+        self, tasks: dict[asyncio.Future, np.ndarray], best: np.ndarray, asked: np.ndarray | None
     ) -> bool:
-        """Merge the answers of ``tasks`` into ``out`` (the best tier wins) as they come;
-        ``asked`` distinct keys, all missing in ``out`` at the start. True, early, once every
-        one of them was found (the rest are left to finish: :meth:`_leave`)."""
-        missing, rank = asked, TIER_ORDER.get
+        """Merge the answers of ``tasks`` into ``best`` (the least code wins) as they come;
+        ``asked``: the key indices they cover (None: all), all unanswered at the start. True,
+        early, once every one was found (the rest are left to finish: :meth:`_leave`)."""
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                for i, tier in zip(tasks[t], t.result()):
-                    if tier is not None:
-                        have = out[i]
-                        if have is None:
-                            out[i] = tier
-                            missing -= 1
-                        elif tier != have and rank(tier, 9) < rank(have, 9):
-                            out[i] = tier
-            if missing <= 0:
+                got = np.frombuffer(t.result(), dtype=np.uint8)
+                idx = tasks[t]  # distinct indices within one request
+                best[idx] = np.minimum(best[idx], np.where(got == 0, _NONE, got))
+            left = best if asked is None else best[asked]
+            if not (left == _NONE).any():
                 if pending:
                     self.counters["lookups_answered_early"] += 1
                     self._leave(pending)
@@ -231,11 +228,25 @@ class Lookups:
 
     async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
         """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
-        tiers = await self.exists(keys, deadline_s)
-        return next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+        codes = await self.codes(KeyBatch.of(keys), deadline_s)
+        at = codes.find(b"\x00")
+        return len(codes) if at < 0 else at
 
 
-def _split(idx: list[int], most: int) -> list[list[int]]:
+def _pick(raws: Sequence[bytes], idx: Sequence[int]) -> Sequence[bytes]:
+    """``raws`` at ``idx`` in one C-level call."""
+    if len(idx) == 0:
+        return ()
+    if len(idx) == 1:
+        return (raws[idx[0]],)
+    return itemgetter(*idx)(raws)
+
+
+def _codes(best: np.ndarray) -> bytes:
+    return np.where(best == _NONE, 0, best).astype(np.uint8).tobytes()
+
+
+def _split(idx: np.ndarray, most: int) -> list[np.ndarray]:
     """``idx`` cut into the fewest even parts of at most ``most`` (sent in parallel, so the
     node answers the first while the client encodes the next)."""
     n = -(-len(idx) // most)
@@ -243,7 +254,3 @@ def _split(idx: list[int], most: int) -> list[list[int]]:
         return [idx]
     size = -(-len(idx) // n)
     return [idx[i : i + size] for i in range(0, len(idx), size)]
-
-
-def _pick(keys: Sequence[BlockKey], idx: list[int]) -> Sequence[BlockKey]:
-    return [keys[idx[0]]] if len(idx) == 1 else itemgetter(*idx)(keys)

@@ -44,7 +44,8 @@ from kvstore.block import BlockHeader
 from kvstore.client.conn import Conn, NodeRefused, byte_view
 from kvstore.client.leased import DescriptorPath
 from kvstore.client.rdma import ClientRdma
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
+from kvstore.lookups import tier_names
 from kvstore.results import Expect, GetResult, PutResult, Status
 from rdma.framing import FrameError
 from rdma.transport import TransportError
@@ -253,11 +254,16 @@ class NodeClient:
 
     async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
         """Per key: the highest tier holding it (visible to this tenant), or None."""
-        if not keys:
-            return []
+        return tier_names(await self.exists_codes(KeyBatch.of(keys), deadline_s))
+
+    async def exists_codes(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
+        """:meth:`exists` of packed keys: one tier code byte per key (kvstore.lookups; 0 where
+        absent, also for a node that fails), without a per-key object."""
+        if not len(keys):
+            return b""
         self.counters["exists_keys"] += len(keys)  # what a cluster lookup costs each node
-        r = await self._run("EXISTS", lambda c: _chunked(keys, P.MAX_BATCH, c.exists), deadline_s)
-        return [None] * len(keys) if isinstance(r, Status) else r
+        r = await self._run("EXISTS", lambda c: _packed(keys, P.MAX_BATCH, c.exists), deadline_s)
+        return bytes(len(keys)) if isinstance(r, Status) else r
 
     async def get_into(
         self,
@@ -326,23 +332,26 @@ class NodeClient:
         return r
 
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
-        if not keys:
-            return []
-        r = await self._run("DELETE", lambda c: _chunked(keys, P.MAX_BATCH, c.delete), deadline_s)
-        return [False] * len(keys) if isinstance(r, Status) else r
+        """Per key: True where it was stored (for this tenant) and is now gone."""
+        return list(map(bool, await self.delete_packed(KeyBatch.of(keys), deadline_s)))
+
+    async def delete_packed(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
+        """:meth:`delete` of packed keys: per key 1 (deleted) or 0 (also for a node that fails)."""
+        if not len(keys):
+            return b""
+        r = await self._run("DELETE", lambda c: _packed(keys, P.MAX_BATCH, c.delete), deadline_s)
+        return bytes(len(keys)) if isinstance(r, Status) else r
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         r = await self._run("STATS", lambda c: c.stats(), deadline_s)
         return None if isinstance(r, Status) else r
 
 
-async def _chunked(
-    keys: Sequence[BlockKey], n: int, fn: Callable[[Sequence[BlockKey]], Awaitable[list]]
-) -> list:
-    out: list = []
-    for i in range(0, len(keys), n):
-        out += await fn(keys[i : i + n])
-    return out
+async def _packed(keys: KeyBatch, n: int, fn: Callable[[KeyBatch], Awaitable[bytes]]) -> bytes:
+    """``fn`` over ``keys`` in parts of at most ``n``, its per-key bytes joined."""
+    if len(keys) <= n:
+        return await fn(keys)
+    return b"".join([await fn(keys[i : i + n]) for i in range(0, len(keys), n)])
 
 
 async def _hello_only(conn: Conn) -> bool:

@@ -10,8 +10,10 @@ about ``weight/total`` of the keys move and no others.
 Scores use the logarithmic method: ``score = weight / -ln(u)``, ``u`` uniform in (0, 1) from
 the hash; the argmax is node ``i`` with probability ``w_i / sum(w)``.
 
-:func:`rank_many` ranks many keys at once (the same orders); :class:`RankCache` keeps each
-key's order over one view, bounded in entries, for clients that rank the same keys again.
+:func:`rank_positions` ranks a :class:`~kvstore.keys.KeyBatch` at once (the same orders, in
+numpy; :func:`rank_many` gives them as id tuples); :class:`RankCache` keeps each key's order
+over one view, bounded in entries, for clients that rank the same keys again, and hands a
+lookup a :class:`Ranking` of its own.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
+import numpy as np
 import xxhash
+
+from kvstore.keys import KeyBatch
 
 _TWO64 = float(1 << 64)
 
@@ -81,45 +88,145 @@ def spread_zones(ordered: Sequence[Node], replicas: int) -> list[Node]:
 
 
 def rank_many(keys: Sequence[bytes], nodes: Sequence[Node], replicas: int = 1) -> list[tuple[str, ...]]:
-    """Per key, the ids of :func:`rank` ``(key, nodes, replicas)``: the same scores (the same
-    floats), the same ties (broken by the larger id first) and the same zone spread, computed a
-    node at a time over all keys so the Python per key is one small sort. Equal orders come
-    back as one shared tuple (a cache of many keys holds few distinct orders)."""
+    """Per key, the ids of :func:`rank` ``(key, nodes, replicas)`` (:func:`rank_positions` in
+    bulk). Equal orders come back as one shared tuple."""
+    ids, rows = rank_positions(KeyBatch(b"".join(keys)), nodes, replicas)
+    if not ids:
+        return [()] * len(keys)
+    uniq, inverse = unique_rows(rows)
+    orders = [tuple(ids[j] for j in row) for row in uniq.tolist()]
+    return list(map(orders.__getitem__, inverse.tolist()))
+
+
+def _exact_scores(pre: bytes, w: float, raws: Sequence[bytes]) -> list[float]:
+    h64, log = xxhash.xxh3_64_intdigest, math.log
+    return [w / -log((h + 0.5) / _TWO64) for h in map(h64, [pre + k for k in raws])]
+
+
+def _near_ties(scores: np.ndarray) -> np.ndarray:
+    """Per row, whether two of its scores lie within 1e-9 (relative) of each other."""
+    m = scores.shape[1]
+    if m > 16:
+        srt = np.sort(scores, axis=1)
+        return (np.diff(srt, axis=1) <= srt[:, 1:] * 1e-9).any(axis=1)
+    a, b = scores[:, :, None], scores[:, None, :]
+    near = np.abs(a - b) <= np.maximum(a, b) * 1e-9
+    near[:, np.arange(m), np.arange(m)] = False  # a score and itself
+    return near.any(axis=(1, 2))
+
+
+def _order(scores: np.ndarray) -> np.ndarray:
+    """Per row, the column positions by score, highest first; equal scores: the larger
+    position (id) first, as rank's reverse sort of (score, id). A view has a few nodes: each
+    node's place is the count of nodes that beat it (one broadcast compare), not a sort per
+    row; a large view sorts."""
+    n, m = scores.shape
+    if m > 16:
+        return (m - 1 - np.argsort(-scores[:, ::-1], axis=1, kind="stable")).astype(np.int16)
+    a, b = scores[:, :, None], scores[:, None, :]  # a: node j, b: node k
+    later = np.arange(m)[None, :] > np.arange(m)[:, None]  # [j, k]: k > j
+    place = ((b > a) | ((b == a) & later[None])).sum(axis=2)  # nodes ahead of j
+    rows = np.empty((n, m), dtype=np.int16)
+    np.put_along_axis(rows, place, np.arange(m, dtype=np.int16)[None, :].repeat(n, axis=0), axis=1)
+    return rows
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of a ``(n, m)`` order matrix and each row's index among them (a
+    view's few orders: each row packed into one int and those sorted, not rows compared)."""
+    n, m = rows.shape
+    if m == 0 or m > 12 or n == 0:  # m**m no longer fits an int64
+        uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    packed = rows.astype(np.int64) @ (m ** np.arange(m, dtype=np.int64))
+    _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+    return rows[first], inverse.reshape(-1)
+
+
+def rank_positions(
+    keys: KeyBatch, nodes: Sequence[Node], replicas: int = 1
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """Every key's :func:`rank` order at once: ``(ids, rows)``, ``ids`` the nodes' ids sorted
+    and ``rows[i]`` (int16, one row per key) the positions into ``ids`` of key ``i``'s
+    order, owners first. The same orders as :func:`rank`: scores are computed per node over
+    all keys (one hash call per key and node, in C; numpy for the rest), ties broken by the
+    larger id first, zones spread per distinct order. A key whose two scores are so close
+    that numpy's ``log`` and the math module's might order them differently (within 1e-9,
+    relative) is scored again exactly as :func:`score` does, so no order ever differs."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     ns = sorted(nodes, key=lambda n: n.id)
     if len({n.id for n in ns}) != len(ns):
         raise ValueError("placement: node ids must be unique")
-    if not ns:
-        return [()] * len(keys)
-    h64, log = xxhash.xxh3_64_intdigest, math.log
-    cols = []
-    for n in ns:
-        pre, w = n.id.encode() + b"\0", n.weight
-        cols.append([w / -log((h + 0.5) / _TWO64) for h in map(h64, [pre + k for k in keys])])
-    # sorting positions by score, highest first, from the last id down: equal scores keep
-    # that order, the larger id first, as rank's reverse sort of (score, id) does
-    back = range(len(ns) - 1, -1, -1)
-    zoned = replicas > 1 and any(n.zone for n in ns)
-    ids = [n.id for n in ns]
-    interned: dict[tuple[int, ...], tuple[str, ...]] = {}
-    out = []
-    for row in zip(*cols):
-        pos = tuple(sorted(back, key=row.__getitem__, reverse=True))
-        order = interned.get(pos)
-        if order is None:
-            if zoned:
-                order = tuple(n.id for n in spread_zones([ns[j] for j in pos], replicas))
-            else:
-                order = tuple(ids[j] for j in pos)
-            interned[pos] = order
-        out.append(order)
-    return out
+    n, m = len(keys), len(ns)
+    ids = tuple(x.id for x in ns)
+    if not m or not n:
+        return ids, np.zeros((n, m), dtype=np.int16)
+    raws = keys.raws()
+    h64 = xxhash.xxh3_64_intdigest
+    scores = np.empty((n, m), dtype=np.float64)
+    for j, node in enumerate(ns):
+        pre = node.id.encode() + b"\0"
+        h = np.fromiter(map(h64, map(pre.__add__, raws)), dtype=np.uint64, count=n)
+        scores[:, j] = node.weight / -np.log((h.astype(np.float64) + 0.5) / _TWO64)
+    if m > 1:
+        close = np.flatnonzero(_near_ties(scores))
+        if len(close):  # near ties: the exact scores of those keys decide
+            few = [raws[i] for i in close.tolist()]
+            for j, node in enumerate(ns):
+                scores[close, j] = _exact_scores(node.id.encode() + b"\0", node.weight, few)
+    rows = _order(scores)
+    if replicas > 1 and any(x.zone for x in ns):
+        uniq, inverse = unique_rows(rows)
+        spread = np.array(
+            [
+                [ids.index(x.id) for x in spread_zones([ns[j] for j in row], replicas)]
+                for row in uniq.tolist()
+            ],
+            dtype=np.int16,
+        )
+        rows = spread[inverse.reshape(-1)]
+    return ids, rows
 
 
 def owners(key: bytes, nodes: Sequence[Node], replicas: int) -> list[Node]:
     """The ``replicas`` nodes (fewer when there are fewer nodes) that own ``key``."""
     return rank(key, nodes, replicas)[:replicas]
+
+
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """The rendezvous orders of one batch of keys over one view, fixed when made: a lookup
+    keeps it through all its rounds, whatever the cache it came from does meanwhile.
+    ``ids``: the view's node ids, sorted; ``codes[i]``: key ``i``'s row of ``orders``, the
+    positions into ``ids`` of its order (owners first)."""
+
+    ids: tuple[str, ...]
+    codes: np.ndarray
+    orders: np.ndarray
+
+    def groups(self, idx: np.ndarray | None, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """Per node, the key indices (``idx``, ascending; None: all keys) whose order ranks
+        ``lo..hi-1`` hold it, ascending. One numpy pass per node (a view has a few)."""
+        m = len(self.ids)
+        if not m:
+            return {}
+        base = np.arange(len(self.codes)) if idx is None else np.asarray(idx, dtype=np.int64)
+        codes = self.codes if idx is None else self.codes[base]
+        band = self.orders[:, lo : min(hi, m)]
+        out: dict[str, np.ndarray] = {}
+        for j, addr in enumerate(self.ids):
+            holds = (band == j).any(axis=1)  # per distinct order
+            if not holds.any():
+                continue
+            mine = base[holds[codes]]
+            if len(mine):
+                out[addr] = mine
+        return out
+
+    def order(self, i: int) -> tuple[str, ...]:
+        """Key ``i``'s node ids, owners first."""
+        return tuple(self.ids[j] for j in self.orders[self.codes[i]].tolist())
 
 
 class RankCache:
@@ -128,9 +235,10 @@ class RankCache:
 
     Bounded in entries: two generations of at most ``max_entries // 2`` keys each; a key
     found in the old generation moves to the new one, and when the new one is full the old
-    one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping
-    (a lookup of 8,192 cached keys is 8,192 dict probes). :meth:`reset` with a different view
-    or ``replicas`` empties it (placement changed)."""
+    one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping.
+    :meth:`reset` with a different view or ``replicas`` empties it (placement changed): it
+    makes new tables, so a :class:`Ranking` made before keeps its own. Probes and inserts are
+    C-level maps over the keys; misses are ranked in one :func:`rank_positions` call."""
 
     def __init__(self, max_entries: int = 1 << 17) -> None:
         if max_entries < 2:
@@ -138,13 +246,19 @@ class RankCache:
         self._gen = max_entries // 2
         self._new: dict[bytes, int] = {}
         self._old: dict[bytes, int] = {}
-        self.orders: list[tuple[str, ...]] = []
-        self._code_of: dict[tuple[str, ...], int] = {}
+        self._rows: list[tuple[int, ...]] = []  # per code: positions into _ids
+        self._code_of: dict[tuple[int, ...], int] = {}
+        self._ids: tuple[str, ...] = ()
+        self.orders: list[tuple[str, ...]] = []  # per code: node ids
         self._view: tuple[Node, ...] = ()
         self._replicas = 1
 
     def __len__(self) -> int:
         return len(self._new) + len(self._old)
+
+    @property
+    def view(self) -> tuple[Node, ...]:
+        return self._view
 
     def reset(self, view: Sequence[Node], replicas: int) -> None:
         """Rank over ``view`` (the healthy members) with ``replicas`` owners from now on."""
@@ -152,41 +266,76 @@ class RankCache:
         if view == self._view and replicas == self._replicas:
             return
         self._view, self._replicas = view, replicas
+        self._ids = tuple(sorted(n.id for n in view))
         self._new, self._old = {}, {}
-        self.orders, self._code_of = [], {}
+        self._rows, self._code_of, self.orders = [], {}, []
+
+    def ranking(self, keys: KeyBatch) -> Ranking:
+        """The orders of ``keys`` over the current view, as a :class:`Ranking` of its own."""
+        codes = self._codes(keys.raws())
+        m = len(self._ids)
+        orders = np.array(self._rows, dtype=np.int16).reshape(len(self._rows), m)
+        return Ranking(self._ids, codes, orders)
 
     def codes(self, raws: Sequence[bytes]) -> list[int]:
-        """Per raw key, the code of its order (``orders[code]``: node ids, owners first).
-        Misses are ranked in one batch (:func:`~kvstore.client.placement.rank_many`)."""
-        codes: list[int | None] = list(map(self._new.get, raws))
-        if None not in codes:
-            return codes  # type: ignore[return-value]
-        missed = []
-        old = self._old
-        for i, c in enumerate(codes):
-            if c is None:
-                c = old.get(raws[i])
-                if c is None:
-                    missed.append(i)
-                else:
-                    codes[i] = c
-                    self._put(raws[i], c)
-        if missed:
-            fresh = rank_many([raws[i] for i in missed], self._view, self._replicas)
-            for i, order in zip(missed, fresh):
-                c = self._code_of.get(order)
-                if c is None:
-                    c = self._code_of[order] = len(self.orders)
-                    self.orders.append(order)
-                codes[i] = c
-                self._put(raws[i], c)
-        return codes  # type: ignore[return-value]
+        """Per raw key, the code of its order (``orders[code]``: node ids, owners first)."""
+        return self._codes(list(raws)).tolist()
+
+    def _codes(self, raws: list[bytes]) -> np.ndarray:
+        n = len(raws)
+        codes = np.fromiter(map(self._new.get, raws, repeat(-1, n)), dtype=np.int64, count=n)
+        missed = np.flatnonzero(codes < 0)
+        if not len(missed):
+            return codes
+        few = raws if len(missed) == n else _pick(raws, missed)
+        if self._old:
+            back = np.fromiter(map(self._old.get, few, repeat(-1, len(few))), dtype=np.int64, count=len(few))
+            hit = back >= 0
+            if hit.any():
+                codes[missed[hit]] = back[hit]
+                self._insert(_pick(few, np.flatnonzero(hit)), back[hit])
+                missed, few = missed[~hit], _pick(few, np.flatnonzero(~hit))
+        if len(missed):
+            if len(missed) == 1:  # one key (reads and writes rank per key): rank() itself
+                order = rank(few[0], self._view, self._replicas)
+                got = np.array([self._code(tuple(map(self._ids.index, (x.id for x in order))))])
+            else:
+                _, rows = rank_positions(KeyBatch(b"".join(few)), self._view, self._replicas)
+                uniq, inverse = unique_rows(rows)
+                fresh = np.array([self._code(tuple(r)) for r in uniq.tolist()], dtype=np.int64)
+                got = fresh[inverse]
+            codes[missed] = got
+            self._insert(few, got)
+        return codes
+
+    def _code(self, row: tuple[int, ...]) -> int:
+        c = self._code_of.get(row)
+        if c is None:
+            c = self._code_of[row] = len(self._rows)
+            self._rows.append(row)
+            self.orders.append(tuple(self._ids[j] for j in row))
+        return c
+
+    def _insert(self, raws: Sequence[bytes], codes: np.ndarray) -> None:
+        if len(raws) > self._gen:
+            raws, codes = raws[-self._gen :], codes[-self._gen :]
+        if len(self._new) + len(raws) > self._gen:
+            self._old, self._new = self._new, {}
+        self._new.update(zip(raws, codes.tolist()))
 
     def order(self, raw: bytes) -> tuple[str, ...]:
-        """The view's node ids in ``raw``'s rendezvous order (owners first)."""
-        return self.orders[self.codes((raw,))[0]]
+        """The view's node ids in ``raw``'s rendezvous order (owners first): one dict probe
+        when cached (reads and writes ask per key), else ranked as a batch of one."""
+        c = self._new.get(raw)
+        if c is None:
+            c = int(self._codes([raw])[0])
+        return self.orders[c]
 
-    def _put(self, raw: bytes, code: int) -> None:
-        if len(self._new) >= self._gen:
-            self._old, self._new = self._new, {}
-        self._new[raw] = code
+
+def _pick(items: Sequence[bytes], idx: np.ndarray) -> list[bytes]:
+    """``items`` at positions ``idx`` in one C-level call."""
+    if len(idx) == 0:
+        return []
+    if len(idx) == 1:
+        return [items[int(idx[0])]]
+    return list(itemgetter(*idx.tolist())(items))

@@ -3,7 +3,7 @@
 GET sends payloads from leased slots and PUT receives them into reserved ones, each move
 marked in transfer and bounded by the transfer deadline (kvstore/daemon/transfer.py). Every reply about
 another tenant's block is the reply about an absent key (docs/security.md): GET answers
-``[MISS, nil, nil]``, EXISTS nil, DELETE false, and a PUT of its key BUSY. Owned by
+``[MISS, nil, nil]``, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Owned by
 :class:`~kvstore.daemon.dataport.DataServer`, which gives it what it uses in its constructor
 (:meth:`BlockOps.ops` names the handlers); event loop thread only.
 """
@@ -14,11 +14,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from kvstore import protocol as P
 from kvstore.daemon.admission import Admission
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.transfer import Transfers
+from kvstore.keys import KeyBatch
 from kvstore.results import PutResult, Status
 
 
@@ -57,15 +60,13 @@ class BlockOps:
             P.StatsRequest.OP: self._op_stats,
         }
 
-    async def _visible(self, sess: Session, keys) -> list[str | None]:
-        """Per key: its tier when stored and in one of the session's namespaces, else None
-        (another tenant's block answers exactly as an absent one)."""
+    async def _visible(self, sess: Session, keys: KeyBatch) -> bytes:
+        """Per key one tier code: its tier when stored and in one of the session's namespaces,
+        else 0 (another tenant's block answers exactly as an absent one)."""
         return await self.node.visible_tiers(keys, sess.sees)
 
     async def _op_exists(self, ch, sess, req: P.ExistsRequest, plen) -> None:
-        keys = list(req.keys)
-        tiers = await self._visible(sess, keys)
-        await ch.send_frame(P.ExistsReply(req.rid, tuple(tiers)).to_wire())
+        await ch.send_frame(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())
 
     async def _op_get(self, ch, sess, req: P.GetRequest, plen) -> None:
         keys, exp, caps = list(req.keys), req.expects, req.caps
@@ -165,13 +166,12 @@ class BlockOps:
         return st if ns is None or sess.sees(ns) else Status.BUSY
 
     async def _op_delete(self, ch, sess, req: P.DeleteRequest, plen) -> None:
-        keys = list(req.keys)
-        mine = await self._visible(sess, keys)
-        todo = [k for k, t in zip(keys, mine) if t is not None]
-        done = dict(zip([k.raw for k in todo], await self.node.delete(todo))) if todo else {}
-        await ch.send_frame(
-            P.DeleteReply(req.rid, tuple(bool(done.get(k.raw, False)) for k in keys)).to_wire()
-        )
+        keys = req.keys
+        mine = np.flatnonzero(np.frombuffer(await self._visible(sess, keys), dtype=np.uint8))
+        done = np.zeros(len(keys), dtype=np.uint8)
+        if len(mine):
+            done[mine] = await self.node.delete(keys.take(mine))
+        await ch.send_frame(P.DeleteReply(req.rid, done.tobytes()).to_wire())
 
     async def _op_stats(self, ch, sess, req: P.StatsRequest, plen) -> None:
         """With auth: the tenant's own counters only. Without: the node's (one tenant)."""

@@ -24,10 +24,14 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import Callable, Sequence
+from operator import itemgetter
+
+import numpy as np
 
 from kvstore.block import BlockHeader
 from kvstore.config import StoreConfig
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
+from kvstore.lookups import TIER_CODES
 from kvstore.node.eviction import Evictor
 from kvstore.node.inspection import Inspector
 from kvstore.node.leases import Lease, LeaseTable, Reservation
@@ -156,18 +160,32 @@ class NodeStore:
         tiers' indexes (kept at commit and at open): no I/O, no decode."""
         return [t.namespace(k.raw) if (t := self._where(k.raw)) is not None else None for k in keys]
 
-    async def visible_tiers(
-        self, keys: Sequence[BlockKey], sees: Callable[[bytes | None], bool]
-    ) -> list[str | None]:
-        """Per key: the highest tier holding it when ``sees`` accepts its namespace id (see
-        :meth:`namespaces`), else None -- :meth:`contains` and the tenant check in one index
-        lookup per key (the daemon's EXISTS and DELETE; 8,192 keys for a long prompt)."""
-        out: list[str | None] = []
-        for k in keys:
-            raw = k.raw
-            t = self._where(raw)
-            out.append(t.name if t is not None and sees(t.namespace(raw)) else None)
-        return out
+    async def visible_tiers(self, keys: KeyBatch, sees: Callable[[bytes | None], bool]) -> bytes:
+        """Per key one tier code (kvstore.lookups): the highest tier holding it when ``sees``
+        accepts its namespace id there (see :meth:`namespaces`), else 0 -- exactly
+        :meth:`contains` plus the tenant check, so another tenant's block reads as absent.
+        The daemon's EXISTS and DELETE (8,192 keys for a long prompt): one pass per tier
+        over the packed keys (:meth:`LruIndex.probe`), each tier asked only about the keys
+        the tiers above it do not hold; no Python per key."""
+        n = len(keys)
+        codes = np.zeros(n, dtype=np.uint8)
+        rest, left = keys.raws(), np.arange(n)
+        if self.doomed:  # deleted while held: absent for every reader
+            gone = np.fromiter(map(self.doomed.__contains__, rest), dtype=bool, count=n)
+            if gone.any():
+                left = left[~gone]
+                rest = _pick(rest, left)
+        for t in self._tiers:
+            if not rest:
+                break
+            held, visible = t.probe(rest, sees)
+            if not held.any():
+                continue
+            codes[left[held]] = np.where(visible[held], TIER_CODES[t.name], 0)
+            keep = np.flatnonzero(~held)
+            left = left[keep]
+            rest = _pick(rest, keep)
+        return codes.tobytes()
 
     def _promote(self, header: BlockHeader, payload) -> None:
         """Copy a verified disk block into the top memory tier when that costs no I/O (and
@@ -409,3 +427,12 @@ class NodeStore:
     def check(self) -> None:
         """See :meth:`Inspector.check`."""
         self.inspector.check()
+
+
+def _pick(items: list[bytes], idx: np.ndarray) -> list[bytes]:
+    """``items`` at positions ``idx`` (C-level: one itemgetter call, not a loop per item)."""
+    if len(idx) == 0:
+        return []
+    if len(idx) == 1:
+        return [items[int(idx[0])]]
+    return list(itemgetter(*idx.tolist())(items))

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvstore.block import BlockHeader
-from kvstore.errors import BlockFormatError, TierKVError
-from kvstore.keys import KEY_BYTES, BlockKey
+from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
+from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
 from kvstore.results import Expect, Status
 from rdma.transport import RemoteDescriptor, TransportError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: EXISTS and DELETE carry packed keys and one code byte per key
 MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
 MAX_BATCH = 4096  # keys (or descriptors, handles) per request
 MAX_BLOCKS = 256  # block headers per GET/PUT frame that clients send; keeps headers under MAX_HEADER
@@ -94,6 +94,28 @@ def req_keys(h: dict[str, Any], field: str = "keys") -> list[BlockKey]:
             raise bad(f"{field}[{i}] must be {KEY_BYTES} bytes")
         out.append(BlockKey(k))
     return out
+
+
+def req_key_batch(h: dict[str, Any], field: str = "keys") -> KeyBatch:
+    """A packed key field: one bin of ``n × 16`` bytes, ``n <= MAX_BATCH`` (one length check)."""
+    v = h.get(field)
+    if not isinstance(v, bytes):
+        raise bad(f"{field} must be bin (n x {KEY_BYTES} bytes), got {type(v).__name__}")
+    try:
+        return KeyBatch(v, max_keys=MAX_BATCH)
+    except KeyFormatError as exc:
+        raise bad(f"{field}: {exc}") from exc
+
+
+def codes_from_wire(h: dict[str, Any], field: str, n: int, top: int) -> bytes:
+    """A per-key code field: one bin of exactly ``n`` bytes, each at most ``top``."""
+    v = h.get(field)
+    if not isinstance(v, bytes) or len(v) != n:
+        raise bad(f"{field} must be bin of {n} bytes (one per key), got {v!r:.80}")
+    if v and max(v) > top:
+        at = next(i for i, c in enumerate(v) if c > top)
+        raise bad(f"{field}[{at}] is {v[at]}; codes are 0..{top}")
+    return v
 
 
 def req_ints(h: dict[str, Any], field: str, n: int | None = None) -> list[int]:

@@ -94,7 +94,8 @@ class Hello:
         v = h.get("v")
         if v != PROTOCOL_VERSION or isinstance(v, bool):
             raise ProtocolError(
-                BAD_VERSION, f"protocol version {v!r} is not supported (this node speaks {PROTOCOL_VERSION})"
+                BAD_VERSION,
+                f"client protocol version {v!r} is not supported (this node speaks {PROTOCOL_VERSION})",
             )
         rid = _u64(h.get("rid"), "rid")
         token = h.get("token", "")
@@ -171,6 +172,13 @@ class HelloReply:
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> HelloReply:
+        """``bad_version`` (checked first) when the node speaks another protocol version."""
+        v = h.get("v")
+        if v != PROTOCOL_VERSION or isinstance(v, bool):
+            raise ProtocolError(
+                BAD_VERSION,
+                f"node protocol version {v!r} is not supported (this client speaks {PROTOCOL_VERSION})",
+            )
         ns = _items(h, "ns", None, 0)
         if not all(isinstance(x, bytes) and len(x) == KEY_BYTES for x in ns):
             raise bad(f"ns must hold {KEY_BYTES}-byte namespace ids")
@@ -185,7 +193,7 @@ class HelloReply:
             _str(h.get("node", ""), "node"),
             max_frame,
             RdmaReply.from_wire(h.get("rdma")),
-            _u64(h.get("v"), "v"),
+            v,
         )
 
 

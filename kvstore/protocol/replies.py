@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Self
 
-from kvstore.protocol.fields import _bools, _items, _str, _u64, bad
+from kvstore.lookups import MAX_CODE, tier_names
+from kvstore.protocol.fields import _bools, _items, _u64, bad, codes_from_wire
 from kvstore.protocol.records import (
     GetEntry,
     LeaseEntry,
@@ -19,28 +20,25 @@ from rdma.framing import payload_len
 # ``from_wire(h, n)``: ``n`` is the number of results the request asked for (checked).
 
 
-_TIER_TYPES = {str, type(None)}
-
-
 @dataclass(frozen=True)
 class ExistsReply:
-    """Per key, the highest tier holding it (``"hbm"``, ``"dram"``, ``"disk"``) or None."""
+    """Per key, one tier code byte (kvstore.lookups: 0 absent, 1 hbm, 2 dram, 3 disk), sent
+    as one bin field; checked with one length test and one ``max``."""
 
     rid: int
-    tiers: tuple[str | None, ...]
+    codes: bytes
 
     def to_wire(self) -> dict[str, Any]:
-        return {"rid": self.rid, "ok": True, "tiers": list(self.tiers)}
+        return {"rid": self.rid, "ok": True, "tiers": self.codes}
 
     @classmethod
     def from_wire(cls, h: dict[str, Any], n: int) -> ExistsReply:
-        tiers = _items(h, "tiers", n, 0)
-        # one set test for the usual reply (8,192 keys of a long prompt); the slow path only
-        # to name the bad item
-        if not {type(t) for t in tiers} <= _TIER_TYPES:
-            for i, t in enumerate(tiers):
-                _str(t, f"tiers[{i}]", nil=True)
-        return cls(_u64(h.get("rid"), "rid"), tuple(tiers))
+        return cls(_u64(h.get("rid"), "rid"), codes_from_wire(h, "tiers", n, MAX_CODE))
+
+    @property
+    def tiers(self) -> tuple[str | None, ...]:
+        """Per key, its tier name or None (absent)."""
+        return tuple(tier_names(self.codes))
 
 
 @dataclass(frozen=True)
@@ -102,8 +100,24 @@ class _FlagsReply:
         return cls(_u64(h.get("rid"), "rid"), _bools(h, n), payload_len(h))
 
 
-class DeleteReply(_FlagsReply):
-    """True where the key was stored (for this tenant) and is now gone."""
+@dataclass(frozen=True)
+class DeleteReply:
+    """Per key one byte, sent as one bin field: 1 where the key was stored (for this tenant)
+    and is now gone, 0 otherwise."""
+
+    rid: int
+    done: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rid": self.rid, "ok": True, "res": self.done}
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], n: int) -> DeleteReply:
+        return cls(_u64(h.get("rid"), "rid"), codes_from_wire(h, "res", n, 1))
+
+    @property
+    def res(self) -> tuple[bool, ...]:
+        return tuple(map(bool, self.done))
 
 
 class ReleaseReply(_FlagsReply):

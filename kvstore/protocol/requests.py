@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from kvstore.block import BlockHeader
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
 from kvstore.protocol.fields import (
     UNKNOWN_OP,
     ProtocolError,
@@ -18,6 +18,7 @@ from kvstore.protocol.fields import (
     req_float,
     req_headers,
     req_ints,
+    req_key_batch,
     req_keys,
 )
 from kvstore.protocol.hello import Hello
@@ -27,16 +28,23 @@ from rdma.transport import RemoteDescriptor
 
 @dataclass(frozen=True)
 class _KeysRequest:
+    """EXISTS or DELETE: ``keys`` packed (a :class:`KeyBatch`; BlockKeys given are packed),
+    sent as one bin field of ``n × 16`` bytes."""
+
     OP: ClassVar[str]
     rid: int
-    keys: tuple[BlockKey, ...]
+    keys: KeyBatch
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, KeyBatch):
+            object.__setattr__(self, "keys", KeyBatch.of(self.keys))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"op": self.OP, "rid": self.rid, "keys": [k.raw for k in self.keys]}
+        return {"op": self.OP, "rid": self.rid, "keys": self.keys.raw}
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> Self:
-        return cls(_u64(h.get("rid"), "rid"), tuple(req_keys(h)))
+        return cls(_u64(h.get("rid"), "rid"), req_key_batch(h))
 
 
 class ExistsRequest(_KeysRequest):

@@ -5,6 +5,7 @@ out as parallel requests of at most MAX_BATCH keys. Real daemons on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.lookup import MissHints
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.placement import Node, RankCache, rank
-from kvstore.keys import BlockKey, Namespace
+from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.protocol import MAX_BATCH
 from kvstore.results import Status
 
@@ -111,3 +112,77 @@ async def test_cluster_long_lookup_splits_each_nodes_keys(start_daemon):
     per_node = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
     assert max(per_node.values()) > MAX_BATCH  # some node got more than one request's worth
     await c.close()
+
+
+async def test_cluster_lookups_keep_their_view_and_ranking_while_it_changes(start_daemon):
+    """Issue #23: the view changes (members leave and come back) many times while lookups
+    are in their rounds. Each lookup keeps the view and ranking it started with: none raises
+    (before: IndexError in the second round, its codes indexing a cache another call had
+    rebuilt, or KeyError for a node gone since), and every answer is right."""
+    ds = [start_daemon(use_disk=False) for _ in range(4)]
+    addrs = sorted(d.addr for d in ds)
+    c = ClusterClient.static(addrs, FAST, CFG)
+    await c.start(5.0)
+    blocks = make_blocks(48, 256, seed=71, ns=NS)
+    for a in addrs:  # on every node: whatever view a lookup started with, its owners hold them
+        n = NodeClient(a, FAST)
+        assert all(r.status is Status.STORED for r in await n.put(blocks))
+        await n.close()
+    present = [h.key for h, _ in blocks]
+    members = list(c.membership.members)
+    assert len(members) == 4
+    rnd = random.Random(72)
+    changes = 0
+    running = True
+
+    async def churn():
+        nonlocal changes
+        while running:
+            # the membership source announcing a change, as etcd's watch does
+            c.membership._set(rnd.sample(members, rnd.choice([2, 3, 4])))
+            changes += 1
+            await asyncio.sleep(rnd.choice([0, 0, 0.001, 0.003]))
+
+    async def lookups(seed: int) -> int:
+        r = random.Random(seed)
+        done = 0
+        for _ in range(25):
+            absent = [BlockKey(r.randbytes(16)) for _ in range(40)]  # fresh: a second round each time
+            keys = present + absent
+            order = list(range(len(keys)))
+            r.shuffle(order)
+            got = await c.exists([keys[i] for i in order], 5.0)
+            want = ["dram" if i < len(present) else None for i in order]
+            assert got == want
+            done += 1
+        return done
+
+    flipper = asyncio.ensure_future(churn())
+    try:
+        counts = await asyncio.gather(*(lookups(s) for s in range(6)))
+    finally:
+        running = False
+        await flipper
+    assert counts == [25] * 6
+    assert changes >= 50, changes
+    assert c.counters["lookup_second_rounds"] >= 30  # views of 2 nodes have no second round
+    await c.close()
+
+
+def test_a_ranking_outlives_a_cache_reset():
+    """The nodes a lookup asks come from the ranking it started with, after any reset."""
+    view = [Node(f"10.0.0.{i}:7000") for i in range(4)]
+    keys = KeyBatch(b"".join(raws(500, 9)))
+    rc = RankCache(1 << 12)
+    rc.reset(view, 2)
+    ranking = rc.ranking(keys)
+    rc.reset(view[:2], 2)
+    rc.ranking(keys[:50])  # another call fills the new tables
+    for lo, hi in ((0, 2), (2, 3)):
+        groups = ranking.groups(None, lo, hi)
+        want: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            for node in rank(k.raw, view, 2)[lo:hi]:
+                want.setdefault(node.id, []).append(i)
+        assert {a: g.tolist() for a, g in groups.items()} == want
+        assert sum(len(g) for g in want.values()) == 500 * (hi - lo)

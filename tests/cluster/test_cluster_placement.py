@@ -14,8 +14,9 @@ from kvstore.address import parse_host_port
 from kvstore.client.etcd import parse_etcd_url
 from kvstore.client.membership import Member, MembershipError, StaticMembership
 from kvstore.client.node import NodeClient
-from kvstore.client.placement import Node, owners, rank, rank_many
+from kvstore.client.placement import Node, owners, rank, rank_many, rank_positions
 from kvstore.errors import AddressError
+from kvstore.keys import KeyBatch
 
 keys_st = st.binary(min_size=16, max_size=16)
 nodes_st = st.lists(
@@ -172,3 +173,19 @@ def test_host_port_accepts_names_v4_and_bracketed_v6():
     assert parse_host_port("[::1]:65535") == ("::1", 65535)
     assert Member("[::1]:7000").addr == "[::1]:7000"
     assert parse_etcd_url("etcd://a:2379,[::1]:2379/c").endpoints == ("a:2379", "[::1]:2379")
+
+
+@pytest.mark.parametrize("weights, zones", [(False, False), (True, False), (True, True)])
+def test_cluster_bulk_ranking_of_a_long_prompt_is_rank_of_each_key(weights, zones):
+    """rank_positions over 8,192 keys (numpy scores, exact rescoring of near ties) gives
+    every key rank()'s order."""
+    rnd = random.Random(11)
+    nodes = [
+        Node(f"10.1.0.{i}:7000", rnd.uniform(0.5, 4.0) if weights else 1.0, "ab"[i % 2] if zones else "")
+        for i in range(5)
+    ]
+    keys = keyset(8192, 12)
+    ids, rows = rank_positions(KeyBatch(b"".join(keys)), nodes, 2)
+    assert rows.shape == (8192, 5)
+    got = [tuple(ids[j] for j in row) for row in rows.tolist()]
+    assert got == [tuple(n.id for n in rank(k, nodes, 2)) for k in keys]

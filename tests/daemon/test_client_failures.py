@@ -39,7 +39,7 @@ async def _stub(behaviour) -> tuple[asyncio.AbstractServer, int]:
                             {
                                 "rid": h["rid"],
                                 "ok": True,
-                                "v": 1,
+                                "v": P.PROTOCOL_VERSION,
                                 "tenant": "",
                                 "salt": "",
                                 "ns": [],

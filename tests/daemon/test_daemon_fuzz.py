@@ -34,7 +34,7 @@ VALUE = st.recursive(
 FIELDS = st.fixed_dictionaries(
     {},
     optional={
-        "keys": st.one_of(st.lists(KEY, max_size=5), VALUE),
+        "keys": st.one_of(st.lists(KEY, max_size=5), st.binary(max_size=90).map(bytes), VALUE),
         "hdrs": st.one_of(st.lists(st.binary(max_size=60), max_size=3), VALUE),
         "descs": st.one_of(
             st.lists(st.lists(st.integers(0, 2**20), min_size=4, max_size=4), max_size=3), VALUE
@@ -164,8 +164,8 @@ def test_fuzz_data_port(start_daemon):
     def run(hello, frames):
         _exchange(d.data_port, hello, frames)
         assert d.proc.poll() is None, d.logs()[-3000:]
-        sentinel.sendall(_frame({"op": "EXISTS", "rid": 2, "keys": [NS.id.raw]}))
-        assert _reply(sentinel) == {"rid": 2, "ok": True, "tiers": [None]}
+        sentinel.sendall(_frame({"op": "EXISTS", "rid": 2, "keys": NS.id.raw}))
+        assert _reply(sentinel) == {"rid": 2, "ok": True, "tiers": b"\x00"}
 
     run()
     sentinel.close()
@@ -205,9 +205,22 @@ MALFORMED = [
     {"op": "READ", "rid": 3, "descs": [{"a": 1}]},
     {"op": "RELEASE", "rid": 3, "handles": [-1]},
     {"op": "COMMIT", "rid": 3, "handles": {"a": 1}},
-    {"op": "HELLO", "rid": 3, "v": 1, "ns": [{"model": ["m"], "dtype": "u8", "block_tokens": "4"}]},
-    {"op": "HELLO", "rid": 3, "v": 1, "ns": [{"model": "m", "dtype": "u8", "block_tokens": [4]}]},
-    {"op": "HELLO", "rid": 3, "v": 1, "token": {"t": 1}},
+    {"op": "EXISTS", "rid": 3, "keys": [b"x" * 16]},
+    {"op": "EXISTS", "rid": 3, "keys": b"x" * 17},
+    {"op": "DELETE", "rid": 3, "keys": b"x" * 16 * (P.MAX_BATCH + 1)},
+    {
+        "op": "HELLO",
+        "rid": 3,
+        "v": P.PROTOCOL_VERSION,
+        "ns": [{"model": ["m"], "dtype": "u8", "block_tokens": "4"}],
+    },
+    {
+        "op": "HELLO",
+        "rid": 3,
+        "v": P.PROTOCOL_VERSION,
+        "ns": [{"model": "m", "dtype": "u8", "block_tokens": [4]}],
+    },
+    {"op": "HELLO", "rid": 3, "v": P.PROTOCOL_VERSION, "token": {"t": 1}},
 ]
 
 
@@ -219,7 +232,11 @@ def test_every_malformed_field_is_a_typed_bad_request_and_logging_is_bounded(sta
     for hello in (False, True):
         with socket.create_connection(("127.0.0.1", d.data_port), timeout=5) as s:
             if hello:
-                s.sendall(_frame({"op": "HELLO", "rid": 1, "v": 1, "ns": [P.namespace_to_wire(NS)]}))
+                s.sendall(
+                    _frame(
+                        {"op": "HELLO", "rid": 1, "v": P.PROTOCOL_VERSION, "ns": [P.namespace_to_wire(NS)]}
+                    )
+                )
                 assert _reply(s)["ok"]
             # before HELLO any well-formed op but HELLO is refused (auth) and closes the connection
             for h in (

@@ -67,7 +67,7 @@ def test_a_connection_that_never_says_hello_is_closed(limited):
     d = limited(hello_timeout_s=1.0)
     silent = RawPeer(d.data_port, timeout=5)
     trickle = RawPeer(d.data_port, timeout=5)
-    trickle.send(frame({"op": "HELLO", "rid": 0, "v": 1, "token": TOK_A, "ns": []})[:3])
+    trickle.send(frame({"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": TOK_A, "ns": []})[:3])
     assert silent.closed_by_peer()
     assert trickle.closed_by_peer()
     assert 'tierkv_timeouts_total{kind="hello"} 2.0' in _metrics(d)
@@ -146,7 +146,17 @@ def test_connections_per_tenant_are_capped(limited, ns):
     a = [RawPeer(d.data_port) for _ in range(3)]
     a[0].hello(TOK_A, ns)
     a[1].hello(TOK_A, ns)
-    a[2].send(frame({"op": "HELLO", "rid": 0, "v": 1, "token": TOK_A, "ns": [P.namespace_to_wire(ns)]}))
+    a[2].send(
+        frame(
+            {
+                "op": "HELLO",
+                "rid": 0,
+                "v": P.PROTOCOL_VERSION,
+                "token": TOK_A,
+                "ns": [P.namespace_to_wire(ns)],
+            }
+        )
+    )
     assert a[2].reply()["code"] == P.BUSY
     b = RawPeer(d.data_port)
     assert b.hello(TOK_B, ns)["ok"]  # another tenant's share is its own

@@ -140,9 +140,10 @@ def test_every_reply_round_trips(blocks_of, ns):
     puts = (PutResult(Status.STORED, "dram", True), PutResult(Status.INVALID))
     assert _round_trip(P.PutReply(4, puts), 2).results == puts
     assert _round_trip(P.CommitReply(4, puts), 2).results == puts
-    for cls in (P.DeleteReply, P.ReleaseReply, P.WriteReply):
+    for cls in (P.ReleaseReply, P.WriteReply):
         assert _round_trip(cls(5, (True, False)), 2).res == (True, False)
-    assert _round_trip(P.ExistsReply(6, ("dram", None)), 2).tiers == ("dram", None)
+    assert _round_trip(P.DeleteReply(5, b"\x01\x00"), 2).res == (True, False)
+    assert _round_trip(P.ExistsReply(6, b"\x02\x00\x03"), 3).tiers == ("dram", None, "disk")
     assert _round_trip(P.StatsReply(7, {"tenant": {"hits": 1}})).stats == {"tenant": {"hits": 1}}
     hello = P.HelloReply(0, "acme", "s", (b"n" * 16,), "node-a", 1 << 20)
     assert _round_trip(hello) == hello
@@ -166,10 +167,18 @@ def test_a_bad_reply_field_is_named(blocks_of, ns):
         (P.LeaseReply, {"res": [[*hit, [1, 2]]]}, 1, r"res\[0\] descriptor"),
         (P.ReserveReply, {"res": [[6, [1, 0, 4, 0]]]}, 1, "a status and a descriptor"),
         (P.PutReply, {"res": [[5, None, "yes"]]}, 1, r"res\[0\] durable"),
-        (P.DeleteReply, {"res": [1]}, 1, r"res\[0\] must be true or false"),
-        (P.ExistsReply, {"tiers": [3]}, 1, r"tiers\[0\]"),
+        (P.DeleteReply, {"res": [1]}, 1, r"res must be bin of 1 bytes"),
+        (P.DeleteReply, {"res": b"\x00\x02"}, 2, r"res\[1\] is 2; codes are 0..1"),
+        (P.ExistsReply, {"tiers": ["dram"]}, 1, r"tiers must be bin of 1 bytes"),
+        (P.ExistsReply, {"tiers": b"\x01"}, 2, r"tiers must be bin of 2 bytes"),
         (P.StatsReply, {"stats": [1]}, 0, "stats must be a map"),
-        (P.HelloReply, {"tenant": "", "salt": "", "ns": [b"x"], "v": 1}, 0, "namespace ids"),
+        (P.HelloReply, {"tenant": "", "salt": "", "ns": [b"x"], "v": P.PROTOCOL_VERSION}, 0, "namespace ids"),
+        (
+            P.HelloReply,
+            {"tenant": "", "salt": "", "ns": [], "v": 1},
+            0,
+            "node protocol version 1 .* speaks 2",
+        ),
     ]
     for cls, fields, n, says in cases:
         with pytest.raises(P.ProtocolError, match=says):
@@ -250,6 +259,23 @@ def test_token_table(tmp_path):
 
 
 def test_exists_reply_names_a_bad_tier_item():
-    assert P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": ["dram", None]}, 2).tiers == ("dram", None)
-    with pytest.raises(P.ProtocolError, match=r"tiers\[1\] must be a string or nil, got int"):
-        P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": ["dram", 5]}, 2)
+    assert P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": b"\x02\x00"}, 2).tiers == ("dram", None)
+    with pytest.raises(P.ProtocolError, match=r"tiers\[1\] is 5; codes are 0..3"):
+        P.ExistsReply.from_wire({"rid": 1, "ok": True, "tiers": b"\x02\x05"}, 2)
+
+
+def test_packed_keys_are_one_bin_field_checked_once(blocks_of, ns):
+    [(h, _), (h2, _)] = blocks_of(ns, 2, 64)
+    for cls in (P.ExistsRequest, P.DeleteRequest):
+        req = cls(3, (h.key, h2.key))
+        wire = req.to_wire()
+        assert wire["keys"] == h.key.raw + h2.key.raw
+        back = cls.from_wire(msgpack.unpackb(msgpack.packb(wire, use_bin_type=True), raw=False))
+        assert back == req and list(back.keys) == [h.key, h2.key]
+        with pytest.raises(P.ProtocolError, match="keys must be bin"):
+            cls.from_wire({**wire, "keys": [h.key.raw]})
+        with pytest.raises(P.ProtocolError, match="multiple of 16 bytes"):
+            cls.from_wire({**wire, "keys": b"x" * 17})
+        with pytest.raises(P.ProtocolError, match=f"at most {P.MAX_BATCH} keys"):
+            cls.from_wire({**wire, "keys": b"x" * 16 * (P.MAX_BATCH + 1)})
+        assert len(cls.from_wire({**wire, "keys": b"x" * 16 * P.MAX_BATCH}).keys) == P.MAX_BATCH

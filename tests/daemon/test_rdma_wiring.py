@@ -81,9 +81,11 @@ async def test_malformed_qp_info_is_a_clear_error_and_the_daemon_keeps_serving(s
     assert reply["ok"] is False and reply["code"] == P.BAD_REQUEST
     assert reply["err"].startswith(says), reply["err"]
     # the connection stays: a correct HELLO on it is accepted and ops work
-    again = await call(ch, {"op": "HELLO", "rid": 2, "v": 1, "token": "", "ns": [P.namespace_to_wire(ns)]})
+    again = await call(
+        ch, {"op": "HELLO", "rid": 2, "v": P.PROTOCOL_VERSION, "token": "", "ns": [P.namespace_to_wire(ns)]}
+    )
     assert again["ok"] is True and again["rdma"] is None
-    assert (await call(ch, {"op": "EXISTS", "rid": 3, "keys": [bytes(16)]}))["tiers"] == [None]
+    assert (await call(ch, {"op": "EXISTS", "rid": 3, "keys": bytes(16)}))["tiers"] == b"\x00"
     ch.close()
     # and other clients are served
     c = NodeClient(d.addr, ClientConfig(namespaces=(ns,), transport="tcp"))

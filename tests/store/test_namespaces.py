@@ -7,7 +7,8 @@ from __future__ import annotations
 from storeutil import make_blocks
 
 from kvstore.block import BlockHeader
-from kvstore.keys import Namespace
+from kvstore.keys import KeyBatch, Namespace
+from kvstore.lookups import tier_names
 from kvstore.node.store import NodeStore
 from kvstore.node.tiers.index import NamespaceIds
 
@@ -106,11 +107,54 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
     missing = make_blocks(1, seed=98)[0][0].key
     try:
         await node.put(mine + other)
-        keys = [h.key for h, _ in mine + other] + [missing]
+        keys = KeyBatch.of([h.key for h, _ in mine + other] + [missing])
         mine_ns = mine[0][0].namespace.raw
-        assert await node.visible_tiers(keys, lambda ns: ns == mine_ns) == ["dram"] * 3 + [None] * 3
-        assert await node.visible_tiers(keys, lambda ns: ns is not None) == await node.contains(keys)
+        assert (
+            tier_names(await node.visible_tiers(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
+        )
+        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == await node.contains(
+            keys
+        )
         await node.delete([mine[0][0].key])
-        assert (await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
+        assert tier_names(await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
+    finally:
+        await node.close()
+
+
+async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_deletes(cfg_factory):
+    """The bulk probe against the per-key reference (contains, then namespaces, then the
+    tenant check) for every mix of visible namespaces, with blocks on disk only and in DRAM,
+    in any key order, and a key deleted while leased (absent to every reader)."""
+    cfg = cfg_factory(disk__sync=True)
+    node = await NodeStore.open(cfg)
+    old = make_blocks(3, seed=11) + make_blocks(2, ns=OTHER, seed=12) + make_blocks(2, ns=TENANT, seed=13)
+    try:
+        await node.put(old)
+    finally:
+        await node.close()
+    node = await NodeStore.open(cfg)  # the old blocks are on disk only now
+    new = make_blocks(2, seed=14) + make_blocks(2, ns=OTHER, seed=15)
+    missing = [h.key for h, _ in make_blocks(2, seed=97)]
+    try:
+        await node.put(new)
+        order = [h.key for h, _ in new + old] + missing
+        order = order[1::2] + order[::2]  # tiers and namespaces interleaved
+        keys = KeyBatch.of(order)
+        tiers, nss = await node.contains(order), await node.namespaces(order)
+        assert {"dram", "disk", None} <= set(tiers), tiers
+        spaces = sorted({ns for ns in nss if ns is not None})
+        assert len(spaces) == 3
+        for accept in ([], spaces[:1], spaces[1:], spaces):
+            want = [t if t is not None and ns in accept else None for t, ns in zip(tiers, nss)]
+            got = await node.visible_tiers(keys, lambda ns, accept=accept: ns in accept)
+            assert len(got) == len(order)
+            assert tier_names(got) == want, accept
+        held = order[0]
+        [lease] = await node.lease([held])
+        assert lease is not None
+        await node.delete([held])
+        got = tier_names(await node.visible_tiers(keys, lambda ns: True))
+        assert got[0] is None and got[1:] == [t for t in tiers[1:]]
+        node.release([lease])
     finally:
         await node.close()

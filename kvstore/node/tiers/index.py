@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from itertools import islice
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice, repeat
+from operator import and_, rshift
 
 import msgpack
+import numpy as np
 
 _OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
 _NS_SHIFT = _OFF_BITS
@@ -123,6 +125,15 @@ class NamespaceIds:
     def get(self, i: int) -> bytes | None:
         return self._ns[i]
 
+    def ids_where(self, accept: Callable[[bytes | None], bool]) -> frozenset[int]:
+        """The ids whose namespace ``accept`` takes (0, "no namespace", asked as None): a
+        tier holds a few namespaces, so this is a few calls, not one per block."""
+        return frozenset(i for i, ns in enumerate(self._ns) if accept(ns))
+
+    def count(self) -> int:
+        """How many ids exist (in use or free), 0 included: ids are ``range(count())``."""
+        return len(self._ns)
+
     def __len__(self) -> int:
         return len(self._ids)
 
@@ -165,6 +176,23 @@ class LruIndex:
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         idx = self._index
         return [k in idx for k in keys]
+
+    def probe(self, keys: list[bytes], sees: Callable[[bytes | None], bool]) -> tuple[np.ndarray, np.ndarray]:
+        """Per key, whether this tier holds it and whether it holds it in a namespace ``sees``
+        accepts (two bool arrays): one pass of C-level maps over the index, no Python
+        bytecode per key. ``sees`` is asked once per namespace id of the tier; the entry's
+        id decides per key (exact, as :meth:`namespace` then ``sees`` would)."""
+        n, idx = len(keys), self._index
+        held = np.fromiter(map(idx.__contains__, keys), dtype=bool, count=n)
+        ok = self._ns_ids.ids_where(sees)
+        if len(ok) == self._ns_ids.count():  # every namespace here is visible
+            return held, held
+        if not ok or not held.any():
+            return held, np.zeros(n, dtype=bool)
+        entries = map(idx.get, keys, repeat(0, n))
+        ids = map(and_, map(rshift, entries, repeat(_NS_SHIFT, n)), repeat(_OFF_MASK, n))
+        visible = np.fromiter(map(ok.__contains__, ids), dtype=bool, count=n)
+        return held, visible & held
 
     def payload_len(self, key: bytes) -> int:
         return entry_payload_len(self._index[key])

@@ -1,0 +1,177 @@
+"""A client written from docs/protocol.md alone -- a raw socket and msgpack, no tierkv client
+or protocol module -- talks HELLO, EXISTS and DELETE to a real daemon. If the document and
+the daemon disagree, this fails. (Blocks are stored beforehand by a separate process that
+uses tierkv's own client; that process is not what is tested here.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+
+import msgpack
+import pytest
+from daemonutil import REPO
+
+VERSION = 2  # docs/protocol.md, HELLO
+ABSENT, HBM, DRAM, DISK = 0, 1, 2, 3  # docs/protocol.md, tier codes
+NAMESPACE = {  # a HELLO namespace map: the fields of the doc's HELLO section
+    "model": "independent-model",
+    "dtype": "uint8",
+    "block_tokens": 4,
+    "layout": "LKTHD",
+    "tp": [1, 0],
+    "hash": "xxh3_128",
+    "v": 1,
+}
+
+_SEED = """
+import asyncio, json, sys
+import numpy as np
+from kvstore.block import make_header
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.keys import Namespace
+
+async def main(addr, n):
+    ns = Namespace("independent-model", "uint8", 4)
+    tokens = list(range(100, 100 + 4 * n))
+    keys, parent, blocks = ns.block_keys(tokens), ns.id, []
+    for i, k in enumerate(keys):
+        payload = np.full(64, i, dtype=np.uint8).tobytes()
+        blocks.append((make_header(key=k, parent=parent, namespace=ns.id, tokens=tokens[4 * i : 4 * i + 4],
+                                   dtype="uint8", shape=[64], payload=payload), payload))
+        parent = k
+    c = NodeClient(addr, ClientConfig(namespaces=(ns,), transport="tcp"))
+    try:
+        res = await c.put(blocks)
+        assert all(r.status.name == "STORED" for r in res), res
+    finally:
+        await c.close()
+    print(json.dumps([k.hex for k in keys]))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+class Independent:
+    """One connection speaking the documented frame: ``[u32 big-endian H][msgpack map]``."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.rid = 0
+
+    def call(self, fields: dict) -> dict:
+        self.rid += 1
+        body = msgpack.packb({**fields, "rid": self.rid}, use_bin_type=True)
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+        reply = self.read()
+        assert reply["rid"] == self.rid or not reply["ok"], reply
+        return reply
+
+    def read(self) -> dict:
+        (n,) = struct.unpack(">I", self._exact(4))
+        return msgpack.unpackb(self._exact(n), raw=False)
+
+    def _exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+            buf += chunk
+        return buf
+
+    def closed(self) -> bool:
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def hello(self, version: int = VERSION) -> dict:
+        return self.call({"op": "HELLO", "v": version, "token": "", "tenant": None, "ns": [NAMESPACE]})
+
+    def exists(self, keys: list[bytes]) -> bytes:
+        r = self.call({"op": "EXISTS", "keys": b"".join(keys)})
+        assert r["ok"], r
+        codes = r["tiers"]
+        assert isinstance(codes, bytes) and len(codes) == len(keys), r
+        return codes
+
+    def delete(self, keys: list[bytes]) -> bytes:
+        r = self.call({"op": "DELETE", "keys": b"".join(keys)})
+        assert r["ok"], r
+        assert isinstance(r["res"], bytes) and len(r["res"]) == len(keys), r
+        return r["res"]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def stored(start_daemon):
+    """A daemon without disk holding 6 blocks of NAMESPACE: (daemon, their keys)."""
+    d = start_daemon(use_disk=False)
+    out = subprocess.run(
+        [sys.executable, "-c", _SEED, d.addr, "6"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert out.returncode == 0, out.stderr
+    keys = [bytes.fromhex(k) for k in json.loads(out.stdout)]
+    assert len(keys) == 6
+    return d, keys
+
+
+def test_hello_exists_and_delete_as_documented(stored):
+    d, keys = stored
+    c = Independent(d.data_port)
+    try:
+        welcome = c.hello()
+        assert welcome["ok"] is True and welcome["v"] == VERSION
+        assert len(welcome["ns"]) == 1 and len(welcome["ns"][0]) == 16
+        absent = bytes(16)
+        asked = [keys[0], absent, *keys[1:], keys[2]]
+        assert c.exists(asked) == bytes([DRAM, ABSENT, *[DRAM] * 5, DRAM])
+        assert c.exists([]) == b""
+        assert c.delete([keys[1], absent, keys[1]]) == b"\x01\x00\x00"
+        assert c.exists(keys) == bytes([DRAM, ABSENT, *[DRAM] * 4])
+        # a malformed packed field is bad_request naming the field; the connection stays
+        for bad in ([keys[0]], keys[0][:15], keys[0] * 4097):
+            r = c.call({"op": "EXISTS", "keys": bad})
+            assert r["ok"] is False and r["code"] == "bad_request" and "keys" in r["err"], r
+        assert c.exists([keys[0]]) == bytes([DRAM])
+    finally:
+        c.close()
+
+
+def test_a_namespace_not_declared_reads_as_absent(stored):
+    """A connection whose HELLO declares another namespace sees the blocks as absent, and its
+    DELETE of them deletes nothing (docs/protocol.md, tenants and namespaces)."""
+    d, keys = stored
+    c = Independent(d.data_port)
+    try:
+        r = c.call({"op": "HELLO", "v": VERSION, "token": "", "ns": [{**NAMESPACE, "model": "another"}]})
+        assert r["ok"], r
+        assert c.exists(keys) == bytes(len(keys))
+        assert c.delete(keys) == bytes(len(keys))
+    finally:
+        c.close()
+    owner = Independent(d.data_port)
+    try:
+        owner.hello()
+        assert owner.exists(keys) == bytes([DRAM] * len(keys))
+    finally:
+        owner.close()
+
+
+def test_a_client_of_another_version_gets_one_error_naming_both(start_daemon):
+    d = start_daemon(use_disk=False)
+    for version in (1, 3):
+        c = Independent(d.data_port)
+        try:
+            r = c.hello(version)
+            assert r["ok"] is False and r["code"] == "bad_version", r
+            assert f"version {version} " in r["err"] and f"speaks {VERSION}" in r["err"], r["err"]
+            assert c.closed()
+        finally:
+            c.close()
