@@ -191,7 +191,7 @@ async def test_replies_about_another_tenants_block_equal_those_about_an_absent_o
     )
     g.request({"op": "PUT", "hdrs": [forged.encode()]}, plen=len(gp))
     g.send(gp)
-    assert g.reply()["res"][0][0] != int(Status.EXISTS)
+    assert g.reply()["st"][0] != int(Status.EXISTS)
     g.close()
     await acme.close()
 

@@ -223,7 +223,7 @@ async def test_bad_input_on_the_data_port(daemon, ns, blocks_of):
     assert out["garbage"][0]["code"] == P.BAD_FRAME and out["garbage"][1] is None
     assert out["unknown"]["code"] == P.UNKNOWN_OP and out["unknown"]["rid"] == 2
     assert out["bad_keys"]["code"] == P.BAD_REQUEST
-    assert out["bad_checksum"]["ok"] and out["bad_checksum"]["res"][0][0] == int(Status.INVALID)
+    assert out["bad_checksum"]["ok"] and out["bad_checksum"]["st"][0] == int(Status.INVALID)
     assert out["bad_plen"]["code"] == P.BAD_REQUEST
     assert out["exists"]["tiers"] == [None], "a block with a bad checksum must not be stored"
     await _still_serves(daemon, ns, blocks_of)
