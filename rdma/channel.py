@@ -76,6 +76,8 @@ class SocketChannel:
         self.closed = False
         self._reader_fd: int | None = None  # registered with _on_readable (see _wait_readable)
         self._reader_wait: asyncio.Future | None = None
+        self._writer_fd: int | None = None  # registered with _on_writable while a send waits
+        self._writer_wait: asyncio.Future | None = None
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -107,14 +109,26 @@ class SocketChannel:
             await self._wait_readable(fd, fut)
             return
 
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._loop.add_writer(fd, ready)
+        # the writer stays registered until the send that waits ends (:meth:`send`): a large
+        # send waits once per socket buffer drained, and two epoll_ctl calls per wait were a
+        # tenth of a daemon's loop time on a 256 KiB-block GET
+        self._writer_wait = fut
+        if self._writer_fd is None:
+            self._loop.add_writer(fd, self._on_writable)
+            self._writer_fd = fd
         try:
             await fut
         finally:
+            self._writer_wait = None
+
+    def _on_writable(self) -> None:
+        fut = self._writer_wait
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _stop_writer(self) -> None:
+        if self._writer_fd is not None:
+            fd, self._writer_fd = self._writer_fd, None
             self._loop.remove_writer(fd)
 
     async def _wait_readable(self, fd: int, fut: asyncio.Future) -> None:
@@ -177,6 +191,12 @@ class SocketChannel:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if v.nbytes]
+        try:
+            await self._send(views)
+        finally:
+            self._stop_writer()
+
+    async def _send(self, views: list[memoryview]) -> None:
         if self._offloads(sum(v.nbytes for v in views)):
             i = 0
             while i < len(views):
@@ -298,6 +318,7 @@ class SocketChannel:
         if not self.closed:
             self.closed = True
             self._stop_reader()  # first: the loop must not watch an fd number about to be reused
+            self._stop_writer()
             self.sock.close()
 
 
