@@ -6,7 +6,10 @@ H is xxh3_128 (default) or blake2b-128 (namespace ``hash="blake2b_128"``, for un
 multi-tenant use). Nothing here is seeded or process-specific: the same prompt gives the same
 keys in every process, on every machine, after every restart.
 
-This module imports only the standard library and xxhash, so the engine can use it cheaply.
+A batch of keys is a :class:`KeyBatch`: one buffer of ``n × 16`` bytes, validated once, with
+a :class:`BlockKey` made only where one is asked for. This module imports only the standard
+library and xxhash at load (numpy only inside :meth:`KeyBatch.take` and
+:meth:`KeyBatch.array`), so the engine and the connector's facade can use it cheaply.
 Everything here is immutable and thread-safe.
 """
 
@@ -17,12 +20,16 @@ import json
 import os
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, overload
 
 import xxhash
 
 from kvstore.errors import KeyFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KEY_FORMAT_VERSION = 1
 KEY_BYTES = 16
@@ -65,6 +72,128 @@ class BlockKey:
 
     def __repr__(self) -> str:
         return f"BlockKey({self.raw.hex()})"
+
+
+class KeyBatch(Sequence[BlockKey]):
+    """``n`` block keys as one immutable buffer of ``n × 16`` bytes (key ``i`` at
+    ``raw[16 i : 16 i + 16]``). Built from bytes in one check (a bytes object whose length is
+    a multiple of 16, at most ``max_keys`` keys when given); no per-key object exists until
+    one is indexed. Slicing and :meth:`take` give KeyBatches (copies of the bytes they
+    name); ``batch[i]`` a :class:`BlockKey`. Equal and hashable by its bytes."""
+
+    __slots__ = ("_raw", "_hash")
+
+    def __init__(self, raw: bytes = b"", *, max_keys: int | None = None) -> None:
+        if not isinstance(raw, bytes):
+            raise KeyFormatError(f"a key batch is bytes, got {type(raw).__name__}")
+        if len(raw) % KEY_BYTES or (max_keys is not None and len(raw) > max_keys * KEY_BYTES):
+            bound = f", at most {max_keys} keys" if max_keys is not None else ""
+            raise KeyFormatError(
+                f"a key batch is a multiple of {KEY_BYTES} bytes{bound}; got {len(raw)} bytes"
+            )
+        object.__setattr__(self, "_raw", raw)
+        object.__setattr__(self, "_hash", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("KeyBatch is immutable")
+
+    @classmethod
+    def of(cls, keys: Iterable[BlockKey]) -> KeyBatch:
+        """The batch of ``keys`` (BlockKeys) in order; a KeyBatch is returned as it is."""
+        if isinstance(keys, KeyBatch):
+            return keys
+        try:
+            return cls(b"".join([k.raw for k in keys]))
+        except AttributeError as exc:
+            raise KeyFormatError(f"a key batch is made of BlockKeys: {exc}") from exc
+
+    @property
+    def raw(self) -> bytes:
+        """The packed keys, ``len(self) × 16`` bytes."""
+        return self._raw
+
+    def __len__(self) -> int:
+        return len(self._raw) // KEY_BYTES
+
+    @overload
+    def __getitem__(self, i: int) -> BlockKey: ...
+    @overload
+    def __getitem__(self, i: slice) -> KeyBatch: ...
+    def __getitem__(self, i: int | slice) -> BlockKey | KeyBatch:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                return KeyBatch(self._raw[start * KEY_BYTES : max(start, stop) * KEY_BYTES])
+            return self.take(range(start, stop, step))
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"key index {i} out of range for a batch of {n}")
+        i %= n
+        return BlockKey(self._raw[i * KEY_BYTES : (i + 1) * KEY_BYTES])
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        raw = self._raw
+        for off in range(0, len(raw), KEY_BYTES):
+            yield BlockKey(raw[off : off + KEY_BYTES])
+
+    def raws(self) -> list[bytes]:
+        """Each key's 16 bytes (for dict or set probes keyed by key)."""
+        raw = self._raw
+        return [raw[off : off + KEY_BYTES] for off in range(0, len(raw), KEY_BYTES)]
+
+    def array(self) -> np.ndarray:
+        """A read-only ``(n, 16)`` uint8 numpy view of the buffer (no copy)."""
+        import numpy as np
+
+        return np.frombuffer(self._raw, dtype=np.uint8).reshape(len(self), KEY_BYTES)
+
+    def take(self, idx: Sequence[int] | np.ndarray) -> KeyBatch:
+        """The keys at positions ``idx`` (ints in ``[-n, n)``, any order, repeats allowed),
+        as a new batch; IndexError naming the bad position otherwise."""
+        import numpy as np
+
+        pos = np.asarray(idx, dtype=np.int64).reshape(-1)
+        if not len(pos):
+            return KeyBatch()
+        n = len(self)
+        if pos.min() < -n or pos.max() >= n:
+            bad = pos[(pos < -n) | (pos >= n)][0]
+            raise IndexError(f"key index {int(bad)} out of range for a batch of {n}")
+        return KeyBatch(self.array()[pos].tobytes())
+
+    def __add__(self, other: KeyBatch) -> KeyBatch:
+        if not isinstance(other, KeyBatch):
+            return NotImplemented
+        return KeyBatch(self._raw + other._raw)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyBatch) and self._raw == other._raw
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(self._raw)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, BlockKey):
+            return False
+        raw, k = self._raw, key.raw
+        at = raw.find(k)
+        while at != -1:  # a match that straddles two keys is not a key
+            if at % KEY_BYTES == 0:
+                return True
+            at = raw.find(k, at + 1)
+        return False
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(k.hex for k in self[:2])
+        return f"KeyBatch({n} keys: {head}{', ...' if n > 2 else ''})"
+
+    def __reduce__(self):
+        return (KeyBatch, (self._raw,))
 
 
 def tokens_le_bytes(tokens: Sequence[int]) -> bytes:
@@ -193,16 +322,21 @@ class Namespace:
 
     def block_keys(self, tokens: Sequence[int], start_parent: BlockKey | None = None) -> list[BlockKey]:
         """Keys of every full block of ``tokens``; a partial tail block gets no key."""
+        return list(self.key_batch(tokens, start_parent))
+
+    def key_batch(self, tokens: Sequence[int], start_parent: BlockKey | None = None) -> KeyBatch:
+        """:meth:`block_keys` as one :class:`KeyBatch` (the chain hashed once, no per-key
+        objects): the form lookups, loads and saves carry."""
         bt = self.block_tokens
         raw = tokens_le_bytes(tokens)
         step = bt * 4
         parent = (start_parent or self.id).raw
-        out: list[BlockKey] = []
+        out = bytearray()
         h = self.hash
         for off in range(0, (len(tokens) // bt) * step, step):
             parent = _h(h, parent + raw[off : off + step])
-            out.append(BlockKey(parent))
-        return out
+            out += parent
+        return KeyBatch(bytes(out))
 
 
 def block_spans(n_tokens: int, block_tokens: int) -> list[tuple[int, int]]:
