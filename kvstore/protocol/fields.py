@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from kvstore.block import BlockHeader
-from kvstore.errors import BlockFormatError, TierKVError
-from kvstore.keys import KEY_BYTES, BlockKey
+from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
+from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
 from kvstore.results import Expect, Status
 from rdma.transport import RemoteDescriptor, TransportError
 
@@ -94,6 +95,33 @@ def req_keys(h: dict[str, Any], field: str = "keys") -> list[BlockKey]:
             raise bad(f"{field}[{i}] must be {KEY_BYTES} bytes")
         out.append(BlockKey(k))
     return out
+
+
+def req_key_batch(h: dict[str, Any], field: str = "keys") -> KeyBatch:
+    """A packed key field: one bin of ``n × 16`` bytes, ``n <= MAX_BATCH`` (one length check)."""
+    v = h.get(field)
+    if not isinstance(v, bytes):
+        raise bad(f"{field} must be bin (n x {KEY_BYTES} bytes), got {type(v).__name__}")
+    try:
+        return KeyBatch(v, max_keys=MAX_BATCH)
+    except KeyFormatError as exc:
+        raise bad(f"{field}: {exc}") from exc
+
+
+def req_caps(h: dict[str, Any], n: int) -> tuple[int, ...] | None:
+    """``caps``: absent/nil, or one bin of ``n × 8`` bytes (little-endian u64 per key)."""
+    v = h.get("caps")
+    if v is None:
+        return None
+    if not isinstance(v, bytes) or len(v) != 8 * n:
+        raise bad(f"caps must be bin of {8 * n} bytes (u64 little-endian per key), got {v!r:.80}")
+    return struct.unpack(f"<{n}Q", v)
+
+
+def caps_to_wire(caps: tuple[int, ...] | None) -> bytes | None:
+    if caps is None:
+        return None
+    return struct.pack(f"<{len(caps)}Q", *caps)
 
 
 def req_ints(h: dict[str, Any], field: str, n: int | None = None) -> list[int]:

@@ -100,7 +100,7 @@ def test_one_get_reads_at_most_max_frame_bytes_from_disk(daemon, ns, blocks_of):
         assert p.reply()["st"][0] == int(Status.STORED)
     p.request({"op": "EXISTS", "keys": [h.key.raw for h, _ in blocks]})
     assert p.reply()["tiers"] == ["disk"] * 5
-    p.request({"op": "GET", "keys": [h.key.raw for h, _ in blocks]})
+    p.request({"op": "GET", "keys": b"".join([h.key.raw for h, _ in blocks])})
     rep = p.reply()
     got = [r[0] for r in rep["res"]]
     assert got == [int(Status.HIT)] * 2 + [int(Status.MISS)] * 3
@@ -157,7 +157,7 @@ def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of
         assert writer.reply()["st"][0] == int(Status.STORED)
     writer.request({"op": "EXISTS", "keys": [ha.key.raw] + [h.key.raw for h, _ in bs]})
     assert writer.reply()["tiers"] == ["dram"] + ["disk"] * 12
-    reader.request({"op": "GET", "keys": [ha.key.raw] + [h.key.raw for h, _ in bs]})
+    reader.request({"op": "GET", "keys": b"".join([ha.key.raw] + [h.key.raw for h, _ in bs])})
     # once the daemon has read the GET it has leased A (no await before): now delete and reuse
     assert until(lambda: _unread(d.data_port, reader.sock.getsockname()[1]) == 0)
     writer.request({"op": "DELETE", "keys": [ha.key.raw]})
@@ -188,12 +188,12 @@ def test_leases_of_disk_blocks_hold_at_most_max_frame_bytes_per_connection(daemo
         assert p.reply()["st"][0] == int(Status.STORED)
     handles = []
     for h, _ in blocks:  # one block per request: the bound is the connection's, not the request's
-        p.request({"op": "LEASE", "keys": [h.key.raw], "ttl": 60.0})
+        p.request({"op": "LEASE", "keys": h.key.raw, "ttl": 60.0})
         [r] = p.reply()["res"]
         if r[0] == int(Status.HIT):
             handles.append(r[3][0])
     assert len(handles) == 2  # 2 x 5 MiB within 12 MiB; the third would pass it
     p.request({"op": "RELEASE", "handles": handles[:1]})
     p.reply()
-    p.request({"op": "LEASE", "keys": [blocks[4][0].key.raw], "ttl": 60.0})
+    p.request({"op": "LEASE", "keys": b"".join([blocks[4][0].key.raw]), "ttl": 60.0})
     assert p.reply()["res"][0][0] == int(Status.HIT)

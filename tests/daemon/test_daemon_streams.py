@@ -87,7 +87,7 @@ async def test_a_reader_that_stalls_mid_stream_costs_only_its_connection(daemon,
     assert all(r.status is Status.STORED for r in await c.put(blocks))
     stalled = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
     stalled.hello(TOK, ns)
-    stalled.request({"op": "GET", "keys": [h.key.raw for h, _ in blocks]})
+    stalled.request({"op": "GET", "keys": b"".join([h.key.raw for h, _ in blocks])})
     rep = stalled.reply()
     assert [e[0] for e in rep["res"]] == [int(Status.HIT)] * 8
     stalled.exact(100 << 10)  # then it stops reading, inside the first block
@@ -150,7 +150,7 @@ async def test_a_pipelined_get_flood_whose_replies_are_never_read_is_closed(daem
     assert [r.status for r in await c.put([(h, p)])] == [Status.STORED]
     flood = RawPeer(d.data_port, rcvbuf=4096, timeout=30)
     flood.hello(TOK, ns)
-    req = b"".join(frame({"op": "GET", "rid": i + 1, "keys": [h.key.raw]}) for i in range(256))
+    req = b"".join(frame({"op": "GET", "rid": i + 1, "keys": h.key.raw}) for i in range(256))
 
     def push():
         try:
@@ -180,7 +180,7 @@ async def test_pipelined_requests_are_answered_in_order_each_with_its_payload(da
     reqs = []
     for i in range(40):
         h, _ = blocks[i % 4]
-        op = {"op": "GET", "keys": [h.key.raw]} if i % 2 == 0 else {"op": "EXISTS", "keys": [h.key.raw]}
+        op = {"op": "GET", "keys": h.key.raw} if i % 2 == 0 else {"op": "EXISTS", "keys": [h.key.raw]}
         reqs.append(frame({**op, "rid": 100 + i}))
     p.send(b"".join(reqs))
     for i in range(40):

@@ -104,8 +104,11 @@ def test_every_request_round_trips(blocks_of, ns):
 @pytest.mark.parametrize(
     "op, field, value, says",
     [
-        ("GET", "caps", [1], "caps has 1 items, expected 2"),
-        ("GET", "caps", [-1, 2], r"caps\[0\]"),
+        ("GET", "caps", [1, 2], "caps must be bin of 16 bytes"),
+        ("GET", "caps", b"\x00" * 8, "caps must be bin of 16 bytes"),
+        ("GET", "keys", [b"k" * 16], "keys must be bin"),
+        ("GET", "keys", b"k" * 17, "multiple of 16"),
+        ("LEASE", "keys", b"k" * 15, "multiple of 16"),
         ("LEASE", "ttl", 0, "ttl"),
         ("LEASE", "rdma", 1, "rdma must be true, false or nil"),
         ("READ", "descs", [[1, 2]], r"descs\[0\]"),
@@ -116,7 +119,7 @@ def test_every_request_round_trips(blocks_of, ns):
 )
 def test_a_bad_request_field_is_named(op, field, value, says):
     k = b"k" * 16
-    base = {"op": op, "rid": 1, "keys": [k, k], "descs": [], "handles": [], "hdrs": []}
+    base = {"op": op, "rid": 1, "keys": k + k, "descs": [], "handles": [], "hdrs": []}
     with pytest.raises(P.ProtocolError, match=says) as e:
         P.REQUESTS[op].from_wire({**base, field: value})
     assert e.value.code == P.BAD_REQUEST
