@@ -18,15 +18,25 @@ from typing import Any
 IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 
 
-def send_burst(sock: socket.socket, views: list[memoryview], i: int) -> tuple[int, int]:
-    """Worker-thread body of an offloaded send: ``sendmsg`` from ``views[i:]`` until done or
-    EAGAIN (never waits). Returns (index of the first view not yet sent, bytes sent)."""
+def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: float = 0.0) -> tuple[int, int]:
+    """Worker-thread body of an offloaded send: ``sendmsg`` from ``views[i:]`` until done, or
+    until the socket is full: at once with ``wait_s == 0`` (a daemon's worker never waits for a
+    peer), else after ``poll`` found no room for ``wait_s`` (as :func:`recv_landing`). Returns
+    (index of the first view not yet sent, bytes sent)."""
     total = 0
+    poller = None
     while i < len(views):
         try:
             n = sock.sendmsg(views[i : i + IOV_MAX])
         except (BlockingIOError, InterruptedError):
-            break
+            if wait_s <= 0:
+                break
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLOUT)
+            if not poller.poll(wait_s * 1000):
+                break
+            continue
         except OSError as exc:
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n

@@ -200,7 +200,7 @@ class SocketChannel:
         if self._offloads(sum(v.nbytes for v in views)):
             i = 0
             while i < len(views):
-                i, n = await self._in_worker(send_burst, self.sock, views, i)
+                i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
                 self.bytes_out += n
                 if i < len(views):
                     await self._wait(write=True)
