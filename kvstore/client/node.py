@@ -66,7 +66,8 @@ class ClientConfig:
     ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
     ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
     one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
-    connections one large inline GET or PUT batch is split over (docs/configuration.md)."""
+    connections one large inline GET or PUT batch is split over, at most ``pool_size``
+    (docs/configuration.md)."""
 
     token: str = ""
     tenant: str | None = None
@@ -79,7 +80,7 @@ class ClientConfig:
     rdma_device: str = ""
     rdma_gid_index: int = 0
     descriptors: str = "auto"
-    streams: int = 1
+    streams: int = 4
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
@@ -88,10 +89,8 @@ class ClientConfig:
             raise ValueError(f"descriptors: expected auto or always, got {self.descriptors!r}")
         if self.pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
-        if not 1 <= self.streams <= self.pool_size:
-            raise ValueError(
-                f"streams must be between 1 and pool_size ({self.pool_size}), got {self.streams}"
-            )
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -311,7 +310,7 @@ class NodeClient:
         ``streams`` runs of about equal bytes (so the node's and this client's copies run on
         several cores), a smaller one is one run. Per stripe its range and ``fn``'s result or
         the Status of its failure (a stripe that fails does not fail the others)."""
-        runs = _stripes(sizes, self.cfg.streams)
+        runs = _stripes(sizes, min(self.cfg.streams, self.cfg.pool_size))
         if len(runs) == 1:
             return [(runs[0], await self._run(op, lambda c: fn(c, *runs[0]), deadline_s))]
         got = await asyncio.gather(*(self._run(op, lambda c, r=r: fn(c, *r), deadline_s) for r in runs))
