@@ -84,7 +84,6 @@ class BlockOps:
                 hdr = lease.header if lease is not None else None
                 if lease is None or not self.node.is_live(lease) or not sess.allows(hdr):
                     res.append(P.GetEntry(Status.MISS))  # another tenant's block is absent
-                    self.metrics.misses.inc()
                     continue
                 st = Status.HIT
                 if exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
@@ -94,10 +93,9 @@ class BlockOps:
                 if st is Status.HIT:
                     views.append(lease.view)
                     sent.append(lease)
-                    self.metrics.hits.inc()
-                else:
-                    self.metrics.misses.inc()
                 res.append(P.GetEntry(st, stored_header(lease), lease.tier))
+            self.metrics.hits.inc(len(sent))  # once per batch: an increment takes a lock
+            self.metrics.misses.inc(len(keys) - len(sent))
             nbytes = sum(v.nbytes for v in views)
             reply = P.GetReply(req.rid, tuple(res))
             await self.transfers.moving(sent, lambda _: ch.send_frame(reply.to_wire(), views))
