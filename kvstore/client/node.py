@@ -116,6 +116,7 @@ class NodeClient:
         self.hello: dict[str, Any] | None = None
         self._idle: list[Conn] = []
         self._slots = asyncio.Semaphore(self.cfg.pool_size)
+        self._claimed = 0  # connections the GET/PUT calls in flight were split over (_striped)
         self._probe: asyncio.Task | None = None
         self._closed = False
         # large payload copies run off the event loop (and in parallel across connections), so
@@ -308,13 +309,22 @@ class NodeClient:
         """``fn(conn, i, j)`` for each stripe ``[i, j)`` of a batch, on its own pooled connection,
         all at once: a batch of at least ``streams`` × ``_STRIPE_MIN`` bytes is cut into
         ``streams`` runs of about equal bytes (so the node's and this client's copies run on
-        several cores), a smaller one is one run. Per stripe its range and ``fn``'s result or
+        several cores), at most as many as the pool has connections not claimed by other
+        GET/PUT calls in flight; a smaller batch is one run. Per stripe its range and ``fn``'s result or
         the Status of its failure (a stripe that fails does not fail the others)."""
-        runs = _stripes(sizes, min(self.cfg.streams, self.cfg.pool_size))
-        if len(runs) == 1:
-            return [(runs[0], await self._run(op, lambda c: fn(c, *runs[0]), deadline_s))]
-        got = await asyncio.gather(*(self._run(op, lambda c, r=r: fn(c, *r), deadline_s) for r in runs))
-        return list(zip(runs, got))
+        # stripes only over connections no other call has claimed: calls in flight together
+        # (a cluster's chunked writes) keep one connection each, as before, rather than
+        # queueing their stripes behind each other's past their deadlines
+        free = self.cfg.pool_size - self._claimed
+        runs = _stripes(sizes, max(1, min(self.cfg.streams, free)))
+        self._claimed += len(runs)
+        try:
+            if len(runs) == 1:
+                return [(runs[0], await self._run(op, lambda c: fn(c, *runs[0]), deadline_s))]
+            got = await asyncio.gather(*(self._run(op, lambda c, r=r: fn(c, *r), deadline_s) for r in runs))
+            return list(zip(runs, got))
+        finally:
+            self._claimed -= len(runs)
 
     def register(self, buf: Any) -> None:
         """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)

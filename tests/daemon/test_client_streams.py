@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
+import kvstore.client.node as node_mod
 from kvstore.block import checksum
 from kvstore.client.node import ClientConfig, NodeClient, _stripes
 from kvstore.results import Expect, Status
@@ -114,3 +115,33 @@ def test_streams_must_be_positive():
     with pytest.raises(ValueError, match="streams must be >= 1"):
         ClientConfig(streams=0)
     assert ClientConfig(pool_size=1).streams == 4  # used as min(streams, pool_size)
+
+
+async def test_concurrent_batches_split_only_over_unclaimed_connections(
+    start_daemon, ns, blocks_of, monkeypatch
+):
+    """Four 8 MiB writes at once on a pool of four (a cluster's chunked save): the first may
+    take every connection, the others one each, so no call waits behind another's stripes;
+    every block is stored and read back, and no claim is left."""
+    d = start_daemon(use_disk=False, dram={"capacity": "96MiB", "slab_size": "2MiB"})
+    c = NodeClient(d.addr, ClientConfig(namespaces=(ns,), pool_size=4, streams=4, op_timeout_s=30))
+    batches = [blocks_of(ns, 8, MiB, seed=20 + i) for i in range(4)]
+    split: list[int] = []
+    real = node_mod._stripes
+
+    def recording(sizes, streams):
+        runs = real(sizes, streams)
+        split.append(len(runs))
+        return runs
+
+    monkeypatch.setattr(node_mod, "_stripes", recording)
+    res = await asyncio.gather(*(c.put(b) for b in batches))
+    assert [[r.status for r in rs] for rs in res] == [[Status.STORED] * 8] * 4
+    assert sorted(split) == [1, 1, 1, 4], split
+    assert c._claimed == 0
+    for b in batches:
+        bufs = [bytearray(MiB) for _ in b]
+        got = await c.get_into([h.key for h, _ in b], bufs)
+        assert [g.status for g in got] == [Status.HIT] * 8 and [bytes(x) for x in bufs] == [p for _, p in b]
+    assert split[-4:] == [4, 4, 4, 4]  # alone, each read is split again
+    await c.close()
