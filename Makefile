@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-store test lint bench clean venv system-deps
+.PHONY: demo demo-store test lint bench clean venv system-deps peers
 
 venv: $(STAMP)
 
@@ -39,6 +39,13 @@ test: lint system-deps
 
 bench: $(STAMP)
 	$(PY) bench/tiers.py --json .bench/tiers.json
+
+# the benchmark's peers (bench/peers.py): Mooncake Store in a venv of its own, never a test
+# dependency; redis-server comes from the system's packages (apt-get install redis-server)
+PEERS := .peers
+peers:
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install -q 'mooncake-transfer-engine-non-cuda==0.3.13.post1' 'numpy>=1.26'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

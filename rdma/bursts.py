@@ -1,13 +1,16 @@
 """Non-blocking syscall loops of :class:`rdma.channel.SocketChannel`'s transfers.
 
-``send_burst`` and ``recv_burst`` are the bodies an offloaded transfer runs in a worker
-thread: they copy until done or until the socket says EAGAIN, and never wait, so waiting
-for a slow peer stays on the event loop and no peer can hold a worker. ``advance`` is the
+``send_burst`` and ``recv_landing`` are the bodies an offloaded transfer runs in a worker
+thread: they copy until done or until the socket says EAGAIN. A send never waits, so waiting
+for a slow peer stays on the event loop and no peer can hold a worker; a receive may wait a
+bounded slice (``wait_s``) where its owner gave each connection a worker of its own (the
+client), so a batch is received by one hand-off to one thread, not one per block. ``advance`` is the
 ``sendmsg`` bookkeeping both the loop and the workers use.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -15,15 +18,25 @@ from typing import Any
 IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 
 
-def send_burst(sock: socket.socket, views: list[memoryview], i: int) -> tuple[int, int]:
-    """Worker-thread body of an offloaded send: ``sendmsg`` from ``views[i:]`` until done or
-    EAGAIN (never waits). Returns (index of the first view not yet sent, bytes sent)."""
+def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: float = 0.0) -> tuple[int, int]:
+    """Worker-thread body of an offloaded send: ``sendmsg`` from ``views[i:]`` until done, or
+    until the socket is full: at once with ``wait_s == 0`` (a daemon's worker never waits for a
+    peer), else after ``poll`` found no room for ``wait_s`` (as :func:`recv_landing`). Returns
+    (index of the first view not yet sent, bytes sent)."""
     total = 0
+    poller = None
     while i < len(views):
         try:
             n = sock.sendmsg(views[i : i + IOV_MAX])
         except (BlockingIOError, InterruptedError):
-            break
+            if wait_s <= 0:
+                break
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLOUT)
+            if not poller.poll(wait_s * 1000):
+                break
+            continue
         except OSError as exc:
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n
@@ -44,19 +57,83 @@ def advance(views: list[memoryview], i: int, n: int) -> int:
     return i
 
 
-def recv_burst(sock: socket.socket, mv: memoryview, pos: int, then: Callable | None) -> tuple[int, Any]:
-    """Worker-thread body of an offloaded ``recv_into``: fill ``mv[pos:]`` until done or EAGAIN
-    (never waits). Returns the new position and, once ``mv`` is full, ``then(mv)`` (None until
-    then, or without ``then``); ConnectionError on EOF or reset."""
-    end = mv.nbytes
-    while pos < end:
+class Landing:
+    """Where a receive into several views stands: it fills ``views`` in order, each exactly.
+
+    ``hasher`` (a factory such as ``xxhash.xxh3_64``): each view's digest is computed as its
+    bytes land (each received run hashed at once, while it is still in this core's cache), and
+    ``digests[i]`` is set when view ``i`` is full. ``then``: called on the last view once it is
+    full, by the thread that received its last bytes; its result is ``result``. Owned by one
+    receive at a time: a worker thread or the event loop advances it, never both at once."""
+
+    def __init__(self, views: list[memoryview], hasher: Callable[[], Any] | None = None, then=None) -> None:
+        self.views = views
+        self.total = sum(v.nbytes for v in views)
+        self.i = 0  # the view being filled
+        self.pos = 0  # bytes of it already there
+        self.digests: list[int | None] = [None] * len(views)
+        self.result: Any = None
+        self._hasher = hasher
+        self._then = then
+        self._h = hasher() if hasher is not None and views else None
+
+    @property
+    def done(self) -> bool:
+        return self.i >= len(self.views)
+
+    def _landed(self, n: int) -> None:
+        """``n`` bytes arrived at ``views[i][pos:]`` and on, in order: hash them, move on."""
+        views = self.views
+        while n:
+            v = views[self.i]
+            step = min(n, v.nbytes - self.pos)
+            if self._h is not None:
+                self._h.update(v[self.pos : self.pos + step])
+            self.pos += step
+            n -= step
+            self._skip_full()
+
+    def _skip_full(self) -> None:
+        views = self.views
+        while self.i < len(views) and self.pos == views[self.i].nbytes:
+            if self._h is not None:
+                self.digests[self.i] = self._h.intdigest()
+                self._h = self._hasher() if self.i + 1 < len(views) else None
+            if self.i + 1 == len(views) and self._then is not None:
+                self.result = self._then(views[self.i])
+            self.i += 1
+            self.pos = 0
+
+
+def recv_landing(sock: socket.socket, land: Landing, wait_s: float = 0.0) -> int:
+    """Receive into ``land`` until it is full; returns the bytes received by this call.
+
+    ``recvmsg_into`` fills up to ``IOV_MAX`` views per syscall. When the socket has nothing,
+    ``wait_s == 0`` returns at once (a daemon's worker never waits for a peer); otherwise it
+    waits for input with ``poll`` for at most ``wait_s`` at a time and returns when none came
+    (the caller, on the event loop, then waits with its deadline). ConnectionError on EOF or
+    reset (a socket shut down by a cancelled receive included)."""
+    land._skip_full()  # empty views
+    got = 0
+    poller = None
+    while not land.done:
+        i, views = land.i, land.views
+        bufs = [views[i][land.pos :], *views[i + 1 : i + IOV_MAX]]
         try:
-            n = sock.recv_into(mv[pos:])
+            n = sock.recvmsg_into(bufs)[0]
         except (BlockingIOError, InterruptedError):
-            break
+            if wait_s <= 0:
+                break
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
+            if not poller.poll(wait_s * 1000):
+                break
+            continue
         except OSError as exc:
             raise ConnectionError(f"recv failed: {exc}") from exc
         if n == 0:
-            raise ConnectionError(f"peer closed the connection after {pos} of {end} bytes")
-        pos += n
-    return pos, (then(mv) if then is not None and pos == end else None)
+            raise ConnectionError(f"peer closed the connection after {got} of {land.total} bytes")
+        got += n
+        land._landed(n)
+    return got

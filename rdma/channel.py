@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from rdma.bursts import IOV_MAX, advance, recv_burst, send_burst
+from rdma.bursts import IOV_MAX, Landing, advance, recv_landing, send_burst
 from rdma.framing import decode_header, encode_header, header_length
 
 T = TypeVar("T")
@@ -48,6 +48,12 @@ class SocketChannel:
     request at a time saves the two thread hops, ~40% of a 2 MiB GET). A cancelled offloaded
     transfer shuts the socket down and waits for its worker before re-raising, so no thread
     touches the buffer after the await ends.
+
+    ``worker_wait_s`` > 0 lets an offloaded receive wait for input in its worker, a slice of at
+    most that long at a time, so a streamed batch is received by one hand-off to one thread
+    (:meth:`recv_views`). Only for an owner that gives each connection a worker of its own
+    (the client's pool: a stalled node holds its own connection's worker, for one slice); the
+    daemon keeps 0 (its workers are shared by every peer).
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class SocketChannel:
         sock: socket.socket,
         offload: Executor | None = None,
         offload_if: Callable[[], bool] | None = None,
+        worker_wait_s: float = 0.0,
     ) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -65,14 +72,19 @@ class SocketChannel:
         self._loop = asyncio.get_running_loop()
         self._offload = offload
         self._offload_if = offload_if
+        self._worker_wait_s = worker_wait_s
         self.closed = False
         self._reader_fd: int | None = None  # registered with _on_readable (see _wait_readable)
         self._reader_wait: asyncio.Future | None = None
+        self._writer_fd: int | None = None  # registered with _on_writable while a send waits
+        self._writer_wait: asyncio.Future | None = None
         self.bytes_in = 0
         self.bytes_out = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int, offload: Executor | None = None) -> SocketChannel:
+    async def connect(
+        cls, host: str, port: int, offload: Executor | None = None, worker_wait_s: float = 0.0
+    ) -> SocketChannel:
         """Open a TCP connection (raises OSError when refused or unreachable)."""
         loop = asyncio.get_running_loop()
         infos = _numeric(host, port) or await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -82,7 +94,7 @@ class SocketChannel:
             sock.setblocking(False)
             try:
                 await loop.sock_connect(sock, addr)
-                return cls(sock, offload)
+                return cls(sock, offload, worker_wait_s=worker_wait_s)
             except OSError as exc:
                 sock.close()
                 err = exc
@@ -97,14 +109,26 @@ class SocketChannel:
             await self._wait_readable(fd, fut)
             return
 
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        self._loop.add_writer(fd, ready)
+        # the writer stays registered until the send that waits ends (:meth:`send`): a large
+        # send waits once per socket buffer drained, and two epoll_ctl calls per wait were a
+        # tenth of a daemon's loop time on a 256 KiB-block GET
+        self._writer_wait = fut
+        if self._writer_fd is None:
+            self._loop.add_writer(fd, self._on_writable)
+            self._writer_fd = fd
         try:
             await fut
         finally:
+            self._writer_wait = None
+
+    def _on_writable(self) -> None:
+        fut = self._writer_wait
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def _stop_writer(self) -> None:
+        if self._writer_fd is not None:
+            fd, self._writer_fd = self._writer_fd, None
             self._loop.remove_writer(fd)
 
     async def _wait_readable(self, fd: int, fut: asyncio.Future) -> None:
@@ -167,10 +191,16 @@ class SocketChannel:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if v.nbytes]
+        try:
+            await self._send(views)
+        finally:
+            self._stop_writer()
+
+    async def _send(self, views: list[memoryview]) -> None:
         if self._offloads(sum(v.nbytes for v in views)):
             i = 0
             while i < len(views):
-                i, n = await self._in_worker(send_burst, self.sock, views, i)
+                i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
                 self.bytes_out += n
                 if i < len(views):
                     await self._wait(write=True)
@@ -193,30 +223,32 @@ class SocketChannel:
         when given, is called on the filled view by the thread that copied its last bytes, and
         its result returned: for an offloaded transfer that is the worker, so a pass over the
         bytes (a checksum) reads them from that core's cache and off the event loop."""
-        mv = memoryview(view).cast("B")
-        if self._offloads(mv.nbytes):
-            pos, out = 0, None
-            while pos < mv.nbytes:
-                got, out = await self._in_worker(recv_burst, self.sock, mv, pos, then)
-                self.bytes_in += got - pos
-                pos = got
-                if pos < mv.nbytes:
-                    await self._wait(write=False)
-            return out
-        pos, end = 0, mv.nbytes
-        while pos < end:
-            try:
-                n = self.sock.recv_into(mv[pos:])
-            except (BlockingIOError, InterruptedError):
-                await self._wait(write=False)
-                continue
-            except OSError as exc:
-                raise ConnectionError(f"recv failed: {exc}") from exc
-            if n == 0:
-                raise ConnectionError(f"peer closed the connection after {pos} of {end} bytes")
-            pos += n
+        land = Landing([memoryview(view).cast("B")], None, then)
+        await self._receive(land)
+        return land.result
+
+    async def recv_views(
+        self, views: Sequence[Any], hasher: Callable[[], Any] | None = None
+    ) -> list[int | None]:
+        """Fill each of ``views`` exactly, in order, as one transfer: one hand-off to a worker
+        (when offloaded) for the whole batch, not one per view, and ``recvmsg_into`` into
+        several views per syscall. With ``hasher`` (``xxhash.xxh3_64``) returns each view's
+        digest, computed as its bytes land; else Nones. ConnectionError on EOF or reset."""
+        land = Landing([memoryview(v).cast("B") for v in views], hasher)
+        await self._receive(land)
+        return land.digests
+
+    async def _receive(self, land: Landing) -> None:
+        offload = self._offloads(land.total)
+        while True:
+            if offload:
+                n = await self._in_worker(recv_landing, self.sock, land, self._worker_wait_s)
+            else:
+                n = recv_landing(self.sock, land)
             self.bytes_in += n
-        return then(mv) if then is not None else None
+            if land.done:
+                return
+            await self._wait(write=False)
 
     async def recv_exact(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -281,6 +313,10 @@ class SocketChannel:
         plen = sum(memoryview(p).nbytes for p in payloads)
         await self.send([encode_header(header, plen), *payloads])
 
+    async def send_frames(self, headers: Sequence[dict[str, Any]]) -> None:
+        """Send several payload-less frames with one ``sendmsg`` (pipelined requests)."""
+        await self.send([encode_header(h, 0) for h in headers])
+
     async def recv_header(self, max_header: int, max_frame: int) -> dict[str, Any]:
         """Read one frame header. Raises FrameError (``too_large`` for a length over the limits,
         ``bad_frame`` for garbage) or ConnectionError. The ``plen`` payload bytes are left on
@@ -292,6 +328,7 @@ class SocketChannel:
         if not self.closed:
             self.closed = True
             self._stop_reader()  # first: the loop must not watch an fd number about to be reused
+            self._stop_writer()
             self.sock.close()
 
 

@@ -9,9 +9,13 @@ closes it) or :class:`NodeRefused` (the node answered with an error that closed 
 connection, e.g. a refused token); per-key failures are results, not exceptions.
 Requests are the typed messages of :mod:`kvstore.protocol` and replies are parsed with their
 ``from_wire`` (which names a bad field); no field name appears here. A hit's header comes as
-the node stores it and is decoded once, in ``from_wire``. GET payloads are received with
-``recv_into`` straight into the caller's buffers and each one is checked against its header
-(key, expectation, checksum) before it counts as a hit. :meth:`Conn.transport` lends the
+the node stores it and is decoded once, in ``from_wire``. A GET reply's payloads are
+received as one stream straight into the caller's buffers (:meth:`SocketChannel.recv_views`:
+``recvmsg_into`` into several buffers per syscall, one hand-off to a worker per reply, the
+xxh3 digests computed as the bytes land), and each is checked against its header (key,
+expectation, checksum) before it counts as a hit. GET and PUT frames are pipelined: up to
+``PIPELINE`` requests are on the wire before the oldest reply is read (replies come in
+request order). :meth:`Conn.transport` lends the
 connection to :class:`rdma.tcp.TcpTransport`, whose READ/WRITE frames this module builds.
 """
 
@@ -21,6 +25,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
+
+from xxhash import xxh3_64
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader, checksum
@@ -32,6 +38,9 @@ from rdma.tcp import DescriptorFrames, TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches
+# requests on the wire ahead of the reply being read (one connection): enough that the node
+# never waits for the next request; few, so a failed connection wastes little
+PIPELINE = 4
 
 
 class NodeRefused(Exception):
@@ -86,10 +95,11 @@ class Conn:
         namespaces: Sequence[Namespace],
         offload: Executor | None = None,
         rdma: QPInfo | None = None,
+        worker_wait_s: float = 0.0,
     ) -> Conn:
         """Connect and HELLO (offering ``rdma`` when given). Raises OSError, ConnectionError,
         FrameError, NodeRefused, or ProtocolError for a malformed reply (its ``rdma`` too)."""
-        ch = await SocketChannel.connect(host, port, offload)
+        ch = await SocketChannel.connect(host, port, offload, worker_wait_s)
         try:
             hello = P.Hello.of(token, tenant, namespaces, rdma)
             await ch.send_frame(hello.to_wire())
@@ -130,8 +140,13 @@ class Conn:
         """Send ``req`` (a protocol request), read its reply header; NodeRefused for an error
         reply (its payload, if any, skipped), ProtocolError for one that answers another."""
         await self.ch.send_frame(req.to_wire(), payloads)
+        return await self._reply(req.rid)
+
+    async def _reply(self, rid: int) -> dict[str, Any]:
+        """The reply header to request ``rid`` (the next one on the stream: replies come in
+        request order); NodeRefused for an error reply (its payload skipped)."""
         reply = await self.ch.recv_header(P.MAX_REPLY_HEADER, 1 << 62)
-        failed = P.check_reply(reply, req.rid)
+        failed = P.check_reply(reply, rid)
         if failed is not None:
             if failed.plen:
                 await self.ch.discard(failed.plen)
@@ -146,57 +161,75 @@ class Conn:
     async def get_into(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
-        """GET into ``views``, in frames whose payloads fit the node's ``max_frame``."""
+        """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:
+        up to ``PIPELINE`` requests are on the wire ahead of the reply being received, so the
+        node starts the next batch while this one's bytes still land."""
+        runs = _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM)
+        reqs = [
+            P.GetRequest(
+                self._next(), tuple(keys[i:j]), tuple(v.nbytes for v in views[i:j]), tuple(expect[i:j])
+            )
+            for i, j in runs
+        ]
         out: list[GetResult] = []
-        for i, j in _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM):
-            out += await self._get_batch(keys[i:j], views[i:j], expect[i:j])
+        sent = 0
+        for n, (i, j) in enumerate(runs):
+            if sent <= n:
+                upto = min(len(reqs), n + PIPELINE)
+                await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
+                sent = upto
+            out += await self._get_reply(reqs[n], views[i:j], expect[i:j])
         return out
 
-    async def _get_batch(
-        self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
+    async def _get_reply(
+        self, req: P.GetRequest, views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
-        req = P.GetRequest(self._next(), tuple(keys), tuple(v.nbytes for v in views), tuple(expect))
-        reply = P.GetReply.from_wire(await self._call(req), len(keys))
-        out = []
-        for i, e in enumerate(reply.entries):
-            st, hdr = e.status, e.block
-            if st is Status.HIT:
-                if hdr.payload_len > views[i].nbytes:
-                    raise P.bad("GET reply sent a payload larger than the buffer")
-                dst = views[i][: hdr.payload_len]
-                # hashed by the thread that received the bytes (still in its cache)
-                digest = await self.ch.recv_into(dst, checksum)
-                self.bytes_in += hdr.payload_len
-                st = check_payload(hdr, keys[i], expect[i], dst, digest)
-            out.append(GetResult(st, hdr, e.tier))
+        """Receive the reply to ``req``: its header, then every HIT's payload straight into its
+        view as one transfer (one hand-off, digests computed as the bytes land), then each
+        payload checked against its header (key, expectation, checksum)."""
+        keys = req.keys
+        reply = P.GetReply.from_wire(await self._reply(req.rid), len(keys))
+        hits = [i for i, e in enumerate(reply.entries) if e.status is Status.HIT]
+        for i in hits:
+            if reply.entries[i].block.payload_len > views[i].nbytes:
+                raise P.bad("GET reply sent a payload larger than the buffer")
+        dsts = [views[i][: reply.entries[i].block.payload_len] for i in hits]
+        digests = await self.ch.recv_views(dsts, xxh3_64)
+        self.bytes_in += reply.plen
+        out = [GetResult(e.status, e.block, e.tier) for e in reply.entries]
+        for i, dst, digest in zip(hits, dsts, digests):
+            e = reply.entries[i]
+            out[i] = GetResult(check_payload(e.block, keys[i], expect[i], dst, digest), e.block, e.tier)
         return out
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
-        out: list[PutResult] = []
+        """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
+        ``PIPELINE`` frames (their payloads streamed) ahead of the reply being read."""
         limit = max(self.max_frame - _HEADER_ROOM, 1)
-        batch: list[tuple[BlockHeader, memoryview]] = []
-        size = 0
+        views = []
         for hdr, payload in blocks:
             mv = memoryview(payload).cast("B")
-            if batch and (size + mv.nbytes > limit or len(batch) >= P.MAX_BLOCKS):
-                out += await self._put_batch(batch)
-                batch, size = [], 0
-            batch.append((hdr, mv))
-            size += mv.nbytes
-        if batch:
-            out += await self._put_batch(batch)
-        return out
-
-    async def _put_batch(self, batch: list[tuple[BlockHeader, memoryview]]) -> list[PutResult]:
-        for hdr, mv in batch:
             if mv.nbytes != hdr.payload_len:
                 raise ValueError(
                     f"block {hdr.key}: payload is {mv.nbytes} bytes, header says {hdr.payload_len}"
                 )
-        req = P.PutRequest(self._next(), tuple(h for h, _ in batch))
-        reply = await self._call(req, [mv for _, mv in batch])
-        self.bytes_out += sum(mv.nbytes for _, mv in batch)
-        return list(P.PutReply.from_wire(reply, len(batch)).results)
+            views.append(mv)
+        runs = _batches_by_bytes([v.nbytes for v in views], limit)
+        out: list[PutResult] = []
+        pending: list[tuple[int, int]] = []  # (rid, blocks) of frames sent, replies not yet read
+        for i, j in runs:
+            if len(pending) >= PIPELINE:
+                out += await self._put_reply(*pending.pop(0))
+            req = P.PutRequest(self._next(), tuple(h for h, _ in blocks[i:j]))
+            await self.ch.send_frame(req.to_wire(), views[i:j])
+            self.bytes_out += sum(v.nbytes for v in views[i:j])
+            pending.append((req.rid, j - i))
+        for rid, n in pending:
+            out += await self._put_reply(rid, n)
+        return out
+
+    async def _put_reply(self, rid: int, n: int) -> list[PutResult]:
+        return list(P.PutReply.from_wire(await self._reply(rid), n).results)
 
     async def delete(self, keys: KeyBatch) -> bytes:
         """DELETE of packed ``keys``: per key 1 (deleted) or 0."""

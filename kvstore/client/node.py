@@ -52,6 +52,10 @@ from rdma.transport import TransportError
 
 log = logging.getLogger("kvstore.client.node")
 T = TypeVar("T")
+_STRIPE_MIN = 1 << 20  # bytes per stripe below which a batch is not split over connections
+# an offloaded receive waits for input in its worker this long at a time (each connection of
+# the pool has a worker of its own), so a streamed batch costs one hand-off, not one per EAGAIN
+_WORKER_WAIT_S = 0.2
 _FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolError, NodeRefused, EOFError)
 
 
@@ -62,7 +66,9 @@ class ClientConfig:
     ``transport``: ``auto`` (RDMA when this host and the node have a verbs device, else TCP),
     ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
     ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
-    one-sidedly) or ``always`` (also over TCP; see the module docstring)."""
+    one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
+    connections one large inline GET or PUT batch is split over, at most ``pool_size``
+    (docs/configuration.md)."""
 
     token: str = ""
     tenant: str | None = None
@@ -75,6 +81,7 @@ class ClientConfig:
     rdma_device: str = ""
     rdma_gid_index: int = 0
     descriptors: str = "auto"
+    streams: int = 4
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
@@ -83,6 +90,8 @@ class ClientConfig:
             raise ValueError(f"descriptors: expected auto or always, got {self.descriptors!r}")
         if self.pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -108,6 +117,7 @@ class NodeClient:
         self.hello: dict[str, Any] | None = None
         self._idle: list[Conn] = []
         self._slots = asyncio.Semaphore(self.cfg.pool_size)
+        self._claimed = 0  # connections the GET/PUT calls in flight were split over (_striped)
         self._probe: asyncio.Task | None = None
         self._closed = False
         # large payload copies run off the event loop (and in parallel across connections), so
@@ -129,6 +139,7 @@ class NodeClient:
                     c.namespaces,
                     self._copies,
                     qp.info if qp is not None else None,
+                    _WORKER_WAIT_S,
                 ),
                 c.connect_timeout_s,
             )
@@ -282,11 +293,44 @@ class NodeClient:
             raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
         views = [byte_view(b) for b in bufs]
         if descriptors or (self.one_sided and self.rdma.covers(views)):
-            r = await self._leased.get_into(keys, views, expect, deadline_s)
-        else:
-            exp = list(expect) if expect is not None else [None] * len(keys)
-            r = await self._run("GET", lambda c: c.get_into(keys, views, exp), deadline_s)
-        return self._count_gets(r, len(keys))
+            return self._count_gets(await self._leased.get_into(keys, views, expect, deadline_s), len(keys))
+        exp = list(expect) if expect is not None else [None] * len(keys)
+        out: list[GetResult] = []
+        for (i, j), r in await self._striped(
+            "GET",
+            [v.nbytes for v in views],
+            lambda c, i, j: c.get_into(keys[i:j], views[i:j], exp[i:j]),
+            deadline_s,
+        ):
+            out += self._count_gets(r, j - i)
+        return out
+
+    async def _striped(
+        self,
+        op: str,
+        sizes: list[int],
+        fn: Callable[[Conn, int, int], Awaitable[T]],
+        deadline_s: float | None,
+    ) -> list[tuple[tuple[int, int], T | Status]]:
+        """``fn(conn, i, j)`` for each stripe ``[i, j)`` of a batch, on its own pooled connection,
+        all at once: a batch of at least ``streams`` × ``_STRIPE_MIN`` bytes is cut into
+        ``streams`` runs of about equal bytes (so the node's and this client's copies run on
+        several cores), at most as many as the pool has connections not claimed by other
+        GET/PUT calls in flight; a smaller batch is one run. Per stripe its range and ``fn``'s result or
+        the Status of its failure (a stripe that fails does not fail the others)."""
+        # stripes only over connections no other call has claimed: calls in flight together
+        # (a cluster's chunked writes) keep one connection each, as before, rather than
+        # queueing their stripes behind each other's past their deadlines
+        free = self.cfg.pool_size - self._claimed
+        runs = _stripes(sizes, max(1, min(self.cfg.streams, free)))
+        self._claimed += len(runs)
+        try:
+            if len(runs) == 1:
+                return [(runs[0], await self._run(op, lambda c: fn(c, *runs[0]), deadline_s))]
+            got = await asyncio.gather(*(self._run(op, lambda c, r=r: fn(c, *r), deadline_s) for r in runs))
+            return list(zip(runs, got))
+        finally:
+            self._claimed -= len(runs)
 
     def register(self, buf: Any) -> None:
         """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
@@ -317,9 +361,17 @@ class NodeClient:
             return []
         one_sided = self.one_sided and self.rdma.covers([memoryview(p).cast("B") for _, p in blocks])
         if descriptors or one_sided:
-            r = await self._leased.put(blocks, deadline_s)
-        else:
-            r = await self._run("PUT", lambda c: c.put(blocks), deadline_s)
+            return self._count_puts(await self._leased.put(blocks, deadline_s), blocks)
+        out: list[PutResult] = []
+        for (i, j), r in await self._striped(
+            "PUT", [h.payload_len for h, _ in blocks], lambda c, i, j: c.put(blocks[i:j]), deadline_s
+        ):
+            out += self._count_puts(r, blocks[i:j])
+        return out
+
+    def _count_puts(
+        self, r: list[PutResult] | Status, blocks: Sequence[tuple[BlockHeader, Any]]
+    ) -> list[PutResult]:
         if isinstance(r, Status):
             self.counters["dropped_writes"] += len(blocks)
             return [PutResult(r)] * len(blocks)
@@ -352,6 +404,23 @@ async def _packed(keys: KeyBatch, n: int, fn: Callable[[KeyBatch], Awaitable[byt
     if len(keys) <= n:
         return await fn(keys)
     return b"".join([await fn(keys[i : i + n]) for i in range(0, len(keys), n)])
+
+
+def _stripes(sizes: Sequence[int], streams: int) -> list[tuple[int, int]]:
+    """``[i, j)`` runs of ``sizes``, at most ``streams`` of them, cut where the running byte
+    count passes each ``1/streams`` of the total; one run below ``streams * _STRIPE_MIN``."""
+    total = sum(sizes)
+    n = min(streams, len(sizes), max(1, total // _STRIPE_MIN))
+    if n <= 1:
+        return [(0, len(sizes))]
+    out, start, acc, k = [], 0, 0, 1
+    for idx, s in enumerate(sizes):
+        acc += s
+        if k < n and acc * n >= k * total and idx + 1 < len(sizes):
+            out.append((start, idx + 1))
+            start, k = idx + 1, k + 1
+    out.append((start, len(sizes)))
+    return out
 
 
 async def _hello_only(conn: Conn) -> bool:

@@ -56,11 +56,12 @@ from kvstore.protocol.hello import (  # noqa: F401
     namespace_to_wire,
 )
 from kvstore.protocol.records import (  # noqa: F401
+    PUT_TIERS,
     GetEntry,
     LeaseEntry,
     ReserveEntry,
-    put_result_from_wire,
-    put_result_to_wire,
+    put_results_from_wire,
+    put_results_to_wire,
 )
 from kvstore.protocol.replies import (  # noqa: F401
     CommitReply,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from kvstore.block import BlockHeader
@@ -116,6 +117,22 @@ def codes_from_wire(h: dict[str, Any], field: str, n: int, top: int) -> bytes:
         at = next(i for i, c in enumerate(v) if c > top)
         raise bad(f"{field}[{at}] is {v[at]}; codes are 0..{top}")
     return v
+
+
+def req_caps(h: dict[str, Any], n: int) -> tuple[int, ...] | None:
+    """``caps``: absent/nil, or one bin of ``n × 8`` bytes (little-endian u64 per key)."""
+    v = h.get("caps")
+    if v is None:
+        return None
+    if not isinstance(v, bytes) or len(v) != 8 * n:
+        raise bad(f"caps must be bin of {8 * n} bytes (u64 little-endian per key), got {v!r:.80}")
+    return struct.unpack(f"<{n}Q", v)
+
+
+def caps_to_wire(caps: tuple[int, ...] | None) -> bytes | None:
+    if caps is None:
+        return None
+    return struct.pack(f"<{len(caps)}Q", *caps)
 
 
 def req_ints(h: dict[str, Any], field: str, n: int | None = None) -> list[int]:

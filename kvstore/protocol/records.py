@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvstore.block import BlockHeader
+from kvstore.lookups import ABSENT, TIER_CODES, TIER_NAMES
 from kvstore.protocol.fields import _desc, _str, bad, decode_header, status_from_wire
 from kvstore.results import PutResult, Status
 from rdma.transport import RemoteDescriptor
@@ -72,14 +73,34 @@ class ReserveEntry:
         return cls(st, desc)
 
 
-def put_result_to_wire(r: PutResult) -> list:
-    return [int(r.status), r.tier, bool(r.durable)]
+# the tier of a PUT/COMMIT result as one byte (docs/protocol.md): 0 none, then these
+# the tier byte of a PUT reply is the lookup tier code (kvstore.lookups: one table for both)
+PUT_TIERS: tuple[str | None, ...] = (None, *TIER_NAMES)
+_PUT_TIER_CODE = {None: ABSENT, **TIER_CODES}
+_STATUSES = frozenset(int(s) for s in Status)
 
 
-def put_result_from_wire(item: list, name: str) -> PutResult:
-    """``[status, tier|nil, durable]`` (length checked by the caller)."""
-    if not isinstance(item[2], bool):
-        raise bad(f"{name} durable must be true or false, got {item[2]!r}")
-    return PutResult(
-        status_from_wire(item[0], f"{name} status"), _str(item[1], f"{name} tier", nil=True), item[2]
-    )
+def put_results_to_wire(results: tuple[PutResult, ...]) -> dict[str, bytes]:
+    """``st``, ``tier``, ``dur``: one byte per block each (status code, tier code, 0/1)."""
+    return {
+        "st": bytes(int(r.status) for r in results),
+        "tier": bytes(_PUT_TIER_CODE.get(r.tier, 0) for r in results),
+        "dur": bytes(bool(r.durable) for r in results),
+    }
+
+
+def put_results_from_wire(h: dict, n: int) -> tuple[PutResult, ...]:
+    """The inverse of :func:`put_results_to_wire`, each field checked (length ``n``, codes)."""
+    cols = []
+    for name, ok in (("st", _STATUSES), ("tier", range(len(PUT_TIERS))), ("dur", (0, 1))):
+        v = h.get(name)
+        if not isinstance(v, bytes) or len(v) != n:
+            raise bad(
+                f"{name} must be {n} bytes, got {type(v).__name__} of {len(v) if isinstance(v, bytes) else '?'}"
+            )
+        bad_codes = set(v) - set(ok)
+        if bad_codes:
+            raise bad(f"{name}[{v.index(min(bad_codes))}]: unknown code {min(bad_codes)}")
+        cols.append(v)
+    st, tier, dur = cols
+    return tuple(PutResult(Status(a), PUT_TIERS[b], bool(c)) for a, b, c in zip(st, tier, dur))

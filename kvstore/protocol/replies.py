@@ -11,8 +11,8 @@ from kvstore.protocol.records import (
     GetEntry,
     LeaseEntry,
     ReserveEntry,
-    put_result_from_wire,
-    put_result_to_wire,
+    put_results_from_wire,
+    put_results_to_wire,
 )
 from kvstore.results import PutResult, Status
 from rdma.framing import payload_len
@@ -64,20 +64,18 @@ class GetReply:
 
 @dataclass(frozen=True)
 class PutReply:
-    """Per block (PUT) or handle (COMMIT): status, tier, durable."""
+    """Per block (PUT) or handle (COMMIT): status, tier, durable, as three byte strings of one
+    byte per block (:func:`~kvstore.protocol.records.put_results_to_wire`)."""
 
     rid: int
     results: tuple[PutResult, ...]
 
     def to_wire(self) -> dict[str, Any]:
-        return {"rid": self.rid, "ok": True, "res": [put_result_to_wire(r) for r in self.results]}
+        return {"rid": self.rid, "ok": True, **put_results_to_wire(self.results)}
 
     @classmethod
     def from_wire(cls, h: dict[str, Any], n: int) -> Self:
-        res = _items(h, "res", n, 3)
-        return cls(
-            _u64(h.get("rid"), "rid"), tuple(put_result_from_wire(x, f"res[{i}]") for i, x in enumerate(res))
-        )
+        return cls(_u64(h.get("rid"), "rid"), put_results_from_wire(h, n))
 
 
 class CommitReply(PutReply):

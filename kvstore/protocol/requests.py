@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from kvstore.block import BlockHeader
-from kvstore.keys import BlockKey, KeyBatch
+from kvstore.keys import KeyBatch
 from kvstore.protocol.fields import (
     UNKNOWN_OP,
     ProtocolError,
     _expect_to_wire,
     _u64,
+    caps_to_wire,
+    req_caps,
     req_descs,
     req_expects,
     req_flag,
@@ -19,7 +21,6 @@ from kvstore.protocol.fields import (
     req_headers,
     req_ints,
     req_key_batch,
-    req_keys,
 )
 from kvstore.protocol.hello import Hello
 from kvstore.results import Expect
@@ -103,30 +104,35 @@ class WriteRequest(_DescsRequest):
 
 @dataclass(frozen=True)
 class GetRequest:
-    """``caps``: the caller's buffer size per key (None: unbounded); ``expects`` per key."""
+    """``keys`` packed (a :class:`KeyBatch`; BlockKeys given are packed), one bin field;
+    ``caps``: the caller's buffer size per key (None: unbounded), one bin of u64 LE per key;
+    ``expects`` per key."""
 
     OP: ClassVar[str] = "GET"
     rid: int
-    keys: tuple[BlockKey, ...]
+    keys: KeyBatch
     caps: tuple[int, ...] | None = None
     expects: tuple[Expect | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, KeyBatch):
+            object.__setattr__(self, "keys", KeyBatch.of(self.keys))
 
     def to_wire(self) -> dict[str, Any]:
         exp = [_expect_to_wire(e) for e in self.expects]
         return {
             "op": self.OP,
             "rid": self.rid,
-            "keys": [k.raw for k in self.keys],
-            "caps": list(self.caps) if self.caps is not None else None,
+            "keys": self.keys.raw,
+            "caps": caps_to_wire(self.caps),
             "exp": exp if any(e is not None for e in exp) else None,
         }
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> GetRequest:
-        keys = req_keys(h)
+        keys = req_key_batch(h)
         exp = req_expects(h, len(keys))
-        caps = tuple(req_ints(h, "caps", len(keys))) if h.get("caps") is not None else None
-        return cls(_u64(h.get("rid"), "rid"), tuple(keys), caps, tuple(exp))
+        return cls(_u64(h.get("rid"), "rid"), keys, req_caps(h, len(keys)), tuple(exp))
 
 
 @dataclass(frozen=True)
@@ -147,16 +153,21 @@ class PutRequest:
 
 @dataclass(frozen=True)
 class LeaseRequest:
-    """``ttl``: seconds (None: the node's default); ``rdma``: one-sided descriptors."""
+    """``keys`` packed as GET's; ``ttl``: seconds (None: the node's default); ``rdma``:
+    one-sided descriptors."""
 
     OP: ClassVar[str] = "LEASE"
     rid: int
-    keys: tuple[BlockKey, ...]
+    keys: KeyBatch
     ttl: float | None = None
     rdma: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.keys, KeyBatch):
+            object.__setattr__(self, "keys", KeyBatch.of(self.keys))
+
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.OP, "rid": self.rid, "keys": [k.raw for k in self.keys]}
+        out: dict[str, Any] = {"op": self.OP, "rid": self.rid, "keys": self.keys.raw}
         if self.ttl is not None:
             out["ttl"] = self.ttl
         if self.rdma:
@@ -165,8 +176,8 @@ class LeaseRequest:
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> LeaseRequest:
-        keys = req_keys(h)
-        return cls(_u64(h.get("rid"), "rid"), tuple(keys), req_float(h, "ttl"), req_flag(h, "rdma"))
+        keys = req_key_batch(h)
+        return cls(_u64(h.get("rid"), "rid"), keys, req_float(h, "ttl"), req_flag(h, "rdma"))
 
 
 @dataclass(frozen=True)

@@ -166,9 +166,9 @@ async def test_replies_about_another_tenants_block_equal_those_about_an_absent_o
     replies = []
     for key in (h.key.raw, absent):
         for req in (
-            {"op": "GET", "keys": [key]},
+            {"op": "GET", "keys": key},
             {"op": "EXISTS", "keys": key},
-            {"op": "LEASE", "keys": [key]},
+            {"op": "LEASE", "keys": key},
             {"op": "DELETE", "keys": key},
         ):
             g.request(req)
@@ -192,7 +192,7 @@ async def test_replies_about_another_tenants_block_equal_those_about_an_absent_o
     )
     g.request({"op": "PUT", "hdrs": [forged.encode()]}, plen=len(gp))
     g.send(gp)
-    assert g.reply()["res"][0][0] != int(Status.EXISTS)
+    assert g.reply()["st"][0] != int(Status.EXISTS)
     g.close()
     await acme.close()
 
@@ -272,8 +272,8 @@ async def test_a_peer_session_may_only_check_copy_in_and_read_stats(authed, ns, 
     peer = peer_hello(authed.data_port, "tok-operator1")
     key = h.key.raw
     refused = [
-        ({"op": "GET", "keys": [key]}, 0),
-        ({"op": "LEASE", "keys": [key]}, 0),
+        ({"op": "GET", "keys": key}, 0),
+        ({"op": "LEASE", "keys": key}, 0),
         ({"op": "DELETE", "keys": key}, 0),
         ({"op": "RESERVE", "hdrs": [h.encode()]}, 0),
         ({"op": "READ", "descs": [[1, 0, 500, 0]]}, 0),

@@ -72,7 +72,7 @@ async def test_slow_reader_never_reads_another_tenants_bytes(two_tenants, ns, bl
 
     reader = RawPeer(d.data_port, rcvbuf=64 << 10)
     reader.hello(TOK_A, ns)
-    reader.request({"op": "GET", "keys": [ha.key.raw]})
+    reader.request({"op": "GET", "keys": ha.key.raw})
     rep = reader.reply()
     assert rep["res"][0][0] == int(Status.HIT)
     first = reader.exact(64 << 10)  # then A stops reading, well past the lease TTL

@@ -179,21 +179,21 @@ def test_leases_per_connection_and_their_ttl_are_bounded(limited, ns, blocks_of)
     keys = [h.key.raw for h, _ in blocks]
     p = RawPeer(d.data_port)
     p.hello(TOK_A, ns)
-    p.request({"op": "LEASE", "keys": keys[:1], "ttl": 86400})
+    p.request({"op": "LEASE", "keys": b"".join(keys[:1]), "ttl": 86400})
     rep = p.reply()
     assert rep["code"] == P.BAD_REQUEST and "ttl" in rep["err"]
-    p.request({"op": "LEASE", "keys": keys[:3]})
+    p.request({"op": "LEASE", "keys": b"".join(keys[:3])})
     assert [r[0] for r in p.reply()["res"]] == [int(Status.HIT)] * 3
-    p.request({"op": "LEASE", "keys": keys[3:5]})
+    p.request({"op": "LEASE", "keys": b"".join(keys[3:5])})
     rep = p.reply()
     assert rep["code"] == P.BAD_REQUEST and "at most 4" in rep["err"]
     handles = []
-    p.request({"op": "LEASE", "keys": keys[3:4]})
+    p.request({"op": "LEASE", "keys": b"".join(keys[3:4])})
     handles = [r[3][0] for r in p.reply()["res"]]
     p.request({"op": "RELEASE", "handles": handles})
     assert p.reply()["res"] == [True]
     # ttl nil is the node's default (it was an internal error that closed the connection)
-    p.request({"op": "LEASE", "keys": keys[3:4], "ttl": None})
+    p.request({"op": "LEASE", "keys": b"".join(keys[3:4]), "ttl": None})
     rep = p.reply()
     assert rep["ok"] and rep["res"][0][0] == int(Status.HIT), rep
 

@@ -126,7 +126,7 @@ def test_sigterm_finishes_the_request_in_flight(start_daemon, ns, blocks_of):
     assert idle.recv(1) == b"", "idle connections are closed at once"
     s.sendall(payload[MiB:])
     reply = read_reply(s)
-    assert reply["ok"] and reply["res"][0][0] == int(Status.STORED)
+    assert reply["ok"] and reply["st"][0] == int(Status.STORED)
     assert read_reply(s) is None, "then the connection is closed"
     assert d.proc.wait(30) == 0
     assert "event=stopped" in d.logs()

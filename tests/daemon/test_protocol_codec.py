@@ -104,8 +104,11 @@ def test_every_request_round_trips(blocks_of, ns):
 @pytest.mark.parametrize(
     "op, field, value, says",
     [
-        ("GET", "caps", [1], "caps has 1 items, expected 2"),
-        ("GET", "caps", [-1, 2], r"caps\[0\]"),
+        ("GET", "caps", [1, 2], "caps must be bin of 16 bytes"),
+        ("GET", "caps", b"\x00" * 8, "caps must be bin of 16 bytes"),
+        ("GET", "keys", [b"k" * 16], "keys must be bin"),
+        ("GET", "keys", b"k" * 17, "multiple of 16"),
+        ("LEASE", "keys", b"k" * 15, "multiple of 16"),
         ("LEASE", "ttl", 0, "ttl"),
         ("LEASE", "rdma", 1, "rdma must be true, false or nil"),
         ("READ", "descs", [[1, 2]], r"descs\[0\]"),
@@ -116,7 +119,7 @@ def test_every_request_round_trips(blocks_of, ns):
 )
 def test_a_bad_request_field_is_named(op, field, value, says):
     k = b"k" * 16
-    base = {"op": op, "rid": 1, "keys": [k, k], "descs": [], "handles": [], "hdrs": []}
+    base = {"op": op, "rid": 1, "keys": k + k, "descs": [], "handles": [], "hdrs": []}
     with pytest.raises(P.ProtocolError, match=says) as e:
         P.REQUESTS[op].from_wire({**base, field: value})
     assert e.value.code == P.BAD_REQUEST
@@ -166,7 +169,9 @@ def test_a_bad_reply_field_is_named(blocks_of, ns):
         (P.GetReply, {"res": [hit]}, 1, "payload length does not match"),
         (P.LeaseReply, {"res": [[*hit, [1, 2]]]}, 1, r"res\[0\] descriptor"),
         (P.ReserveReply, {"res": [[6, [1, 0, 4, 0]]]}, 1, "a status and a descriptor"),
-        (P.PutReply, {"res": [[5, None, "yes"]]}, 1, r"res\[0\] durable"),
+        (P.PutReply, {"st": b"\x05", "tier": b"\x00", "dur": b"\x02"}, 1, r"dur\[0\]: unknown code 2"),
+        (P.PutReply, {"st": b"\x05\x05", "tier": b"\x00", "dur": b"\x00"}, 1, "st must be 1 bytes"),
+        (P.PutReply, {"st": b"\x63", "tier": b"\x00", "dur": b"\x00"}, 1, r"st\[0\]: unknown code 99"),
         (P.DeleteReply, {"res": [1]}, 1, r"res must be bin of 1 bytes"),
         (P.DeleteReply, {"res": b"\x00\x02"}, 2, r"res\[1\] is 2; codes are 0..1"),
         (P.ExistsReply, {"tiers": ["dram"]}, 1, r"tiers must be bin of 1 bytes"),

@@ -120,13 +120,13 @@ async def test_one_sided_descriptors_on_a_tcp_connection_are_refused(start_daemo
     assert reply["ok"] and reply["rdma"] is None
     (h, _p) = blocks_of(ns, 1, 1000)[0]
     for req in (
-        {"op": "LEASE", "keys": [h.key.raw], "rdma": True},
+        {"op": "LEASE", "keys": h.key.raw, "rdma": True},
         {"op": "RESERVE", "hdrs": [h.encode()], "rdma": True},
     ):
         r = await call(ch, {**req, "rid": 5})
         assert (r["ok"], r["code"]) == (False, P.BAD_REQUEST)
         assert "no RDMA queue pair" in r["err"]
-    r = await call(ch, {"op": "LEASE", "rid": 6, "keys": [h.key.raw], "rdma": 1})
+    r = await call(ch, {"op": "LEASE", "rid": 6, "keys": h.key.raw, "rdma": 1})
     assert r["code"] == P.BAD_REQUEST and "rdma must be true, false or nil" in r["err"]
     # rdma: false is the TCP path; the connection is still usable
     r = await call(ch, {"op": "RESERVE", "rid": 7, "hdrs": [h.encode()], "rdma": False})

@@ -1,0 +1,65 @@
+"""How many connections one batch should be split over (``ClientConfig.streams``): tierkv
+fetch and store of a whole prefix with streams 1, 2 and 4, interleaved, per block size.
+
+Uses bench/peers.py's tierkv runner (one ``kvstore serve``, DRAM only, one client process).
+Prints the median GB/s and every round; the ratios between the columns are what count.
+
+    python bench/peers_streams.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+
+STREAMS = (1, 2, 4)
+
+
+async def one(size: int, count: int, rounds: int) -> None:
+    src = np.random.default_rng(1).integers(0, 256, (count, size), dtype=np.uint8)
+    dst = np.ones((count, size), np.uint8)
+    res: dict[tuple[str, int], list[float]] = {}
+    with tempfile.TemporaryDirectory() as td:
+        kv = peers.Tierkv(Path(td), size, count, src, list(STREAMS))
+        await kv.start()
+        for s in STREAMS:  # warm-up, not counted
+            await kv.fetch(s, dst)
+            await kv.store(s, dst)
+            await kv.after_store(s)
+        for _ in range(rounds):
+            for s in STREAMS:
+                for op in ("fetch", "store"):
+                    t0 = time.perf_counter()
+                    bad = await (kv.fetch(s, dst) if op == "fetch" else kv.store(s, dst))
+                    res.setdefault((op, s), []).append(size * count / (time.perf_counter() - t0) / 1e9)
+                    assert bad == 0, f"{op} streams={s}: {bad} blocks failed"
+                    if op == "store":
+                        await kv.after_store(s)
+        await kv.close()
+    for (op, s), v in sorted(res.items()):
+        print(
+            f"{size >> 10} KiB x{count} {op} streams={s}: {statistics.median(v):.2f} GB/s {[round(x, 2) for x in v]}"
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    for size, count in peers.SIZES:
+        asyncio.run(one(size, count, args.rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
