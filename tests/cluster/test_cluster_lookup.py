@@ -126,7 +126,7 @@ async def test_cluster_lookups_keep_their_view_and_ranking_while_it_changes(star
     blocks = make_blocks(48, 256, seed=71, ns=NS)
     for a in addrs:  # on every node: whatever view a lookup started with, its owners hold them
         n = NodeClient(a, FAST)
-        assert all(r.status is Status.STORED for r in await n.put(blocks))
+        assert [r.status for r in await n.put(blocks)] == [Status.STORED] * len(blocks)
         await n.close()
     present = [h.key for h, _ in blocks]
     members = list(c.membership.members)
