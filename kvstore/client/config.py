@@ -26,6 +26,11 @@ class ClusterConfig:
     write_floor_s: float = 0.5  # a node's write deadline: this + bytes in flight / write_min_bytes_per_s
     write_min_bytes_per_s: float = float(64 << 20)  # slower than this, a node's write is redirected
     write_chunk_bytes: int = 8 << 20  # a node's share of a batch goes in chunks of about this size
+    health_window_s: float = 5.0  # nodes are compared over their samples of this last window
+    late_eject_count: int = 3  # hedged-away reads in one window before lateness may eject
+    bandwidth_min_bytes: int = 64 << 10  # smaller reads say too little about bandwidth
+    confirm_timeout_s: float = 0.5  # a lookup past its deadline: the node must answer this fast
+    loop_lag_interval_s: float = 0.01  # how often the client's own loop lag is sampled
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -37,6 +42,11 @@ class ClusterConfig:
         if not 1 <= self.probe_keys <= 4096 or self.probe_rounds < 1:
             raise ValueError(
                 f"probe_keys must be in [1, 4096] and probe_rounds >= 1, got {self.probe_keys}, {self.probe_rounds}"
+            )
+        if self.late_eject_count < 1 or self.bandwidth_min_bytes < 1:
+            raise ValueError(
+                f"late_eject_count and bandwidth_min_bytes must be >= 1, got {self.late_eject_count}, "
+                f"{self.bandwidth_min_bytes}"
             )
         if self.write_chunk_bytes < 1:
             raise ValueError(f"write_chunk_bytes must be >= 1, got {self.write_chunk_bytes}")
@@ -52,6 +62,9 @@ class ClusterConfig:
             "outlier_factor",
             "hedge_factor",
             "hedge_floor_s",
+            "health_window_s",
+            "confirm_timeout_s",
+            "loop_lag_interval_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

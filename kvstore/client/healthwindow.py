@@ -1,0 +1,89 @@
+"""One node's recent figures, for comparing nodes over the same window (kvstore/client/health.py).
+
+Contract: a :class:`Window` keeps the samples of the last ``window_s`` seconds (latencies of
+small calls, GET bandwidths, hedged-away reads), at most ``MAX_SAMPLES`` of each (bounded).
+:func:`is_outlier` says whether a node's window marks it as an outlier against its peers' windows
+of the same moment: it needs at least ``MIN_SAMPLES`` samples of a kind in the node's window
+and two peers with as many, so a noisy single sample never decides, and peers slowed by the
+same busy host raise the bar with them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+MAX_SAMPLES = 256
+MIN_SAMPLES = 3
+
+
+class _Series:
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._items: deque[tuple[float, float]] = deque(maxlen=MAX_SAMPLES)
+
+    def add(self, value: float) -> None:
+        self._items.append((time.monotonic(), value))
+
+    def values(self) -> list[float]:
+        cut = time.monotonic() - self.window_s
+        items = self._items
+        while items and items[0][0] < cut:
+            items.popleft()
+        return [v for _, v in items]
+
+
+class Window:
+    def __init__(self, window_s: float) -> None:
+        self.latency = _Series(window_s)
+        self.bandwidth = _Series(window_s)
+        self.late = _Series(window_s)
+
+    def add_latency(self, seconds: float) -> None:
+        self.latency.add(seconds)
+
+    def add_bandwidth(self, bytes_per_s: float) -> None:
+        self.bandwidth.add(bytes_per_s)
+
+    def add_late(self) -> None:
+        self.late.add(1.0)
+
+    def lates(self) -> int:
+        return len(self.late.values())
+
+    def median_latency(self) -> float | None:
+        v = self.latency.values()
+        return statistics.median(v) if len(v) >= MIN_SAMPLES else None
+
+    def median_bandwidth(self) -> float | None:
+        v = self.bandwidth.values()
+        return statistics.median(v) if len(v) >= MIN_SAMPLES else None
+
+    def summary(self) -> str:
+        lat, bw = self.median_latency(), self.median_bandwidth()
+        return (
+            f"lat_ms={'-' if lat is None else round(lat * 1e3, 1)},"
+            f"bw_mb_s={'-' if bw is None else round(bw / 1e6, 1)},lates={self.lates()}"
+        )
+
+
+def is_outlier(me: Window, peers: list[Window], cfg: Any) -> bool:
+    """``me`` against ``peers`` (the other healthy nodes' windows), as the module docstring says;
+    ``cfg``: ``outlier_factor``, ``hedge_floor_s``, ``late_eject_count``."""
+    f = cfg.outlier_factor
+    lat = me.median_latency()
+    if lat is not None and lat > cfg.hedge_floor_s:
+        lats = [x for x in (p.median_latency() for p in peers) if x is not None]
+        if len(lats) >= 2 and lat > f * statistics.median(lats):
+            return True
+    bw = me.median_bandwidth()
+    if bw is not None:
+        bws = [x for x in (p.median_bandwidth() for p in peers) if x is not None]
+        if len(bws) >= 2 and bw * f < statistics.median(bws):
+            return True
+    lates = me.lates()
+    if lates >= cfg.late_eject_count and len(peers) >= 1:
+        return lates >= f * statistics.median([p.lates() for p in peers])
+    return False
