@@ -34,6 +34,7 @@ from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
 from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
 from kvstore.client import ConfigError, Expect, Status, StoreClient, make_header
+from kvstore.client.counter_metrics import CountersCollector
 from kvstore.keys import BlockKey, tokens_le_bytes
 
 log = logging.getLogger("tierkv.connector")
@@ -75,6 +76,8 @@ class StoreConnector(KVConnector):
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
         self.metrics.block_bytes.labels(self.dtype_name).set(self.block_bytes)
+        # the store client's own counters (health ejections, under-replicated writes, ...)
+        self.metrics.registry.register(CountersCollector(lambda: self.backend.counters))
         self._lookups: OrderedDict[bytes, list[str]] = OrderedDict()
         self._stored: OrderedDict[bytes, None] = OrderedDict()
         self._queue: asyncio.Queue | None = None

@@ -226,7 +226,7 @@ class _RepairCollector:
         self.repair = repair
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         for name in self.NAMES:
             fam = CounterMetricFamily(
@@ -234,6 +234,13 @@ class _RepairCollector:
             )
             fam.add_metric([], self.repair.counters[name])
             yield fam
+        # under-replicated blocks as of the last finished pass (a write acknowledged with fewer
+        # copies than replicas shows here until a pass restores it)
+        g = GaugeMetricFamily(
+            "tierkv_repair_under_replicated", "Copies missing found by the last finished repair pass"
+        )
+        g.add_metric([], self.repair.last_pass.get("copies_missing", 0))
+        yield g
 
 
 def _batches(items: list, n: int) -> Iterator[list]:
