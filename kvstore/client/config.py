@@ -14,6 +14,7 @@ class ClusterConfig:
     probe_deadline_s: float = 0.25  # a suspect node's probe (all rounds) must finish this fast
     probe_rounds: int = 3  # EXISTS calls per probe, each of probe_keys keys (~70 KiB for 4096)
     probe_keys: int = 4096
+    probe_factor: float = 2.0  # a suspect's probe may take this many times a healthy peer's at most
     eject_base_s: float = 1.0  # an ejected node stays out this long, doubled per re-ejection
     eject_max_s: float = 30.0
     flap_window_s: float = 60.0  # ejections this close together count as one flapping node
@@ -60,6 +61,7 @@ class ClusterConfig:
             "eject_max_s",
             "flap_window_s",
             "outlier_factor",
+            "probe_factor",
             "hedge_factor",
             "hedge_floor_s",
             "health_window_s",

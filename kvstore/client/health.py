@@ -4,11 +4,12 @@ not a broken one.
 Contract:
 - Estimates: every call the client makes is timed (:meth:`Health.observe`), less the time the
   client's own event loop was blocked meanwhile (:class:`~kvstore.client.looplag.LoopLag`: a
-  late answer while the client could not run is not the node's fault). An EWMA of each node's
-  latency (small calls: EXISTS) and bandwidth (GET payload bytes per second, from reads of at
-  least ``bandwidth_min_bytes``) gives :meth:`expected`; reads hedge past it
-  (kvstore/client/reads.py). The same samples of the last ``health_window_s`` are kept per
-  node (:class:`~kvstore.client.healthwindow.Window`) to compare nodes in one window.
+  late answer while the client could not run is not the node's fault; a call during which the
+  loop was blocked for more than half its time is no sample). An EWMA of each node's latency
+  (small calls: EXISTS) and bandwidth (GET payload bytes per second) gives :meth:`expected`;
+  reads hedge past it (kvstore/client/reads.py). The samples of the last ``health_window_s``
+  are kept per node (:class:`~kvstore.client.healthwindow.Window`; bandwidth only from reads
+  of at least ``bandwidth_min_bytes``) to compare nodes over one window.
 - Slowness lowers a node's :meth:`weight` (reads go to the heavier owner first); it ejects the
   node only when the node is an outlier against its peers' figures of the same window (median
   latency over ``outlier_factor`` times theirs and over ``hedge_floor_s``; median bandwidth
@@ -25,7 +26,7 @@ Contract:
   reconnected, a probe (``probe_rounds`` EXISTS of ``probe_keys`` keys, about 70 KiB each, so
   it cannot fit in a token bucket's burst) goes to it and, at the same time, to a healthy peer:
   it is readmitted when its probe, less loop lag, took at most ``max(probe_deadline_s,
-  outlier_factor x the peer's)`` with no error (sized to what the cluster does now, so a busy
+  probe_factor x the peer's)`` with no error (sized to what the cluster does now, so a busy
   host readmits a node as fast as an idle one; a node moving bytes many times slower than its
   peers stays out). With no healthy peer, any probe that finishes within ``outlier_factor x
   probe_deadline_s`` readmits it.

@@ -4,7 +4,8 @@ the one small call that confirms a missed lookup deadline.
 Contract: :meth:`Prober.probe_ok` sends ``probe_rounds`` EXISTS of ``probe_keys`` keys to the
 suspect node and, at the same time, the same to one healthy peer (the reference of this
 moment: a busy host slows both); True when the suspect's probe ended without an error or
-timeout within ``max(probe_deadline_s, outlier_factor x the peer's time)``, both less the
+timeout within ``max(probe_deadline_s, probe_factor x the peer's time)`` (both probes run at
+once on the same loop, so a busy host slows them alike: a tight factor), both less the
 client's loop lag meanwhile. With no healthy peer the limit is ``outlier_factor x
 probe_deadline_s`` (a slow node beats none). :meth:`answers` is one STATS under a deadline. Neither raises.
 """
@@ -58,9 +59,9 @@ class Prober:
         )
         if took is None:
             return False
-        if ref_took is None:  # the reference failed meanwhile: judge by the fixed limit
-            return took <= cfg.outlier_factor * cfg.probe_deadline_s
-        return took <= max(cfg.probe_deadline_s, cfg.outlier_factor * ref_took)
+        if ref_took is None:  # the reference failed meanwhile: no verdict, probe again later
+            return False
+        return took <= max(cfg.probe_deadline_s, cfg.probe_factor * ref_took)
 
     async def answers(self, node: NodeClient, deadline_s: float) -> bool:
         """Whether the node answers a STATS (one small reply) within ``deadline_s`` plus the
