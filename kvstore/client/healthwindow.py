@@ -19,20 +19,42 @@ MAX_SAMPLES = 256
 MIN_SAMPLES = 3
 
 
+_TICK_S = 0.1  # summaries are recomputed at most this often unless a sample was added
+
+
 class _Series:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._items: deque[tuple[float, float]] = deque(maxlen=MAX_SAMPLES)
+        self._cached: tuple[int, int, int, float | None] | None = None  # (adds, tick, n, median)
+        self._adds = 0
 
     def add(self, value: float) -> None:
         self._items.append((time.monotonic(), value))
+        self._adds += 1
 
-    def values(self) -> list[float]:
-        cut = time.monotonic() - self.window_s
+    def _summary(self) -> tuple[int, float | None]:
+        """(samples in the window, their median or None below ``MIN_SAMPLES``), cached: every
+        call of the data path asks, so this must not sort on each."""
+        now = time.monotonic()
+        tick = int(now / _TICK_S)
+        c = self._cached
+        if c is not None and c[0] == self._adds and c[1] == tick:
+            return c[2], c[3]
+        cut = now - self.window_s
         items = self._items
         while items and items[0][0] < cut:
             items.popleft()
-        return [v for _, v in items]
+        n = len(items)
+        med = statistics.median([v for _, v in items]) if n >= MIN_SAMPLES else None
+        self._cached = (self._adds, tick, n, med)
+        return n, med
+
+    def count(self) -> int:
+        return self._summary()[0]
+
+    def median(self) -> float | None:
+        return self._summary()[1]
 
 
 class Window:
@@ -51,15 +73,13 @@ class Window:
         self.late.add(1.0)
 
     def lates(self) -> int:
-        return len(self.late.values())
+        return self.late.count()
 
     def median_latency(self) -> float | None:
-        v = self.latency.values()
-        return statistics.median(v) if len(v) >= MIN_SAMPLES else None
+        return self.latency.median()
 
     def median_bandwidth(self) -> float | None:
-        v = self.bandwidth.values()
-        return statistics.median(v) if len(v) >= MIN_SAMPLES else None
+        return self.bandwidth.median()
 
     def summary(self) -> str:
         lat, bw = self.median_latency(), self.median_bandwidth()
