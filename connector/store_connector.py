@@ -33,8 +33,7 @@ from connector.flush import FlushResult, SaveTally
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
 from engine.kv_connector import ConnectorContext, ConnectorRequest, KVConnector
-from kvstore.client import ConfigError, Expect, Status, StoreClient, make_header
-from kvstore.client.counter_metrics import CountersCollector
+from kvstore.client import ConfigError, CountersCollector, Expect, Status, StoreClient, make_header
 from kvstore.keys import BlockKey, tokens_le_bytes
 
 log = logging.getLogger("tierkv.connector")

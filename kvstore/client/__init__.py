@@ -23,6 +23,7 @@ _EXPORTS = {
     "members": "kvstore.client.facade",
     "StoreClient": "kvstore.client.api",
     "PutReport": "kvstore.client.api",
+    "CountersCollector": "kvstore.client.counter_metrics",
     "Status": "kvstore.results",
     "GetResult": "kvstore.results",
     "PutResult": "kvstore.results",
