@@ -99,7 +99,7 @@ class Health:
     def forget(self, addr: str) -> None:
         """The member left."""
         self._readmit(addr, None)
-        for d in (self.estimates, self.windows, self._ejections, self._out_until):
+        for d in (self.estimates, self.windows, self._ejections, self._out_until, self._out_total):
             d.pop(addr, None)
         for tasks in (self._probes, self._confirms):
             t = tasks.pop(addr, None)
