@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from typing import Any
 
 from kvstore.client.healthprobe import Prober
 from kvstore.client.healthwindow import Window, is_outlier
+from kvstore.client.healthwindow import weight as window_weight
 from kvstore.client.looplag import LoopLag
 from kvstore.client.node import NodeClient
 
@@ -193,25 +193,10 @@ class Health:
             self.eject(addr, "unresponsive")
 
     def weight(self, addr: str) -> float:
-        """In (0, 1]: 1 for a node as fast as its peers, lower the more it was late (hedged
-        away) or slower than their median latency or bandwidth in the current window (reads
-        prefer the heavier owner)."""
+        """In (0, 1]: 1 for a node as fast as its peers, lower the more it was late or slower
+        than they are in the current window (:func:`~kvstore.client.healthwindow.weight`)."""
         w = self.windows.get(addr)
-        if w is None:
-            return 1.0
-        x = 1.0 / (1.0 + w.lates())
-        peers = self._peers(addr)
-        bw = w.median_bandwidth()
-        if bw is not None:
-            theirs = [b for b in (p.median_bandwidth() for p in peers) if b is not None]
-            if theirs:
-                x *= min(1.0, bw / statistics.median(theirs))
-        lat = w.median_latency()
-        if lat is not None:
-            theirs = [t for t in (p.median_latency() for p in peers) if t is not None]
-            if theirs:
-                x *= min(1.0, statistics.median(theirs) / lat)
-        return x
+        return 1.0 if w is None else window_weight(w, self._peers(addr))
 
     def expected(self, addr: str, nbytes: int = 0) -> float | None:
         """The node's expected time for a call moving ``nbytes`` (None before estimates)."""

@@ -2,7 +2,8 @@
 
 Contract: a :class:`Window` keeps the samples of the last ``window_s`` seconds (latencies of
 small calls, GET bandwidths, hedged-away reads), at most ``MAX_SAMPLES`` of each (bounded).
-:func:`is_outlier` says whether a node's window marks it as an outlier against its peers' windows
+:func:`weight` is a node's read preference from its window and its peers'; :func:`is_outlier`
+says whether a node's window marks it as an outlier against its peers' windows
 of the same moment: it needs at least ``MIN_SAMPLES`` samples of a kind in the node's window
 and two peers with as many, so a noisy single sample never decides, and peers slowed by the
 same busy host raise the bar with them.
@@ -107,3 +108,21 @@ def is_outlier(me: Window, peers: list[Window], cfg: Any) -> bool:
     if lates >= cfg.late_eject_count and len(peers) >= 1:
         return lates >= f * statistics.median([p.lates() for p in peers])
     return False
+
+
+def weight(me: Window, peers: list[Window]) -> float:
+    """In (0, 1]: 1 for a node as fast as its peers, lower the more it was late (hedged away)
+    or slower than their median latency or bandwidth in the window (reads prefer the heavier
+    owner: kvstore/client/reads.py)."""
+    x = 1.0 / (1.0 + me.lates())
+    bw = me.median_bandwidth()
+    if bw is not None:
+        theirs = [b for b in (p.median_bandwidth() for p in peers) if b is not None]
+        if theirs:
+            x *= min(1.0, bw / statistics.median(theirs))
+    lat = me.median_latency()
+    if lat is not None:
+        theirs = [t for t in (p.median_latency() for p in peers) if t is not None]
+        if theirs:
+            x *= min(1.0, statistics.median(theirs) / lat)
+    return x
