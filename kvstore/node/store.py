@@ -24,7 +24,6 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from kvstore.block import BlockHeader
 from kvstore.config import StoreConfig
@@ -37,7 +36,6 @@ from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
 from kvstore.node.tiers.tasks import Finishing, to_the_end
-from kvstore.node.tombstones import FILE_NAME as TOMBSTONES_FILE
 from kvstore.node.tombstones import Tombstones
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
@@ -91,8 +89,7 @@ class NodeStore:
         if disk is not None:
             disk.protect(self.evictor.protected)  # a leased or pinned block stays on disk too
         # what this node deleted, so another node's repair cannot bring it back (beside LMDB)
-        side = Path(cfg.disk.path) / TOMBSTONES_FILE if disk is not None and cfg.disk.path else None
-        self.tombstones = Tombstones(side)
+        self.tombstones = Tombstones.beside(cfg.disk.path if disk is not None else None)
 
     @classmethod
     async def open(cls, cfg: StoreConfig) -> NodeStore:

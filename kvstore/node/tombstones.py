@@ -51,6 +51,12 @@ class Tombstones:
             self._load()
             self._rewrite()
 
+    @classmethod
+    def beside(cls, directory: str | os.PathLike | None) -> Tombstones:
+        """Tombstones kept in ``directory`` (the disk tier's LMDB directory), or in memory only
+        when None or empty (no disk tier)."""
+        return cls(Path(directory) / FILE_NAME if directory else None)
+
     def __len__(self) -> int:
         self._expire()
         return len(self._dead)
