@@ -70,13 +70,13 @@ class ClientConfig:
     connect_timeout_s: float = 1.0
     op_timeout_s: float = 5.0
     probe_interval_s: float = 0.5
+    # False: an EXISTS past its deadline is only late, the node stays up (the cluster client's
+    # health decides: kvstore/client/health.py); reads, writes and the rest still mark it down
+    exists_timeout_marks_down: bool = True
     transport: str = "auto"
     rdma_device: str = ""
     rdma_gid_index: int = 0
     descriptors: str = "auto"
-    # False: an EXISTS past its deadline is only late, the node stays up (the cluster client's
-    # health decides: kvstore/client/health.py); reads, writes and the rest still mark it down
-    exists_timeout_marks_down: bool = True
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
