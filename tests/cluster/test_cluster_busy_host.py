@@ -80,7 +80,9 @@ async def worker(c: ClusterClient, w: int, t_end: float, tally: Tally) -> None:
 
 
 async def test_busy_client_loop_and_a_slightly_slow_node_keep_the_view_writes_and_hits(start_daemon):
-    ds = [start_daemon(use_disk=False) for _ in range(3)]
+    # room for everything the run writes (~6,000 blocks x 2 copies on a fast run): a block
+    # evicted for capacity would be a miss that says nothing about health
+    ds = [start_daemon(use_disk=False, dram={"capacity": "512MiB"}) for _ in range(3)]
     proxy = await SlowProxy(ds[2].addr, reply_delay_s=0.004).start()
     addrs = [ds[0].addr, ds[1].addr, proxy.addr]
     cfg = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=1.0, probe_interval_s=0.1)
