@@ -5,7 +5,9 @@ helpers in tests/cluster), replicas=2, 20 prompts of 8 blocks of 32 KiB. A load 
 (lookup of the longest prefix, then a read of the hit blocks, one at a time, deadline 1 s) runs
 for --seconds with every node healthy, then for --seconds with one node shaped by ``tc tbf rate
 2mbit burst 16kb`` (both directions). Reported per phase: p50/p99/max request latency, lookup
-timeouts (a lookup that took the whole deadline), blocks missed, readmissions of the slow node.
+timeouts (a lookup that took the whole deadline), blocks missed, readmissions of the slow node,
+each node's share of time in the client's healthy view (sampled every 20 ms) and the share of
+writes (a fresh prompt every 4th request) acknowledged with ``replicas`` copies.
 The same load runs once more with a health config shaped like the old one (a one-key probe, no
 backoff, a late read given up at half the deadline) for comparison. Prints a table; --json writes it.
 
@@ -39,12 +41,29 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-async def load(c: ClusterClient, prompts, seconds: float) -> dict:
+async def sample_view(c: ClusterClient, stop: asyncio.Event, inview: dict[str, int], n: list[int]) -> None:
+    while not stop.is_set():
+        live = set(c.live_addrs())
+        for a in inview:
+            inview[a] += a in live
+        n[0] += 1
+        await asyncio.sleep(0.02)
+
+
+async def load(c: ClusterClient, prompts, seconds: float, fresh) -> dict:
+    """Requests for ``seconds``; every 4th also stores a fresh prompt (``fresh(i)``), so the
+    share of writes with ``replicas`` copies is measured beside time in view per node."""
     lat, lookup_timeouts, missed, n = [], 0, 0, 0
+    copies: list[int] = []
+    stop = asyncio.Event()
+    inview, samples = {a: 0 for a in c.nodes}, [0]
+    sampler = asyncio.create_task(sample_view(c, stop, inview, samples))
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         p = prompts[n % len(prompts)]
         n += 1
+        if n % 4 == 0:
+            copies += (await c.put(fresh(n), DEADLINE_S)).copies
         keys = [h.key for h, _ in p]
         t0 = time.perf_counter()
         got = await c.lookup_prefix(keys, DEADLINE_S)
@@ -54,7 +73,13 @@ async def load(c: ClusterClient, prompts, seconds: float) -> dict:
         res = await c.get_into(keys[:got], bufs, None, DEADLINE_S)
         lat.append((time.perf_counter() - t0) * 1e3)
         missed += len(keys) - sum(r.status.ok for r in res)
+    stop.set()
+    await sampler
+    replicas = c.cfg.replicas
     return {
+        "time_in_view": {a: round(v / max(1, samples[0]), 4) for a, v in inview.items()},
+        "min_time_in_view": round(min(v / max(1, samples[0]) for v in inview.values()), 4),
+        "writes_with_replicas_copies": round(sum(x >= replicas for x in copies) / max(1, len(copies)), 4),
         "requests": n,
         "p50_ms": round(statistics.median(lat), 2),
         "p99_ms": round(pct(lat, 0.99), 2),
@@ -64,15 +89,15 @@ async def load(c: ClusterClient, prompts, seconds: float) -> dict:
     }
 
 
-async def phase(hosts, ds, prompts, cfg: ClusterConfig, seconds: float, name: str) -> list[dict]:
+async def phase(hosts, ds, prompts, cfg: ClusterConfig, seconds: float, name: str, fresh) -> list[dict]:
     c = ClusterClient.static([d.addr for d in ds], hosts.client_cfg(op_timeout_s=DEADLINE_S), cfg)
     await c.start(5.0)
     for p in prompts:
         assert all(r.status.ok for r in await c.put(p, 5.0))
-    base = await load(c, prompts, seconds)
+    base = await load(c, prompts, seconds, lambda i: fresh(name, "base", i))
     hosts.net.shape(ds[1].host, "2mbit", "16kb")
     before = c.counters["marked_up"]
-    slow = await load(c, prompts, seconds)
+    slow = await load(c, prompts, seconds, lambda i: fresh(name, "slow", i))
     slow["readmitted"] = c.counters["marked_up"] - before
     hosts.net.heal(ds[1].host)
     await c.close()
@@ -99,8 +124,13 @@ async def run(tmp: Path, seconds: float) -> list[dict]:
     try:
         ds = [hosts.start_node() for _ in range(3)]
         prompts = [make_blocks(8, NBYTES, seed=100 + i, ns=TENANT_NS) for i in range(20)]
+
+        def fresh(health: str, part: str, i: int):
+            seed = 1_000_000 * (1 + len(health) % 7) + 100_000 * (part == "slow") + i
+            return make_blocks(8, NBYTES, seed=seed, ns=TENANT_NS)
+
         rows = await phase(
-            hosts, ds, prompts, ClusterConfig(replicas=2, probe_interval_s=0.1), seconds, "data path"
+            hosts, ds, prompts, ClusterConfig(replicas=2, probe_interval_s=0.1), seconds, "data path", fresh
         )
         old = ClusterConfig(
             replicas=2,
@@ -113,7 +143,7 @@ async def run(tmp: Path, seconds: float) -> list[dict]:
             hedge_factor=1e-9,  # a late read is given up at half the deadline, as before
             hedge_floor_s=DEADLINE_S / 2,
         )
-        rows += await phase(hosts, ds, prompts, old, seconds, "old-style (1-key probe, no backoff)")
+        rows += await phase(hosts, ds, prompts, old, seconds, "old-style (1-key probe, no backoff)", fresh)
         return rows
     finally:
         hosts.teardown()
@@ -137,6 +167,8 @@ def main() -> int:
         "blocks_missed",
         "readmitted",
         "p99_x_baseline",
+        "min_time_in_view",
+        "writes_with_replicas_copies",
     ]
     print(" | ".join(cols))
     for r in rows:

@@ -78,6 +78,7 @@ class StoreConnector(KVConnector):
         self.backend = backend or make_backend(cfg, base_ns)
         self.cost = CostModel(cfg.prefill_tokens_per_s)
         self.metrics = ConnectorMetrics()
+        self._export_store_counters()
         self.metrics.block_bytes.labels(self.dtype_name).set(self.block_bytes)
         self._stored: OrderedDict[bytes, None] = OrderedDict()
         self._queue: asyncio.Queue | None = None
@@ -105,6 +106,13 @@ class StoreConnector(KVConnector):
                 self.backend.register(t.numpy())
         except Exception as exc:  # the cache path never fails the engine
             log.warning("event=staging_register_failed error=%r", exc)
+
+    def _export_store_counters(self) -> None:
+        """The store client's own counters (health ejections, under-replicated writes, ...) on
+        the connector's registry, so the engine's /metrics shows them."""
+        from kvstore.client import CountersCollector
+
+        self.metrics.registry.register(CountersCollector(lambda: self.backend.counters))
 
     async def start(self) -> None:
         """At engine start: open the store (local://) or the connections to every daemon

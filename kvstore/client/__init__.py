@@ -21,6 +21,7 @@ _EXPORTS = {
     "open": "kvstore.client.facade",
     "SCHEMES": "kvstore.client.facade",
     "members": "kvstore.client.facade",
+    "CountersCollector": "kvstore.client.counter_metrics",
     "StoreClient": "kvstore.client.api",
     "PutReport": "kvstore.client.api",
     "LookupResult": "kvstore.lookups",

@@ -45,7 +45,7 @@ import numpy as np
 from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
-from kvstore.client.health import Health
+from kvstore.client.health import SLOW, Health
 from kvstore.client.lookup import Lookups
 from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
@@ -82,7 +82,10 @@ class ClusterClient:
         self.cfg = cfg or ClusterConfig()
         # the call's deadline bounds a connection's set-up; the node client's own (short)
         # connect timeout would mark a node down for a late HELLO under a long deadline
-        self._node_cfg = dataclasses.replace(self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s)
+        # and a lookup past its (short) deadline is lateness for health to judge, not a failure
+        self._node_cfg = dataclasses.replace(
+            self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s, exists_timeout_marks_down=False
+        )
         c = self.client_cfg
         self.rdma = ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)  # one device for all nodes
         self.nodes: dict[str, NodeClient] = {}
@@ -196,6 +199,7 @@ class ClusterClient:
         if not self._started:
             await self.start(min(2.0, deadline_s or self.client_cfg.op_timeout_s), connect=False)
         self._sync()
+        self.health.start()  # the loop-lag monitor, on this client's loop
         view = [n for a, n in sorted(self._weights.items()) if self.healthy(a)]
         key = tuple(view)
         if key != self._view_key:
@@ -203,14 +207,27 @@ class ClusterClient:
             self._rank_cache.reset(view, self.cfg.replicas)  # placement changed
         return self._view
 
+    def standby(self) -> list[Node]:
+        """Members out only for being slow, connection up (Route): a slow copy beats none."""
+        return [
+            n
+            for a, n in sorted(self._weights.items())
+            if self.health.why_out(a) in SLOW and a in self.nodes and self.nodes[a].up
+        ]
+
     def rank(self, key: BlockKey) -> tuple[str, ...]:
         """The healthy view's addresses in ``key``'s rendezvous order (owners first), cached."""
         return self._rank_cache.order(key.raw)
 
     async def timed(self, addr: str, op: str, aw: Awaitable):
         """Await one node call and feed its time (and GET payload bytes) to health."""
+        node = self.nodes.get(addr)
+        timeouts = node.counters["timeouts"] if node is not None else 0
         t0 = time.monotonic()
         res = await aw
+        if op == "exists" and node is not None and node.counters["timeouts"] != timeouts:
+            self.health.timed_out(addr, time.monotonic() - t0)  # late, not down: health judges
+            return res
         nbytes = sum(r.header.payload_len for r in res if r.status is Status.HIT) if op == "get" else 0
         self.health.observe(addr, time.monotonic() - t0, nbytes, op)
         return res
@@ -304,6 +321,11 @@ class ClusterClient:
         total.update(self.health.counters)
         total.update(self.repairer.counters)
         return total
+
+    def time_out(self) -> dict[str, float]:
+        """Per member: seconds it spent out of the healthy view since this client started."""
+        self._sync()
+        return self.health.time_out()
 
     def live_addrs(self) -> list[str]:
         """Members currently used (healthy), sorted."""

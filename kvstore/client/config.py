@@ -14,6 +14,7 @@ class ClusterConfig:
     probe_deadline_s: float = 0.25  # a suspect node's probe (all rounds) must finish this fast
     probe_rounds: int = 3  # EXISTS calls per probe, each of probe_keys keys (~70 KiB for 4096)
     probe_keys: int = 4096
+    probe_factor: float = 2.0  # a suspect's probe may take this many times a healthy peer's at most
     eject_base_s: float = 1.0  # an ejected node stays out this long, doubled per re-ejection
     eject_max_s: float = 30.0
     flap_window_s: float = 60.0  # ejections this close together count as one flapping node
@@ -26,6 +27,11 @@ class ClusterConfig:
     write_floor_s: float = 0.5  # a node's write deadline: this + bytes in flight / write_min_bytes_per_s
     write_min_bytes_per_s: float = float(64 << 20)  # slower than this, a node's write is redirected
     write_chunk_bytes: int = 8 << 20  # a node's share of a batch goes in chunks of about this size
+    health_window_s: float = 5.0  # nodes are compared over their samples of this last window
+    late_eject_count: int = 3  # hedged-away reads in one window before lateness may eject
+    bandwidth_min_bytes: int = 64 << 10  # smaller reads say too little about bandwidth
+    confirm_timeout_s: float = 0.5  # a lookup past its deadline: the node must answer this fast
+    loop_lag_interval_s: float = 0.01  # how often the client's own loop lag is sampled
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -37,6 +43,11 @@ class ClusterConfig:
         if not 1 <= self.probe_keys <= 4096 or self.probe_rounds < 1:
             raise ValueError(
                 f"probe_keys must be in [1, 4096] and probe_rounds >= 1, got {self.probe_keys}, {self.probe_rounds}"
+            )
+        if self.late_eject_count < 1 or self.bandwidth_min_bytes < 1:
+            raise ValueError(
+                f"late_eject_count and bandwidth_min_bytes must be >= 1, got {self.late_eject_count}, "
+                f"{self.bandwidth_min_bytes}"
             )
         if self.write_chunk_bytes < 1:
             raise ValueError(f"write_chunk_bytes must be >= 1, got {self.write_chunk_bytes}")
@@ -50,8 +61,12 @@ class ClusterConfig:
             "eject_max_s",
             "flap_window_s",
             "outlier_factor",
+            "probe_factor",
             "hedge_factor",
             "hedge_floor_s",
+            "health_window_s",
+            "confirm_timeout_s",
+            "loop_lag_interval_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -1,44 +1,61 @@
-"""Which nodes the cluster client uses, judged on the data path.
+"""Which nodes the cluster client uses, judged on the data path: a busy node is a slower one,
+not a broken one.
 
 Contract:
-- Estimates: every call the client makes is timed (:meth:`Health.observe`): an EWMA of each
-  node's latency (small calls: EXISTS) and of its bandwidth (GET payload bytes per second).
-  :meth:`expected` is a node's expected time for a call moving ``nbytes``; reads hedge to
-  another replica when a node passes it (kvstore/client/reads.py).
-- Ejection: a node whose call failed or missed its deadline (its :class:`NodeClient` marked it
-  down), or that is an outlier (latency over ``outlier_factor`` times the median of the other
-  healthy nodes' and over ``hedge_floor_s``, or GET bandwidth under their median divided by
-  ``outlier_factor``), becomes *suspect* and is skipped.
-- Readmission with backoff: a suspect node stays out for ``eject_base_s``, doubled for each
-  further ejection within ``flap_window_s`` (at most ``eject_max_s``); after that, a probe
-  waits until its node client reconnected, then sends ``probe_rounds`` EXISTS of
-  ``probe_keys`` keys each (about 70 KiB per round, so a probe cannot fit in the burst of a
-  token-bucket link) and readmits the node only when all of them finish within
-  ``probe_deadline_s``. So a node that accepts connections but moves bytes slowly (a congested
-  or policed link, an overloaded host) stays out.
-- Slowness is a preference, a failure a loss: when a node is ejected because it went down,
-  every node that is out only for being slow (``outlier``, ``late``) and whose connection is
-  up is readmitted at once (``readmitted_on_failure``), since a slow replica beats none (with
-  replicas=2, the blocks a slow and a dead node shared would otherwise all miss). Outlier
-  checks need two healthy peers, so a shrunken cluster does not eject it again at once.
-Loop-bound, like the node clients.
+- Estimates: every call the client makes is timed (:meth:`Health.observe`), less the time the
+  client's own event loop was blocked meanwhile (:class:`~kvstore.client.looplag.LoopLag`: a
+  late answer while the client could not run is not the node's fault; a call during which the
+  loop was blocked for more than half its time is no sample). An EWMA of each node's latency
+  (small calls: EXISTS) and bandwidth (GET payload bytes per second) gives :meth:`expected`;
+  reads hedge past it (kvstore/client/reads.py). The samples of the last ``health_window_s``
+  are kept per node (:class:`~kvstore.client.healthwindow.Window`; bandwidth only from reads
+  of at least ``bandwidth_min_bytes``) to compare nodes over one window.
+- Slowness lowers a node's :meth:`weight` (reads go to the heavier owner first); it ejects the
+  node only when the node is an outlier against its peers' figures of the same window (median
+  latency over ``outlier_factor`` times theirs and over ``hedge_floor_s``; median bandwidth
+  under theirs over ``outlier_factor``; or at least ``late_eject_count`` hedged-away reads and
+  ``outlier_factor`` times their median count) *and* the healthy view keeps at least
+  ``max(replicas, majority of the members)`` nodes. An ejection refused for that floor is
+  counted (``slow_kept_for_floor``).
+- Failures eject at once, with no floor: a node client marked down (refused, reset, a read or
+  write past its deadline: kvstore/client/node.py) is ``down``. A lookup past its (short)
+  deadline alone is not a failure: the node is asked again with one small EXISTS under
+  ``confirm_timeout_s``; only when that also gets no answer is it ejected (``unresponsive``).
+- Readmission with backoff: an ejected node stays out ``eject_base_s``, doubled per further
+  ejection within ``flap_window_s`` (at most ``eject_max_s``). Then, once its node client
+  reconnected, a probe (``probe_rounds`` EXISTS of ``probe_keys`` keys, about 70 KiB each, so
+  it cannot fit in a token bucket's burst) goes to it and, at the same time, to a healthy peer:
+  it is readmitted when its probe, less loop lag, took at most ``max(probe_deadline_s,
+  probe_factor x the peer's)`` with no error (sized to what the cluster does now, so a busy
+  host readmits a node as fast as an idle one; a node moving bytes many times slower than its
+  peers stays out). With no healthy peer, any probe that finishes within ``outlier_factor x
+  probe_deadline_s`` readmits it.
+- A slow replica beats none: when a node is ejected for a failure, every node out only for
+  being slow whose connection is up is readmitted at once (``readmitted_on_failure``).
+- Every ejection and readmission is logged (``event=cluster_node_out|cluster_node_up`` with
+  ``why``) and counted (``ejected_<why>``, ``readmitted_<why>``, ``marked_down``,
+  ``marked_up``); :meth:`time_out` gives each node's seconds out of the view.
+Loop-bound, like the node clients. ``close()`` stops probes and the loop-lag monitor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore.client.healthprobe import Prober
+from kvstore.client.healthwindow import Window, is_outlier
+from kvstore.client.healthwindow import weight as window_weight
+from kvstore.client.looplag import LoopLag
 from kvstore.client.node import NodeClient
-from kvstore.keys import BlockKey
 
 log = logging.getLogger("kvstore.client")
 _ALPHA = 0.2  # EWMA weight of a new sample
+SLOW = frozenset({"outlier", "late"})  # ejections for slowness (not failures)
 
 
 @dataclass
@@ -50,58 +67,136 @@ class Estimate:
 
 class Health:
     def __init__(self, nodes: dict[str, NodeClient], cfg: Any) -> None:
-        """``cfg``: the :class:`kvstore.client.cluster.ClusterConfig` (probe_*, eject_*, ...)."""
+        """``cfg``: the :class:`kvstore.client.config.ClusterConfig`."""
         self.nodes = nodes  # shared with the cluster client, which adds and removes members
         self.cfg = cfg
         self.counters: Counter[str] = Counter()
         self.estimates: dict[str, Estimate] = {}
+        self.windows: dict[str, Window] = {}
+        self.lag = LoopLag(cfg.loop_lag_interval_s, max(10.0, cfg.health_window_s))
         self._suspect: dict[str, str] = {}  # address -> why it is out
+        self._out_since: dict[str, float] = {}
+        self._out_total: Counter[str] = Counter()
         self._out_until: dict[str, float] = {}
         self._ejections: dict[str, list[float]] = {}
         self._probes: dict[str, asyncio.Task] = {}
-        self._probe_keys = [BlockKey(i.to_bytes(16, "big")) for i in range(1, cfg.probe_keys + 1)]
+        self._confirms: dict[str, asyncio.Task] = {}
+        self.prober = Prober(self, cfg)
         self._closed = False
+
+    def start(self) -> None:
+        """Start the loop-lag monitor on the running loop (idempotent)."""
+        if not self._closed:
+            self.lag.start()
 
     def healthy(self, addr: str) -> bool:
         node = self.nodes.get(addr)
         return node is not None and node.up and addr not in self._suspect
 
+    def why_out(self, addr: str) -> str | None:
+        return self._suspect.get(addr)
+
     def forget(self, addr: str) -> None:
         """The member left."""
-        self._suspect.pop(addr, None)
-        self.estimates.pop(addr, None)
-        self._ejections.pop(addr, None)
-        self._out_until.pop(addr, None)
-        t = self._probes.pop(addr, None)
-        if t is not None:
-            t.cancel()
+        self._readmit(addr, None)
+        for d in (self.estimates, self.windows, self._ejections, self._out_until, self._out_total):
+            d.pop(addr, None)
+        for tasks in (self._probes, self._confirms):
+            t = tasks.pop(addr, None)
+            if t is not None:
+                t.cancel()
 
-    # ------------------------------------------------------------ estimates
+    def time_out(self) -> dict[str, float]:
+        """Per member: seconds it spent out of the view so far (ejected or its client down)."""
+        now = time.monotonic()
+        out = dict(self._out_total)
+        for a, t in self._out_since.items():
+            out[a] = out.get(a, 0.0) + now - t
+        return {a: round(out.get(a, 0.0), 3) for a in self.nodes}
+
+    # ------------------------------------------------------------ estimates and weight
+
+    def discounted(self, seconds: float) -> float:
+        """``seconds`` of a call that just ended, less the loop lag meanwhile."""
+        now = time.monotonic()
+        blocked = self.lag.blocked(now - seconds, now)
+        if blocked > 0:
+            self.counters["loop_lag_discounted"] += 1
+        return max(seconds - blocked, 1e-6)
+
+    def _blocked_most(self, seconds: float) -> bool:
+        """Whether the client's loop was blocked for most of a call that just ended (its time
+        then says nothing about the node)."""
+        now = time.monotonic()
+        return self.lag.blocked(now - seconds, now) > seconds / 2
 
     def observe(self, addr: str, seconds: float, nbytes: int = 0, op: str = "exists") -> None:
         """A call to ``addr`` took ``seconds`` (moving ``nbytes`` of payload); then the usual
-        after-call check. An outlier is ejected."""
-        e = self.estimates.setdefault(addr, Estimate())
+        after-call check. An outlier in its window is ejected when the floor allows."""
         node = self.nodes.get(addr)
-        if node is not None and node.up:
-            if op == "get" and nbytes:
-                lat = e.latency_s or 0.0
-                bw = nbytes / max(seconds - lat, seconds / 2, 1e-6)
-                e.bytes_per_s = bw if e.bytes_per_s is None else (1 - _ALPHA) * e.bytes_per_s + _ALPHA * bw
-            elif op == "exists":
-                e.latency_s = (
-                    seconds if e.latency_s is None else (1 - _ALPHA) * e.latency_s + _ALPHA * seconds
-                )
-            e.samples += 1
-            if self._outlier(addr):
-                self.eject(addr, "outlier")
-                return
-        self.after_call(addr)
+        if node is None or not node.up:
+            self.after_call(addr)
+            return
+        if self._blocked_most(seconds):
+            self.counters["samples_skipped_loop_lag"] += 1
+            self.after_call(addr)
+            return
+        s = self.discounted(seconds)
+        e = self.estimates.setdefault(addr, Estimate())
+        w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
+        if op == "get" and nbytes:
+            lat = e.latency_s or 0.0
+            bw = nbytes / max(s - lat, s / 2, 1e-6)
+            e.bytes_per_s = bw if e.bytes_per_s is None else (1 - _ALPHA) * e.bytes_per_s + _ALPHA * bw
+            if nbytes >= self.cfg.bandwidth_min_bytes:  # a small read's bandwidth is noise
+                w.add_bandwidth(bw)
+        elif op == "exists":
+            e.latency_s = s if e.latency_s is None else (1 - _ALPHA) * e.latency_s + _ALPHA * s
+            w.add_latency(s)
+        e.samples += 1
+        self._judge(addr, "outlier")
 
     def late(self, addr: str, seconds: float) -> None:
-        """A read of ``addr`` lost to its hedge after ``seconds``: the node is ejected."""
+        """A read of ``addr`` lost to its hedge after ``seconds``: lateness, not a failure."""
+        if self.discounted(seconds) < self.cfg.hedge_floor_s:
+            self.counters["late_reads_discounted"] += 1  # the client's loop was the late one
+            return
         self.counters["late_reads"] += 1
-        self.eject(addr, "late")
+        self.windows.setdefault(addr, Window(self.cfg.health_window_s)).add_late()
+        self._judge(addr, "late")
+
+    def timed_out(self, addr: str, seconds: float) -> None:
+        """A lookup to ``addr`` missed its deadline after ``seconds`` without the node client
+        marking it down: that time (less loop lag) is a latency sample of the window, a lower
+        bound of the node's; and one small call confirms the node still answers at all."""
+        self.counters["lookup_timeouts"] += 1
+        if self._closed or not self.healthy(addr):
+            return
+        if self._blocked_most(seconds):
+            self.counters["lookup_timeouts_loop_lag"] += 1  # the client was late, not the node
+            return
+        self.windows.setdefault(addr, Window(self.cfg.health_window_s)).add_latency(self.discounted(seconds))
+        self._judge(addr, "outlier")
+        if not self.healthy(addr):
+            return
+        t = self._confirms.get(addr)
+        if t is None or t.done():
+            self._confirms[addr] = asyncio.get_running_loop().create_task(self._confirm(addr))
+
+    async def _confirm(self, addr: str) -> None:
+        node = self.nodes.get(addr)
+        if node is None:
+            return
+        if await self.prober.answers(node, self.cfg.confirm_timeout_s):
+            self.counters["lookup_timeouts_forgiven"] += 1
+        elif self.nodes.get(addr) is node:
+            self.eject(addr, "unresponsive")
+
+    def weight(self, addr: str) -> float:
+        """In (0, 1]: 1 for a node as fast as its peers, lower the more it was late or slower
+        than they are in the current window (:func:`~kvstore.client.healthwindow.weight`)."""
+        w = self.windows.get(addr)
+        return 1.0 if w is None else window_weight(w, self._peers(addr))
 
     def expected(self, addr: str, nbytes: int = 0) -> float | None:
         """The node's expected time for a call moving ``nbytes`` (None before estimates)."""
@@ -110,23 +205,27 @@ class Health:
             return None
         return e.latency_s + (nbytes / e.bytes_per_s if e.bytes_per_s else 0.0)
 
-    def _outlier(self, addr: str) -> bool:
-        """Latency over ``outlier_factor`` times the other healthy nodes' median (and over
-        ``hedge_floor_s``), or GET bandwidth under their median over ``outlier_factor``."""
-        me = self.estimates[addr]
-        if me.samples < 3:
-            return False
-        peers = [e for a, e in self.estimates.items() if a != addr and self.healthy(a) and e.samples >= 3]
-        lats = [e.latency_s for e in peers if e.latency_s is not None]
-        limit = max(self.cfg.hedge_floor_s, self.cfg.outlier_factor * statistics.median(lats)) if lats else 0
-        if me.latency_s is not None and len(lats) >= 2 and me.latency_s > limit:
-            return True
-        bws = [e.bytes_per_s for e in peers if e.bytes_per_s is not None]
-        return (
-            me.bytes_per_s is not None
-            and len(bws) >= 2
-            and me.bytes_per_s * self.cfg.outlier_factor < statistics.median(bws)
-        )
+    def _peers(self, addr: str) -> list[Window]:
+        return [w for a, w in self.windows.items() if a != addr and self.healthy(a)]
+
+    def _judge(self, addr: str, why: str) -> None:
+        """Eject ``addr`` for slowness only when it is an outlier in this window and the view
+        keeps its floor."""
+        w = self.windows.get(addr)
+        if w is None or addr in self._suspect or not is_outlier(w, self._peers(addr), self.cfg):
+            self.after_call(addr)
+            return
+        if not self._room_for_one_more_out():
+            self.counters["slow_kept_for_floor"] += 1
+            return
+        self.eject(addr, why)
+
+    def view_floor(self) -> int:
+        """The fewest healthy nodes a slowness ejection may leave."""
+        return min(len(self.nodes), max(self.cfg.replicas, len(self.nodes) // 2 + 1))
+
+    def _room_for_one_more_out(self) -> bool:
+        return sum(1 for a in self.nodes if self.healthy(a)) - 1 >= self.view_floor()
 
     # ------------------------------------------------------------ ejection and readmission
 
@@ -138,6 +237,7 @@ class Health:
         self.eject(addr, "down")
 
     def eject(self, addr: str, why: str) -> None:
+        """Take ``addr`` out of the view now (no floor: the caller decided)."""
         if addr in self._suspect or self._closed or addr not in self.nodes:
             return
         now = time.monotonic()
@@ -147,66 +247,67 @@ class Health:
         out_s = min(self.cfg.eject_max_s, self.cfg.eject_base_s * 2 ** (len(recent) - 1))
         self._out_until[addr] = now + out_s
         self._suspect[addr] = why
+        self._out_since.setdefault(addr, now)
         self.counters["marked_down"] += 1
         self.counters[f"ejected_{why}"] += 1
-        e = self.estimates.get(addr)
+        e, w = self.estimates.get(addr), self.windows.get(addr)
         log.info(
-            "event=cluster_node_out node=%s why=%s out_s=%.1f latency_s=%s bytes_per_s=%s",
+            "event=cluster_node_out node=%s why=%s out_s=%.1f latency_s=%s bytes_per_s=%s window=%s",
             addr,
             why,
             out_s,
             e and e.latency_s,
             e and e.bytes_per_s,
+            w and w.summary(),
         )
         if addr not in self._probes or self._probes[addr].done():
             self._probes[addr] = asyncio.get_running_loop().create_task(self._probe(addr))
-        if why == "down":
+        if why not in SLOW:
             self._readmit_slow()
+
+    def _readmit(self, addr: str, why: str | None) -> None:
+        """Back in the view (``why``: the reason logged and counted; None: the member left)."""
+        was = self._suspect.pop(addr, None)
+        since = self._out_since.pop(addr, None)
+        if since is not None:
+            self._out_total[addr] += time.monotonic() - since
+        if was is None or why is None:
+            return
+        # start afresh: old samples described the slow node
+        self.estimates.pop(addr, None)
+        self.windows.pop(addr, None)
+        self.counters["marked_up"] += 1
+        self.counters[f"readmitted_{why}"] += 1
+        log.info("event=cluster_node_up node=%s why=%s was_out_for=%s", addr, why, was)
 
     def _readmit_slow(self) -> None:
         """A node failed: take back the nodes that are out only for being slow."""
         for addr, why in list(self._suspect.items()):
             node = self.nodes.get(addr)
-            if why in ("outlier", "late") and node is not None and node.up:
-                del self._suspect[addr]
-                self.estimates.pop(addr, None)
+            if why in SLOW and node is not None and node.up:
                 t = self._probes.pop(addr, None)
                 if t is not None:
                     t.cancel()
-                self.counters["marked_up"] += 1
-                self.counters["readmitted_on_failure"] += 1
-                log.info("event=cluster_node_up node=%s why=another_node_failed", addr)
+                self._readmit(addr, "on_failure")
 
     async def _probe(self, addr: str) -> None:
-        while not self._closed and addr in self.nodes:
+        while not self._closed and addr in self.nodes and addr in self._suspect:
             await asyncio.sleep(
                 max(self.cfg.probe_interval_s, self._out_until.get(addr, 0) - time.monotonic())
             )
             node = self.nodes.get(addr)
             if node is None or not node.up:
                 continue  # the node client reconnects by itself first
-            if await self._probe_ok(node):
-                self._suspect.pop(addr, None)
-                self.estimates.pop(addr, None)  # start afresh: old samples described the slow node
-                self.counters["marked_up"] += 1
-                log.info("event=cluster_node_up node=%s", addr)
+            if await self.prober.probe_ok(addr):
+                if addr in self._suspect:
+                    self._readmit(addr, "probe")
                 return
             self.counters["probes_failed"] += 1
 
-    async def _probe_ok(self, node: NodeClient) -> bool:
-        end = time.monotonic() + self.cfg.probe_deadline_s
-        for _ in range(self.cfg.probe_rounds):
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            before = node.counters["timeouts"] + node.counters["errors"]
-            await node.exists(self._probe_keys, left)
-            if not node.up or node.counters["timeouts"] + node.counters["errors"] != before:
-                return False
-        return time.monotonic() <= end
-
     def close(self) -> None:
         self._closed = True
-        for t in self._probes.values():
+        for t in (*self._probes.values(), *self._confirms.values()):
             t.cancel()
         self._probes.clear()
+        self._confirms.clear()
+        self.lag.close()

@@ -77,6 +77,9 @@ class ClientConfig:
     connect_timeout_s: float = 1.0
     op_timeout_s: float = 5.0
     probe_interval_s: float = 0.5
+    # False: an EXISTS past its deadline is only late, the node stays up (the cluster client's
+    # health decides: kvstore/client/health.py); reads, writes and the rest still mark it down
+    exists_timeout_marks_down: bool = True
     transport: str = "auto"
     rdma_device: str = ""
     rdma_gid_index: int = 0
@@ -191,7 +194,8 @@ class NodeClient:
             return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
         except TimeoutError:
             self.counters["timeouts"] += 1
-            self._mark_down(op, "deadline passed")
+            if op != "EXISTS" or self.cfg.exists_timeout_marks_down:
+                self._mark_down(op, "deadline passed")
             return Status.TIMEOUT
         except RuntimeError:
             if not self._closed:  # the copy executor refuses work only after close()

@@ -11,9 +11,12 @@ raises for a node problem. Bytes of a buffer whose result is not HIT are unspeci
   there are estimates) is sent again to each key's next candidate, into private buffers.
   Whichever answers first wins: when the hedge has every key, the late read is cancelled (its
   connection closed, never half-copied into the caller's buffers), the private copies move
-  into the caller's buffers and the late node is ejected; when the first read finishes
+  into the caller's buffers and the late node's lateness is noted (it loses weight; health
+  ejects it only as an outlier among its peers); when the first read finishes
   first, it is used and the hedge is cancelled. The late node is never timed out by the
   hedge, so lateness alone does not count as a failure of the node client.
+- Preference: an owner whose health weight (kvstore/client/health.py) fell below one half
+  (late reads in the current window) is read after its co-owner, not skipped.
 - Read repair: a block found past its owners is offered to kvstore/client/readrepair.py.
 
 Given in its constructor: the owner's :class:`~kvstore.client.route.Route` (node clients,
@@ -37,6 +40,8 @@ from kvstore.client.readrepair import Repairer
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
+
+_PREFER_BELOW = 0.5  # a node whose health weight is under this is read after its co-owner
 
 
 class ClusterReads:
@@ -73,6 +78,9 @@ class ClusterReads:
             return out
         width = self.cfg.replicas + self.cfg.lookahead
         cands = [self.route.rank(k)[:width] for k in keys]
+        slow = {n.id for n in view if self.health.weight(n.id) < _PREFER_BELOW}
+        if slow:  # a late owner is read after its healthier co-owner (never skipped)
+            cands = [_prefer(c, slow, self.cfg.replicas) for c in cands]
         pos = [0] * len(keys)
         missed: dict[int, list[str]] = {}  # owners that answered MISS, per key
         pending = list(range(len(keys)))
@@ -106,6 +114,21 @@ class ClusterReads:
                     pending.append(i)
         return out
 
+    async def _wait_running(self, prim: asyncio.Future, wait_s: float, q: _Req) -> None:
+        """Wait for ``prim`` up to ``wait_s`` of time the loop could run: while this client's
+        loop was blocked, an answer that arrived could not be read, so that time is not the
+        node's lateness (kvstore/client/looplag.py)."""
+        t0 = time.monotonic()
+        left = wait_s
+        while left > 0:
+            await asyncio.wait({prim}, timeout=min(left, q.left()))
+            if prim.done() or q.left() <= 1e-3:
+                return
+            ran = time.monotonic() - t0 - self.health.lag.blocked(t0)
+            left = wait_s - ran
+            if left > 0:
+                self.counters["hedges_delayed_for_loop_lag"] += 1
+
     def _hedge_after(self, addr: str, nbytes: int, left: float) -> float:
         exp_s = self.health.expected(addr, nbytes)
         if exp_s is None:
@@ -128,7 +151,7 @@ class ClusterReads:
                 alt.setdefault(nxt, []).append(i)
         nbytes = sum(_cap(q.bufs[i]) for i in idx)
         if alt:
-            await asyncio.wait({prim}, timeout=self._hedge_after(addr, nbytes, q.left()))
+            await self._wait_running(prim, self._hedge_after(addr, nbytes, q.left()), q)
         if prim.done() or not alt:
             self._take(addr, idx, await prim, answers, t0)
             return
@@ -173,6 +196,14 @@ class ClusterReads:
         self.health.observe(addr, time.monotonic() - t0, nbytes, "get")
         for i, r in zip(idx, res):
             answers[i] = (addr, r)
+
+
+def _prefer(cand: tuple[str, ...], slow: set[str], owners: int) -> tuple[str, ...]:
+    """``cand``'s owners with the ``slow`` ones after the others; the rest as it was."""
+    head = cand[:owners]
+    if not slow.intersection(head):
+        return cand
+    return (*[a for a in head if a not in slow], *[a for a in head if a in slow], *cand[owners:])
 
 
 class _Req:

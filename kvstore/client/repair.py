@@ -4,7 +4,10 @@ block gets its ``replicas`` copies back (docs/cluster.md says why node-side).
 Contract: :class:`Repair` runs inside a daemon that is a cluster member. Each pass walks the
 node's own blocks in batches; per block it computes the owners (rendezvous over the current
 members, as clients place it), asks every other owner with one batched EXISTS per owner, and
-pushes the block to the reachable owners that lack it. Exactly one holder pushes a block:
+pushes the block to the reachable owners that lack it. An owner that deleted the block
+while this node was away answers the push with MISS (its tombstone: kvstore/node/tombstones.py);
+this node then deletes its own copy too (``copies_dropped_deleted_elsewhere``), so an eviction
+sticks across a node's absence. Exactly one holder pushes a block:
 the first owner (in rendezvous order) that holds it, or, when no owner holds it, every
 non-owner that does (a write redirected past a failed owner). Unreachable owners are skipped
 in this pass (their node client probes them). A pass runs after each membership change
@@ -32,6 +35,7 @@ from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.placement import Node, rank
 from kvstore.config import RepairSection
 from kvstore.keys import BlockKey
+from kvstore.results import Status
 
 log = logging.getLogger("kvstore.client.repair")
 PEER_TENANT = "*"  # a HELLO asking for a peer session (docs/protocol.md)
@@ -173,8 +177,13 @@ class Repair:
             await self._pace(nbytes)
             res = await self._peer(addr).put(part, self.cfg.deadline_s)
             ok = sum(1 for r in res if r.status.ok)
+            dead = [h.key for (h, _), r in zip(part, res) if r.status is Status.MISS]
+            if dead:  # the owner deleted these while this node was away: so does this node
+                gone = sum(await self.node.delete(dead))
+                c["copies_dropped_deleted_elsewhere"] += gone
+                log.info("event=repair_drop_deleted peer=%s blocks=%d", addr, gone)
             c["copies_pushed"] += ok
-            c["push_failures"] += len(res) - ok
+            c["push_failures"] += len(res) - ok - len(dead)
             c["bytes_pushed"] += sum(h.payload_len for (h, _), r in zip(part, res) if r.status.ok)
         return c
 
@@ -210,13 +219,14 @@ class _RepairCollector:
         "bytes_pushed",
         "push_failures",
         "owners_unreachable",
+        "copies_dropped_deleted_elsewhere",
     )
 
     def __init__(self, repair: Repair) -> None:
         self.repair = repair
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         for name in self.NAMES:
             fam = CounterMetricFamily(
@@ -224,6 +234,13 @@ class _RepairCollector:
             )
             fam.add_metric([], self.repair.counters[name])
             yield fam
+        # under-replicated blocks as of the last finished pass (a write acknowledged with fewer
+        # copies than replicas shows here until a pass restores it)
+        g = GaugeMetricFamily(
+            "tierkv_repair_under_replicated", "Copies missing found by the last finished repair pass"
+        )
+        g.add_metric([], self.repair.last_pass.get("copies_missing", 0))
+        yield g
 
 
 def _batches(items: list, n: int) -> Iterator[list]:

@@ -31,6 +31,11 @@ class Route(Protocol):
         """The healthy view's addresses in ``key``'s rendezvous order (owners first)."""
         ...
 
+    def standby(self) -> list[Node]:
+        """The members out of the healthy view only for being slow, whose connection is up
+        (writes use them when the view has fewer than ``replicas`` nodes)."""
+        ...
+
     def healthy(self, addr: str) -> bool:
         """Whether ``addr`` is used now (not marked down)."""
         ...

@@ -5,7 +5,11 @@ nodes of the block's rendezvous order; a write that fails on a node (error, time
 space, node down) goes to the next node in that order while the caller's deadline lasts (a
 node-side repair moves the copy back to its owner later: kvstore/client/repair.py). It
 never raises for a node problem and tells exactly what happened
-(:class:`~kvstore.client.api.PutReport`).
+(:class:`~kvstore.client.api.PutReport`: ``under_replicated`` counts the blocks stored on fewer
+than ``wanted`` nodes; counters ``blocks_under_replicated``, ``puts_under_replicated``,
+``blocks_with_all_copies``). When the healthy view has fewer than ``replicas`` nodes, the
+members out only for being slow (connection up: :meth:`Route.standby`) come next in each
+block's order, ranked by rendezvous among themselves: a slow copy beats a missing one.
 
 Deadlines: one node never gets the whole save deadline. A node this client never reached
 first gets its connections opened within the caller's deadline (``start()`` does that ahead). Its blocks go in chunks of at most
@@ -32,6 +36,7 @@ from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.config import ClusterConfig
 from kvstore.client.node import ClientConfig
+from kvstore.client.placement import rank
 from kvstore.client.route import Route
 from kvstore.results import PutResult, Status
 
@@ -62,7 +67,16 @@ class ClusterWrites:
             self.counters["blocks_stored_nowhere"] += n
             return PutReport(out, copies, wanted)
         order = [self.route.rank(h.key) for h, _ in blocks]
-        need = [min(wanted, len(view))] * n
+        spare: frozenset[str] = frozenset()
+        if len(view) < wanted:  # too few healthy owners: the next ranked nodes are the slow ones
+            standby = self.route.standby()
+            spare = frozenset(x.id for x in standby)
+            if standby:
+                self.counters["puts_to_standby_nodes"] += 1
+                order = [
+                    o + tuple(x.id for x in rank(h.key.raw, standby)) for o, (h, _) in zip(order, blocks)
+                ]
+        need = [min(wanted, len(view) + len(spare))] * n
         pos = [0] * n
         end = time.monotonic() + (deadline_s or self.client_cfg.op_timeout_s)
         failures = redirected = 0
@@ -73,7 +87,7 @@ class ClusterWrites:
                 while need[i] > 0 and pos[i] < len(order[i]):
                     a = order[i][pos[i]]
                     pos[i] += 1
-                    if self.route.healthy(a):
+                    if self.route.healthy(a) or a in spare:
                         groups.setdefault(a, []).append(i)
                         need[i] -= 1
             if not groups or end - time.monotonic() <= 0:
@@ -101,6 +115,9 @@ class ClusterWrites:
         self.counters["writes_redirected"] += redirected
         self.counters["blocks_stored_nowhere"] += report.dropped
         self.counters["blocks_under_replicated"] += report.under_replicated
+        if report.under_replicated:
+            self.counters["puts_under_replicated"] += 1
+        self.counters["blocks_with_all_copies"] += n - report.under_replicated - report.dropped
         return report
 
     async def _put_node(self, node, blocks, idx: list[int], end: float) -> list[PutResult]:

@@ -113,7 +113,13 @@ class BlockOps:
         hdrs = req.headers
         if sum(x.payload_len for x in hdrs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
-        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x)]
+        # a peer's repair must not bring back what this node deleted: MISS says "deleted here"
+        dead = (
+            {i for i, d in enumerate(self.node.tombstoned([x.key for x in hdrs])) if d}
+            if sess.all_namespaces
+            else ()
+        )
+        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x) and i not in dead]
         reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
         slot: dict[int, Any] = dict(zip(allowed, reserved))
         held = [r for r in slot.values() if not isinstance(r, Status)]
@@ -152,7 +158,9 @@ class BlockOps:
         res = []
         for i in range(len(hdrs)):
             r = slot.get(i)
-            if r is None or (not isinstance(r, Status) and id(r) not in committed):
+            if i in dead:
+                res.append(PutResult(Status.MISS))
+            elif r is None or (not isinstance(r, Status) and id(r) not in committed):
                 res.append(PutResult(Status.INVALID))
             elif isinstance(r, Status):
                 # EXISTS only for the tenant's own block: another tenant's key answers BUSY,

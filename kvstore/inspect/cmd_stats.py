@@ -9,11 +9,13 @@ from kvstore.inspect.output import human_size
 STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evictions",
   "checksum_failures", "bytes_in", "bytes_out", "pinned", "leases_active",
   "repair": null | {"passes", "blocks_checked", "copies_missing", "copies_pushed", "bytes_pushed",
-  "push_failures", "owners_unreachable"},
+  "push_failures", "owners_unreachable", "copies_dropped_deleted_elsewhere"},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures"}}, "raw": <the node's /v1/stats document>}]}
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
-  hit_ratio is null before the first read)"""
+  hit_ratio is null before the first read)
+  (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
+  than replicas copies; copies_pushed: those it restored)"""
 
 
 def register(sub) -> None:
@@ -35,6 +37,7 @@ REPAIR_FIELDS = (
     "bytes_pushed",
     "push_failures",
     "owners_unreachable",
+    "copies_dropped_deleted_elsewhere",
 )
 
 
@@ -153,7 +156,17 @@ async def stats(ctx: Context) -> int:
     ctx.out.table(None, cols, rows, right=set(cols[2:]))
     repairs = [(s, s["repair"]) for s in nodes if s["repair"] is not None]
     if repairs:  # cluster members: how far anti-entropy got (copies missing vs pushed)
-        rcols = ["NODE", "PASSES", "CHECKED", "MISSING", "PUSHED", "BYTES", "FAILED", "UNREACHABLE"]
+        rcols = [
+            "NODE",
+            "PASSES",
+            "CHECKED",
+            "MISSING",
+            "PUSHED",
+            "BYTES",
+            "FAILED",
+            "UNREACHABLE",
+            "DROPPED (DELETED ELSEWHERE)",
+        ]
         rrows = [
             [
                 node_label(s["node"]),
@@ -164,6 +177,7 @@ async def stats(ctx: Context) -> int:
                 human_size(r["bytes_pushed"]),
                 str(r["push_failures"]),
                 str(r["owners_unreachable"]),
+                str(r["copies_dropped_deleted_elsewhere"]),
             ]
             for s, r in repairs
         ]

@@ -40,6 +40,7 @@ from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
 from kvstore.node.tiers.tasks import Finishing, to_the_end
+from kvstore.node.tombstones import Tombstones
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
 
@@ -91,6 +92,8 @@ class NodeStore:
         )
         if disk is not None:
             disk.protect(self.evictor.protected)  # a leased or pinned block stays on disk too
+        # what this node deleted, so another node's repair cannot bring it back (beside LMDB)
+        self.tombstones = Tombstones.beside(cfg.disk.path if disk is not None else None)
 
     @classmethod
     async def open(cls, cfg: StoreConfig) -> NodeStore:
@@ -215,7 +218,7 @@ class NodeStore:
         """Store (header, payload) pairs: reserve, copy, commit. INVALID when the payload does
         not match its header, EXISTS when the key is stored, BUSY when it is being written."""
         self._sweep()
-        return await self.writer.put(blocks)
+        return self._revive(await self.writer.put(blocks), [h.key for h, _ in blocks])
 
     async def reserve(
         self,
@@ -269,7 +272,18 @@ class NodeStore:
     async def commit(self, reservations: Sequence[Reservation]) -> list[PutResult]:
         """Phase two: verify each reservation's payload against its header checksum, index it,
         and (write-through) store it on disk in one transaction. Durable when synced to disk."""
-        return await self.writer.commit(reservations)
+        return self._revive(await self.writer.commit(reservations), [r.header.key for r in reservations])
+
+    def _revive(self, results: list[PutResult], keys: Sequence[BlockKey]) -> list[PutResult]:
+        """A key stored again is alive: its tombstone ends."""
+        if len(self.tombstones):
+            self.tombstones.discard([k.raw for k, r in zip(keys, results) if r.status is Status.STORED])
+        return results
+
+    def tombstoned(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """Per key: whether this node deleted it lately (kvstore/node/tombstones.py)."""
+        dead = self.tombstones
+        return [k.raw in dead for k in keys] if len(dead) else [False] * len(keys)
 
     def abort(self, reservations: Sequence[Reservation]) -> None:
         """Give back uncommitted reservations (idempotent)."""
@@ -341,6 +355,7 @@ class NodeStore:
             if self.disk is not None and k in self.disk:
                 disk_keys.append(k)
         self.counters["deletes"] += sum(out)
+        self.tombstones.add([k.raw for k in keys])  # absent ones too: a copy elsewhere may come back
         if disk_keys:
             # to its end even when the caller is cancelled: what raced the disk delete is
             # undone only after it
@@ -399,6 +414,7 @@ class NodeStore:
             log.warning("event=close_unflushed blocks=%d", left)
         for t in self._tiers:
             await t.close()
+        self.tombstones.close()
         log.info("event=node_closed")
 
     # ------------------------------------------------------------------ inspection (see Inspector)

@@ -120,7 +120,13 @@ def test_pin_unpin_evict(cli, stored):
     assert cli("pin", "cd" * 16, *n).code == 1
 
     j = cli("evict", k1, *n, "--json").json()
-    assert j == {"key": k1, "namespace": None, "deleted": 1, "nodes": [{"node": stored.admin, "deleted": 1}]}
+    assert j == {
+        "key": k1,
+        "namespace": None,
+        "deleted": 1,
+        "nodes": [{"node": stored.admin, "deleted": 1, "error": None}],
+        "unreachable": [],
+    }
     assert cli("show", k1, *n).code == 1
     r = cli("evict", k1, *n)
     assert r.code == 1 and "not stored on any node" in r.err

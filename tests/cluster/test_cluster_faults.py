@@ -174,8 +174,13 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
     kind = hosts.net.slow(slow.host, 400)  # each packet towards it waits longer than the deadline
     print(f"slow node made with tc {kind}")
     load = Load(c, deadline)
+    for p in stored:
+        assert await load.read(p) == BLOCKS
+    # One late answer never ejects (issue 23: a busy node is not a broken one); a few lookups
+    # past their deadline while its peers answer at once do, as soon as they time out
+    await until(lambda: slow.addr not in c.live_addrs(), 3 * deadline + 1.0, "the slow node out")
     out_after = []
-    for _ in range(3):
+    for _ in range(2):
         for p in stored:
             assert await load.read(p) == BLOCKS
             out_after.append(slow.addr not in c.live_addrs())
