@@ -35,6 +35,7 @@ from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
+from kvstore.node.tiers.index import header_namespace
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.node.writes import Writer
 from kvstore.results import BlockInfo, Expect, GetResult, PutResult, Status
@@ -188,7 +189,8 @@ class NodeStore:
         if not self.memory or key in self.memory[0] or key in self.doomed or key in self.leases.reserved_keys:
             return None
         top = self.memory[0]
-        if not top.fits(plen, len(hdr)) or not self.evictor.room_without_io(top, plen, len(hdr)):
+        ns = header_namespace(hdr)
+        if not top.fits(plen, len(hdr)) or not self.evictor.room_without_io(top, plen, len(hdr), ns):
             return None
         return top.reserve(hdr, plen)
 
@@ -217,7 +219,7 @@ class NodeStore:
         for tier in self.memory:
             if not tier.fits(h.payload_len, len(hb)):
                 continue
-            if await self.evictor.make_room(tier, h.payload_len, len(hb)):
+            if await self.evictor.make_room(tier, h.payload_len, len(hb), h.namespace.raw):
                 slots = tier.reserve(hb, h.payload_len)
                 if slots is None:
                     continue
