@@ -137,6 +137,13 @@ class NamespaceIds:
     def get(self, i: int) -> bytes | None:
         return self._ns[i]
 
+    def usage_by_namespace(self) -> dict[str, int]:
+        """Hex namespace id -> bytes of its blocks (blocks with none: "")."""
+        out = {ns.hex(): self._bytes[i] for ns, i in self._ids.items()}
+        if self._bytes[0]:
+            out[""] = self._bytes[0]
+        return out
+
     def usage(self, ns: bytes | None) -> int:
         """Bytes of the blocks of ``ns`` (None: of blocks with no namespace)."""
         i = 0 if ns is None else self._ids.get(ns)
@@ -229,8 +236,15 @@ class LruIndex:
             it.close()
 
     def eviction_stats(self) -> dict:
-        """The order's policy and counters (see kvstore.node.tiers.order)."""
-        return self._order.stats()
+        """The order's policy and counters (see kvstore.node.tiers.order), the bytes of its
+        orphans, and the bytes each namespace holds (hex id -> bytes: tenant shares)."""
+        orphans = getattr(self._order, "orphans", ())
+        idx = self._index
+        return {
+            **self._order.stats(),
+            "orphan_bytes": sum(entry_payload_len(idx[k]) + entry_header_len(idx[k]) for k in orphans),
+            "namespaces": self._ns_ids.usage_by_namespace(),
+        }
 
     def keys(self) -> Iterator[bytes]:
         """Stored keys, in no particular order."""
