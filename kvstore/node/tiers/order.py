@@ -9,8 +9,9 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   same tier name as their parent is never a candidate, so a chain is evicted from its tail
   and no block outlives its prefix on the tier. A block whose children all went becomes a
   candidate at its own last use. A block stored while its parent is among the tier's recent
-  evictions (the ghosts below) is an orphan -- it cannot be part of a hit prefix here -- and
-  goes first; read, it is a block like any other.
+  evictions (the ghosts below), or is an orphan itself, is an orphan -- it cannot be part of
+  a hit prefix here -- and goes first (an orphan chain from its tail); read, it is a block
+  like any other.
 - ``prefix-2q``: ``prefix-lru`` with a probation segment (2Q, Johnson and Shasha 1994): a new
   block is on probation until it is read; while probation holds more than ``probation`` of
   the tier's blocks, its oldest leaf goes first, so a one-off scan (a long prompt never read
@@ -185,7 +186,8 @@ class PrefixLruOrder:
         if parent is not None:
             self._parent[key] = parent
             self._kids[parent] = self._kids.get(parent, 0) + 1
-            orphan = parent not in self._at and (parent in self._ghosts or parent in self._main_ghosts)
+            gone = parent not in self._at and (parent in self._ghosts or parent in self._main_ghosts)
+            orphan = gone or parent in self.orphans
             self.orphans_added += orphan
         self._stamp(key, orphan)
         self._compact()
