@@ -100,7 +100,18 @@ async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) 
 
     ns = trace_namespace()
     chain = ChainKeys(ns)
-    store = open_store("kvstore://" + ",".join(addrs), replicas=1, namespaces=(ns,))
+    # long deadlines, no outlier ejection: on a loaded host a node past the default ones is
+    # marked down or ejected, and the replay would measure that rather than eviction
+    store = open_store(
+        "kvstore://" + ",".join(addrs),
+        replicas=1,
+        lookahead=0,
+        namespaces=(ns,),
+        op_timeout_s=120.0,
+        write_floor_s=120.0,
+        probe_deadline_s=30.0,
+        outlier_factor=1e9,
+    )
     body = bytes(payload)
     parent_of: dict[bytes, bytes] = {}
     out = {"input_tokens": 0, "hit_tokens": 0, "hits": {"dram": 0, "disk": 0}, "get_miss": 0}
@@ -211,6 +222,7 @@ def daemon_cell(
 DAEMON_CELLS = [  # (nodes, tiers, capacity, policy): the default against LRU where it matters
     (1, "dram", 3000, "lru"),
     (1, "dram", 3000, DEFAULT_POLICY),
+    (3, "dram", 3000, "lru"),
     (3, "dram", 3000, DEFAULT_POLICY),
     (1, "dram+disk", 3000, DEFAULT_POLICY),
 ]
@@ -287,17 +299,28 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=str(REPO / "docs/results/trace.json"))
     ap.add_argument("--plot", default=str(REPO / "docs/trace.png"))
+    ap.add_argument(
+        "--only-tiers", default="", help="simulate only these tiers (dram or dram+disk); merge into --json"
+    )
     a = ap.parse_args()
     traces = a.traces.split(",")
     n_req = 2000 if a.quick else (a.requests or None)
     d_req = 300 if a.quick else a.daemon_requests
     load = os.getloadavg()[0]
-    cells = sweep_cells(traces, n_req, a.quick)
+    cells = [c for c in sweep_cells(traces, n_req, a.quick) if not a.only_tiers or c[3] == a.only_tiers]
     with ProcessPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(_sim_cell, cells))
     if d_req:
         for nodes, tiers, cap, pol in DAEMON_CELLS:
             rows.append(daemon_cell("conversation", d_req, nodes, tiers, cap, pol, a.payload, a.speedup))
+    if a.only_tiers and Path(a.json).exists():  # keep the other rows of the last full run
+        ident = ("trace", "nodes", "tiers", "capacity_blocks", "policy", "source")
+        fresh = {tuple(r[k] for k in ident) for r in rows}
+        old = [r for r in json.loads(Path(a.json).read_text()) if tuple(r[k] for k in ident) not in fresh]
+        order = {tuple(r[k] for k in ident): i for i, r in enumerate(old + rows)}
+        rows = sorted(
+            old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r[k] for k in ident)])
+        )
     print(table(rows))
     print(
         f"requests: {n_req or 'all'} simulated, {d_req} per daemon cell; load average {load:.2f} -> {os.getloadavg()[0]:.2f}"

@@ -82,9 +82,10 @@ class SimTier:
         self.name, self.capacity = name, capacity
         self.order = make_order(policy, probation)
         self.keys: set[bytes] = set()
+        self.reserved = 0  # slots taken by a PUT not committed yet
 
     def full(self) -> bool:
-        return self.capacity is not None and len(self.keys) >= self.capacity
+        return self.capacity is not None and len(self.keys) + self.reserved >= self.capacity
 
     def add(self, key: bytes, parent: bytes) -> None:
         self.keys.add(key)
@@ -128,32 +129,56 @@ class SimNode:
             self.dram.remove(victim)
         return True
 
-    def put(self, key: bytes, parent: bytes) -> bool:
-        if self.has(key):
-            return False
-        self.parent[key] = parent
-        while self.dram.full():
-            victim = next(self.dram.order.candidates(), None)
-            if victim is None:
-                return False
-            self.dram.remove(victim)
-            if self.disk is not None and victim not in self.disk.keys:
-                self._disk_put(victim, self.parent[victim])
-            self._forget_if_gone(victim)
-        self.dram.add(key, parent)
-        if self.disk is not None:
-            self._disk_put(key, parent, hold=key)
-        return True
+    def put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """One PUT of (key, parent) blocks: each reserved in DRAM in turn (room made by moving
+        victims down), then written through to disk in one batch, as the node does."""
+        new = []
+        for key, parent in items:
+            if self.has(key):
+                continue  # EXISTS
+            self.parent[key] = parent
+            while self.dram.full():
+                victim = next(self.dram.order.candidates(), None)
+                if victim is None:
+                    break
+                self.dram.remove(victim)
+                if self.disk is not None and victim not in self.disk.keys:
+                    self._disk_put([(victim, self.parent[victim])])
+                self._forget_if_gone(victim)
+            if self.dram.full():
+                continue  # NO_SPACE
+            self.dram.reserved += 1
+            new.append((key, parent))
+        self.dram.reserved = 0
+        for key, parent in new:  # committed in order
+            self.dram.add(key, parent)
+        if self.disk is not None and new:
+            self._disk_put(new)
 
-    def _disk_put(self, key: bytes, parent: bytes, hold: bytes | None = None) -> None:
+    def _disk_put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """One disk put: victims planned from one pass over the order (the tier's plan)."""
         disk = self.disk
-        while disk.full():  # type: ignore[union-attr]
-            victim = next((k for k in disk.order.candidates() if k != hold), None)  # type: ignore[union-attr]
-            if victim is None:
-                return
-            disk.remove(victim)  # type: ignore[union-attr]
-            self._forget_if_gone(victim)
-        disk.add(key, parent)  # type: ignore[union-attr]
+        assert disk is not None
+        held = {k for k, _ in items}
+        todo = [(k, p) for k, p in items if k not in disk.keys]
+        room = None if disk.capacity is None else disk.capacity - len(disk.keys)
+        evict: list[bytes] = []
+        if room is not None and room < len(todo):
+            it = disk.order.candidates()
+            try:
+                for k in it:
+                    if k not in held:
+                        evict.append(k)
+                        if room + len(evict) >= len(todo):
+                            break
+            finally:
+                it.close()
+            todo = todo[: room + len(evict)]
+        for v in evict:
+            disk.remove(v)
+            self._forget_if_gone(v)
+        for k, p in todo:
+            disk.add(k, p)
 
     def _forget_if_gone(self, key: bytes) -> None:
         if not self.has(key):
@@ -222,8 +247,11 @@ def simulate(
             sims[owner[k]].read(k)
         out.hit_tokens += hit * BLOCK_TOKENS
         parents = [root, *keys[:-1]]
-        for k, p in list(zip(keys, parents))[hit:]:
-            sims[owner[k]].put(k, p)
+        batches: dict[str, list[tuple[bytes, bytes]]] = {}
+        for k, p in list(zip(keys, parents))[hit:]:  # the client's PUT: one batch per owner
+            batches.setdefault(owner[k], []).append((k, p))
+        for node, items in batches.items():
+            sims[node].put(items)
         if sample_every and (n + 1) % sample_every == 0 and capacity is not None:
             out.orphan_samples.append(orphan_blocks(sims, root) / capacity)
     for s in sims.values():
