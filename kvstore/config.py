@@ -175,6 +175,27 @@ class RepairSection:
 
 
 @dataclass(frozen=True)
+class EvictionSection:
+    """Which blocks leave a tier first, and what one namespace may take from another
+    (docs/storage.md "Eviction", docs/security.md "Per-tenant shares")."""
+
+    policy: Literal["lru", "prefix-lru", "prefix-2q", "prefix-arc"] = "prefix-arc"
+    probation: float = 0.1  # prefix-2q: the share of a tier's blocks new, unread ones may hold
+    ghosts: float = 4.0  # prefix-2q: keys evicted from probation remembered, x blocks held
+    # a namespace holding at most this share of a tier's bytes keeps them against another
+    # namespace's writes (that namespace's own blocks go first); 0: no shares
+    tenant_share: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.probation < 1.0:
+            raise ConfigError(f"eviction.probation: must be in [0, 1), got {self.probation}")
+        if not 0.0 <= self.ghosts <= 64.0:
+            raise ConfigError(f"eviction.ghosts: must be in [0, 64], got {self.ghosts}")
+        if not 0.0 <= self.tenant_share <= 1.0:
+            raise ConfigError(f"eviction.tenant_share: must be in [0, 1], got {self.tenant_share}")
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     """The ``kvstore serve`` role and the in-process node (``local://``)."""
 
@@ -187,6 +208,7 @@ class StoreConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     repair: RepairSection = field(default_factory=RepairSection)
+    eviction: EvictionSection = field(default_factory=EvictionSection)
 
     def __post_init__(self) -> None:
         if self.disk.enabled and not self.disk.path:

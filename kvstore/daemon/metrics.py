@@ -21,9 +21,10 @@ class _TierCollector:
 
     def collect(self):
         try:
-            tiers = self._stats().get("tiers", {})
+            stats = self._stats()
+            tiers, node = stats.get("tiers", {}), stats.get("node", {})
         except Exception:  # a scrape must never fail because the node is closing
-            tiers = {}
+            tiers, node = {}, {}
         fams = {
             "used_bytes": GaugeMetricFamily(
                 "tierkv_tier_bytes",
@@ -55,6 +56,51 @@ class _TierCollector:
                 if isinstance(v, (int, float)):
                     fam.add_metric([name], v)
         yield from fams.values()
+        yield from _eviction_families(tiers, node)
+
+
+def _eviction_families(tiers: dict, node: dict):
+    """Eviction and admission per tier (docs/storage.md "Eviction"): hit tokens, evictions by
+    reason, admission refusals, orphaned bytes, and bytes per namespace (tenant shares)."""
+    hit_tokens = CounterMetricFamily(
+        "tierkv_hit_tokens", "Tokens of the blocks read (headers' token counts) per tier", labels=["tier"]
+    )
+    by_reason = CounterMetricFamily(
+        "tierkv_tier_evictions_by_reason",
+        "Blocks evicted per tier and reason (write: room for a write; promotion: room for a disk "
+        "block moving up; map_full: the LMDB map, not capacity, was full)",
+        labels=["tier", "reason"],
+    )
+    refused = CounterMetricFamily(
+        "tierkv_admission_rejections",
+        "Blocks refused room per tier (share: kept for another namespace's share; no_room: "
+        "nothing evictable)",
+        labels=["tier", "why"],
+    )
+    orphans = GaugeMetricFamily(
+        "tierkv_tier_orphan_bytes",
+        "Bytes of blocks stored while their parent had been evicted from the same tier",
+        labels=["tier"],
+    )
+    ns_bytes = GaugeMetricFamily(
+        "tierkv_tier_namespace_bytes", "Bytes per tier and namespace (a tenant's salt is in it)",
+        labels=["tier", "namespace"],
+    )  # fmt: skip
+    for name, t in tiers.items():
+        hit_tokens.add_metric([name], node.get(f"hit_tokens_{name}", 0))
+        if name == "disk":
+            own = t.get("evictions", 0) - t.get("map_full_evictions", 0)
+            by_reason.add_metric([name, "write"], own)
+            by_reason.add_metric([name, "map_full"], t.get("map_full_evictions", 0))
+        else:
+            for reason in ("write", "promotion"):
+                by_reason.add_metric([name, reason], node.get(f"evictions_{name}_{reason}", 0))
+        refused.add_metric([name, "share"], t.get("share_refusals", 0))
+        refused.add_metric([name, "no_room"], node.get(f"room_refused_{name}", 0))
+        orphans.add_metric([name], t.get("orphan_bytes", 0))
+        for ns, nbytes in (t.get("namespaces") or {}).items():
+            ns_bytes.add_metric([name, ns], nbytes)
+    yield from (hit_tokens, by_reason, refused, orphans, ns_bytes)
 
 
 class DaemonMetrics:

@@ -11,7 +11,8 @@ STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evic
   "repair": null | {"passes", "blocks_checked", "copies_missing", "copies_pushed", "bytes_pushed",
   "push_failures", "owners_unreachable", "copies_dropped_deleted_elsewhere"},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
-  "checksum_failures"}}, "raw": <the node's /v1/stats document>}]}
+  "checksum_failures", "policy", "hit_tokens", "share_refusals", "orphan_bytes",
+  "namespaces": {"<namespace id hex>": bytes}}}, "raw": <the node's /v1/stats document>}]}
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
   hit_ratio is null before the first read)
   (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
@@ -69,6 +70,12 @@ def summarize(url: str, raw: dict) -> dict:
             "hit_ratio": _ratio(th, hits + misses),
             "evictions": t.get("evictions", 0),
             "checksum_failures": t.get("checksum_failures", 0),
+            # eviction and tenant shares (docs/storage.md "Eviction")
+            "policy": t.get("policy"),
+            "hit_tokens": int(node.get(f"hit_tokens_{name}", 0)),
+            "share_refusals": t.get("share_refusals", 0),
+            "orphan_bytes": t.get("orphan_bytes", 0),
+            "namespaces": t.get("namespaces", {}),
         }
     return {
         "node": url,
@@ -87,6 +94,28 @@ def summarize(url: str, raw: dict) -> dict:
         "tiers": tiers,
         "raw": raw,
     }
+
+
+def _eviction_table(ctx: Context, nodes: list[dict]) -> None:
+    """Per node and tier: the eviction policy, hit tokens, share refusals, orphaned bytes and
+    the bytes of each namespace (a tenant's share)."""
+    from kvstore.inspect.cmd_blocks import node_label
+
+    cols = ["NODE", "TIER", "POLICY", "HIT TOKENS", "SHARE REFUSED", "ORPHANED", "NAMESPACES"]
+    rows = [
+        [
+            node_label(s["node"]),
+            name,
+            str(t["policy"] or "-"),
+            str(t["hit_tokens"]),
+            str(t["share_refusals"]),
+            human_size(t["orphan_bytes"]),
+            " ".join(f"{ns[:8] or '-'}:{human_size(b)}" for ns, b in sorted(t["namespaces"].items())) or "-",
+        ]
+        for s in nodes
+        for name, t in s["tiers"].items()
+    ]
+    ctx.out.table("eviction", cols, rows, right={"HIT TOKENS", "SHARE REFUSED", "ORPHANED"})
 
 
 def _pct(r: float | None) -> str:
@@ -154,6 +183,7 @@ async def stats(ctx: Context) -> int:
         "OUT",
     ]
     ctx.out.table(None, cols, rows, right=set(cols[2:]))
+    _eviction_table(ctx, nodes)
     repairs = [(s, s["repair"]) for s in nodes if s["repair"] is not None]
     if repairs:  # cluster members: how far anti-entropy got (copies missing vs pushed)
         rcols = [

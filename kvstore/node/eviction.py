@@ -1,7 +1,10 @@
-"""Eviction: how a node makes room in a memory tier by moving least recently used blocks down
-(hbm -> dram -> disk -> dropped). Same threading rules as the node: one event loop.
+"""Eviction: how a node makes room in a memory tier by moving blocks down (hbm -> dram ->
+disk -> dropped), first to go first in each tier's eviction order (``[eviction] policy``,
+kvstore.node.tiers.order; the disk tier evicts on its own in the same order). Same
+threading rules as the node: one event loop.
 
-Held (leased, in-flight) and pinned blocks are never chosen. A victim is held while it is
+Held (leased, in-flight) and pinned blocks are never chosen, nor blocks another namespace
+keeps by its share (kvstore.node.tiers.shares). A victim is held while it is
 copied down, so its slot is not freed under the copy. When a block's size class has no free
 slot, whole spans may be emptied for it (see kvstore.node.tiers.room); their pages join the
 common pool only once none of their slots is live.
@@ -27,8 +30,8 @@ class Evictor:
     ``dirty``: write-back keys not yet on disk (cleared once written down or dropped);
     ``doomed``: keys deleted while held (a copy made below during the delete is dropped);
     ``unhold``: the node's release of a hold taken here (it frees a key deleted meanwhile);
-    ``counters``: the node's counters (evictions_<tier>, slab_moves_<tier>, demotions,
-    dropped); ``finishing``: the node's tracker of copies left finishing by cancelled callers
+    ``counters``: the node's counters (evictions_<tier>, by reason evictions_<tier>_write
+    and evictions_<tier>_promotion, slab_moves_<tier>, demotions, dropped); ``finishing``: the node's tracker of copies left finishing by cancelled callers
     (its own when not given)."""
 
     def __init__(
@@ -62,8 +65,9 @@ class Evictor:
         below: list[Tier] = [*self._memory[self._memory.index(tier) + 1 :]]
         return below if self._disk is None else [*below, self._disk]
 
-    def _pick(self, tier: SlotTier, plen: int, hlen: int, clean_only: bool) -> list[bytes]:
+    def _pick(self, tier: SlotTier, plen: int, hlen: int, clean_only: bool, ns: bytes | None) -> list[bytes]:
         below = self._below(tier)
+        shares = tier.shares  # type: ignore[attr-defined]
 
         def evictable(key: bytes) -> bool:
             # clean: the next tier down already holds it (and it is not dirty), so dropping it
@@ -71,35 +75,40 @@ class Evictor:
             # DRAM moves to DRAM, the faster of the two places it could be read from later.
             if self.protected(key):
                 return False
-            return not clean_only or (bool(below) and key in below[0] and key not in self._dirty)
+            if clean_only and not (bool(below) and key in below[0] and key not in self._dirty):
+                return False
+            return shares.allows(tier, key, ns)
 
         keys, slab_move = tier.victims_for(plen, hlen, evictable)
         if slab_move:
             self._counters[f"slab_moves_{tier.name}"] += 1
         return keys
 
-    def room_without_io(self, tier: SlotTier, plen: int, hlen: int) -> bool:
-        """Make room in ``tier`` for a block of these sizes by dropping only blocks the next
-        tier down also holds (no writes). False when that is not enough."""
+    def room_without_io(self, tier: SlotTier, plen: int, hlen: int, ns: bytes | None = None) -> bool:
+        """Make room in ``tier`` for a block of these sizes (of namespace ``ns``) by dropping
+        only blocks the next tier down also holds (no writes). False when that is not enough."""
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
             if tier.can_alloc(plen, hlen):
                 return True
-            victims = self._pick(tier, plen, hlen, clean_only=True)
+            victims = self._pick(tier, plen, hlen, True, ns)
             if not victims:
                 return False
             for victim in victims:
                 tier.remove(victim, evicted=True)
                 self._counters[f"evictions_{tier.name}"] += 1
+                self._counters[f"evictions_{tier.name}_promotion"] += 1
         return tier.can_alloc(plen, hlen)
 
-    async def make_room(self, tier: SlotTier, plen: int, hlen: int) -> bool:
-        """Evict LRU blocks of ``tier`` (moving them down) until a block of these sizes fits.
-        False when protected blocks leave too little room."""
+    async def make_room(self, tier: SlotTier, plen: int, hlen: int, ns: bytes | None = None) -> bool:
+        """Evict blocks of ``tier`` in its eviction order (moving them down) until a block of
+        these sizes (of namespace ``ns``, for the shares) fits. False when protected blocks
+        leave too little room."""
         for _ in range(_MAX_EVICTIONS_PER_ALLOC):
             if tier.can_alloc(plen, hlen):
                 return True
-            victims = self._pick(tier, plen, hlen, clean_only=False)
+            victims = self._pick(tier, plen, hlen, False, ns)
             if not victims:
+                self._counters[f"room_refused_{tier.name}"] += 1
                 return False
             for victim in victims:
                 await self._demote(tier, victim)
@@ -115,6 +124,7 @@ class Evictor:
         if key in tier and not self.protected(key):
             tier.remove(key, evicted=True)
             self._counters[f"evictions_{tier.name}"] += 1
+            self._counters[f"evictions_{tier.name}_write"] += 1
             if not any(key in t for t in below):
                 self._counters["dropped"] += 1
                 self._dirty.discard(key)
@@ -142,7 +152,8 @@ class Evictor:
         nxt = below[0]
         if nxt is not self._disk:
             mem = self._memory[self._memory.index(tier) + 1]  # nxt, as the memory tier it is
-            if mem.fits(len(payload), len(hdr)) and await self.make_room(mem, len(payload), len(hdr)):
+            ns = tier.namespace(key)
+            if mem.fits(len(payload), len(hdr)) and await self.make_room(mem, len(payload), len(hdr), ns):
                 await mem.put([(key, hdr, payload)])
                 self._counters["demotions"] += 1
                 return

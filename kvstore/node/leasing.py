@@ -92,8 +92,10 @@ class Leaser:
             if t is None:
                 out.append(None)
                 continue
+            lease = self._lease_in(t, key, ttl_s)
             self._counters[f"hits_{t.name}"] += 1
-            out.append(self._lease_in(t, key, ttl_s))
+            self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
+            out.append(lease)
         return out
 
     def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None, from_disk: bool = False) -> Lease:

@@ -95,6 +95,7 @@ class Reader:
         self._counters[f"get_{r.status.name.lower()}"] += 1
         if r.status is Status.HIT:
             self._counters[f"hits_{r.tier}"] += 1
+            self._counters[f"hit_tokens_{r.tier}"] += r.header.num_tokens
             self._counters["bytes_out"] += r.header.payload_len
 
     def _judge(

@@ -39,6 +39,7 @@ from kvstore.node.leasing import Leaser
 from kvstore.node.reads import Reader
 from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
 from kvstore.node.tiers.build import build_tiers
+from kvstore.node.tiers.index import header_namespace
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.node.tombstones import Tombstones
 from kvstore.node.writes import Writer
@@ -209,7 +210,8 @@ class NodeStore:
         if not self.memory or key in self.memory[0] or key in self.doomed or key in self.leases.reserved_keys:
             return None
         top = self.memory[0]
-        if not top.fits(plen, len(hdr)) or not self.evictor.room_without_io(top, plen, len(hdr)):
+        ns = header_namespace(hdr)
+        if not top.fits(plen, len(hdr)) or not self.evictor.room_without_io(top, plen, len(hdr), ns):
             return None
         return top.reserve(hdr, plen)
 
@@ -249,7 +251,7 @@ class NodeStore:
             if not tier.fits(h.payload_len, len(hb)):
                 continue
             if make_room:
-                roomy = await self.evictor.make_room(tier, h.payload_len, len(hb))
+                roomy = await self.evictor.make_room(tier, h.payload_len, len(hb), h.namespace.raw)
             else:
                 roomy = tier.can_alloc(h.payload_len, len(hb))
             if roomy:

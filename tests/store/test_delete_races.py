@@ -95,7 +95,8 @@ async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
 async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factory):
     """Write-back: a dirty block is copied to disk when evicted; deleted during that copy, the
     copy must not outlive the delete."""
-    cfg = _big_cfg(cfg_factory, dram__capacity="16MiB", disk__write_mode="write-back")
+    # per-block LRU: the chain's oldest block is the one copied down (prefix-aware: its tail)
+    cfg = _big_cfg(cfg_factory, dram__capacity="16MiB", disk__write_mode="write-back", eviction__policy="lru")
     node = await NodeStore.open(cfg)
     try:
         blocks = make_blocks(6, nbytes=8 * MiB, seed=4)

@@ -65,7 +65,10 @@ async def test_mismatch_and_small_buffer(node):
 
 async def test_lru_eviction_moves_down_then_drops(cfg_factory):
     # 4 MiB DRAM of 1 MiB slabs holds 16 blocks of 256 KiB (headers beside the index); disk ~24
-    node = await NodeStore.open(cfg_factory(dram__capacity="4MiB", disk__capacity="6MiB"))
+    # per-block LRU (a chain's head goes first); prefix-aware orders: test_eviction_policy.py
+    node = await NodeStore.open(
+        cfg_factory(dram__capacity="4MiB", disk__capacity="6MiB", eviction__policy="lru")
+    )
     try:
         blocks = make_blocks(40)
         for h, p in blocks:  # one at a time: a clear LRU order
@@ -115,7 +118,10 @@ async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
 
 
 async def test_all_pinned_means_no_space(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False))
+    # per-block LRU: unpinned, the chain's head may go (a prefix-aware order keeps a parent)
+    node = await NodeStore.open(
+        cfg_factory(dram__capacity="2MiB", disk__enabled=False, eviction__policy="lru")
+    )
     try:
         blocks = make_blocks(8)  # 2 MiB of 256 KiB payloads (headers live beside the index)
         await node.put(blocks)

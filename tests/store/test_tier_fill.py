@@ -87,7 +87,11 @@ async def test_full_lmdb_map_evicts_and_keeps_accepting_writes(tmp_path):
 async def test_spans_with_held_slots_never_move(cfg_factory):
     # 4 MiB of 1 MiB slabs = 32 pages of 128 KiB; a 64 KiB class span is one page of 2 slots
     node = await NodeStore.open(
-        cfg_factory(dram__capacity="4MiB", dram__slab_size="1MiB", disk__enabled=False)
+        # per-block LRU, so that the small chain's spans are the oldest (a prefix-aware order
+        # keeps its parents, and no span could move)
+        cfg_factory(
+            dram__capacity="4MiB", dram__slab_size="1MiB", disk__enabled=False, eviction__policy="lru"
+        )
     )
     try:
         small = make_blocks(7, nbytes=64 * KiB, seed=1)  # the reservation below shares a span

@@ -11,7 +11,19 @@ from kvstore.node.tiers.arena import CudaArena, HostArena
 from kvstore.node.tiers.base import BottomTier, SlotTier
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.memory import MemoryTier
+from kvstore.node.tiers.order import EvictionOrder, make_order
+from kvstore.node.tiers.shares import TenantShares
 from kvstore.node.tiers.tasks import Finishing
+
+
+def _order(cfg: StoreConfig) -> EvictionOrder:
+    """A new eviction order for one tier, as ``[eviction]`` configures it."""
+    e = cfg.eviction
+    return make_order(e.policy, e.probation, e.ghosts)
+
+
+def _shares(cfg: StoreConfig) -> TenantShares:
+    return TenantShares(cfg.eviction.tenant_share)
 
 
 async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[SlotTier], BottomTier | None]:
@@ -20,17 +32,25 @@ async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[Slot
     TierError naming the tier that cannot be opened."""
     memory: list[SlotTier] = []
     if cfg.hbm.capacity:
-        memory.append(MemoryTier("hbm", CudaArena(cfg.hbm.capacity, cfg.hbm.device), cfg.hbm.slab_size))
+        arena = CudaArena(cfg.hbm.capacity, cfg.hbm.device)
+        memory.append(MemoryTier("hbm", arena, cfg.hbm.slab_size, _order(cfg), _shares(cfg)))
     if cfg.dram.capacity:
         size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
         # in a thread: prefaulting or pinning a large arena takes seconds, and the daemon's
         # loop answers /readyz (503) meanwhile
         arena = await asyncio.to_thread(HostArena, size, cfg.dram.pin, cfg.dram.prefault)
-        memory.append(MemoryTier("dram", arena, cfg.dram.slab_size))
+        memory.append(MemoryTier("dram", arena, cfg.dram.slab_size, _order(cfg), _shares(cfg)))
     disk = None
     if cfg.disk.enabled:
         d = cfg.disk
         disk = DiskTier(
-            d.path, d.capacity, map_size=d.map_size, sync=d.sync, writemap=d.writemap, finishing=finishing
+            d.path,
+            d.capacity,
+            map_size=d.map_size,
+            sync=d.sync,
+            writemap=d.writemap,
+            finishing=finishing,
+            order=_order(cfg),
+            shares=_shares(cfg),
         )
     return memory, disk

@@ -30,9 +30,11 @@ from kvstore.node.tiers.index import (
     entry_header_len,
     entry_offset,
     entry_payload_len,
-    header_namespace,
+    header_fields,
     now_s,
 )
+from kvstore.node.tiers.order import EvictionOrder
+from kvstore.node.tiers.shares import TenantShares
 from kvstore.node.tiers.tasks import Finishing, to_the_end, until_the_thread_ends
 from kvstore.results import Status
 
@@ -60,8 +62,11 @@ class DiskTier(LruIndex):
         writemap: bool = False,
         protected: Callable[[bytes], bool] = lambda k: False,
         finishing: Finishing | None = None,
+        order: EvictionOrder | None = None,
+        shares: TenantShares | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(order)
+        self.shares = shares if shares is not None else TenantShares()
         self.path = path
         self._capacity = capacity
         self.sync = sync
@@ -101,7 +106,7 @@ class DiskTier(LruIndex):
     # ------------------------------------------------------------------ startup
     def _rebuild(self) -> None:
         """Index every stored block, oldest first; drop headers that do not decode."""
-        found: list[tuple[float, bytes, int, int, bytes]] = []
+        found: list[tuple[float, bytes, int, int, bytes, bytes]] = []
         seen_ns: dict[bytes, bytes] = {}
         bad: list[bytes] = []
         with self.env.begin() as txn:
@@ -115,7 +120,7 @@ class DiskTier(LruIndex):
                     bad.append(bytes(key))
                     continue
                 ns = seen_ns.setdefault(h.namespace.raw, h.namespace.raw)  # one object per namespace
-                found.append((h.created, bytes(key), len(hdr), h.payload_len, ns))
+                found.append((h.created, bytes(key), len(hdr), h.payload_len, ns, h.parent.raw))
         if bad:
             with self.env.begin(write=True) as txn:
                 for k in bad:
@@ -124,8 +129,8 @@ class DiskTier(LruIndex):
             log.warning("event=disk_rebuild_dropped count=%d path=%s", len(bad), self.path)
         found.sort()
         t = now_s()
-        for _, key, hlen, plen, ns in found:
-            self._index_add(key, self._next_version(), hlen, plen, t, ns)
+        for _, key, hlen, plen, ns, parent in found:
+            self._index_add(key, self._next_version(), hlen, plen, t, ns, parent)
             self.payload_bytes += plen
             self._used += plen + hlen
 
@@ -250,23 +255,12 @@ class DiskTier(LruIndex):
     async def _put_locked(self, items) -> list[bool]:
         todo, evict, room = [], {}, self._capacity - self._used
         queued: set[bytes] = set()  # a key twice in ``items`` is written and counted once
-        candidates = iter(self._index)  # LRU first; the index does not change before the await
-        for key, hdr, payload in items:
-            if key in self._index or key in queued or not self.fits(memoryview(payload).nbytes, len(hdr)):
-                continue
-            need = memoryview(payload).nbytes + len(hdr)
-            while room < need:
-                victim = next(candidates, None)
-                if victim is None:
-                    break
-                if self._protected(victim) or victim in evict:
-                    continue
-                evict[victim] = None
-                room += entry_payload_len(self._index[victim]) + entry_header_len(self._index[victim])
-            if room >= need:
-                room -= need
-                todo.append((key, hdr, payload))
-                queued.add(key)
+        # eviction order; the index does not change before the await
+        candidates = self._order.candidates()
+        try:
+            self._plan(items, todo, evict, room, queued, candidates)
+        finally:
+            candidates.close()
         if todo or evict:
             need = sum(memoryview(p).nbytes + len(h) for _, h, p in todo)
             if not await self._write_evicting(todo, list(evict), need, {k for k, _, _ in todo}):
@@ -277,10 +271,37 @@ class DiskTier(LruIndex):
         t = now_s()
         for key, hdr, payload in todo:
             plen = memoryview(payload).nbytes
-            self._index_add(key, self._next_version(), len(hdr), plen, t, header_namespace(hdr))
+            ns, parent = header_fields(hdr)
+            self._index_add(key, self._next_version(), len(hdr), plen, t, ns, parent)
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]
+
+    def _plan(self, items, todo: list, evict: dict, room: int, queued: set[bytes], candidates) -> None:
+        """Which ``items`` to write (into ``todo``) and which unprotected blocks to evict for
+        them (into ``evict``), taken from ``candidates`` in eviction order; ``room``: free
+        bytes now. A block is evicted for a write only where ``shares`` allow it."""
+        for key, hdr, payload in items:
+            if key in self._index or key in queued or not self.fits(memoryview(payload).nbytes, len(hdr)):
+                continue
+            need = memoryview(payload).nbytes + len(hdr)
+            writer_ns = header_fields(hdr)[0]
+            while room < need:
+                victim = next(candidates, None)
+                if victim is None:
+                    break
+                if (
+                    self._protected(victim)
+                    or victim in evict
+                    or not self.shares.allows(self, victim, writer_ns)
+                ):
+                    continue
+                evict[victim] = None
+                room += entry_payload_len(self._index[victim]) + entry_header_len(self._index[victim])
+            if room >= need:
+                room -= need
+                todo.append((key, hdr, payload))
+                queued.add(key)
 
     async def _write_evicting(self, todo, evict: list[bytes], need: int, keep: set[bytes]) -> bool:
         """Write ``todo`` and delete ``evict`` in one transaction. When the map (the bound on the
@@ -320,16 +341,21 @@ class DiskTier(LruIndex):
         return False
 
     def _lru_unprotected(self, nbytes: int, skip: set[bytes]) -> list[bytes]:
-        """Least recently used, unprotected keys (not in ``skip``) holding at least ``nbytes``,
+        """The first unprotected keys in eviction order (not in ``skip``) holding ``nbytes``,
         or all of them when there are not that many."""
         out, got = [], 0
-        for k, e in self._index.items():
-            if got >= nbytes:
-                break
-            if k in skip or self._protected(k):
-                continue
-            out.append(k)
-            got += entry_payload_len(e) + entry_header_len(e)
+        candidates = self._order.candidates()
+        try:
+            for k in candidates:
+                if got >= nbytes:
+                    break
+                if k in skip or self._protected(k):
+                    continue
+                e = self._index[k]
+                out.append(k)
+                got += entry_payload_len(e) + entry_header_len(e)
+        finally:
+            candidates.close()
         return out
 
     def _write_batch(self, todo, evict) -> None:
@@ -375,6 +401,8 @@ class DiskTier(LruIndex):
             "map_size_bytes": self.map_size,
             "file_bytes": self.file_bytes(),
             "sync": self.sync,
+            **self.eviction_stats(),
+            "share_refusals": self.shares.refused,
         }
 
     def file_bytes(self) -> int:

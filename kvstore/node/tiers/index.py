@@ -1,4 +1,5 @@
-"""The compact per-block index every tier keeps: one packed int per block, in LRU order.
+"""The compact per-block index every tier keeps: one packed int per block, and the tier's
+eviction order beside it (kvstore.node.tiers.order: which block goes first).
 
 An entry packs the payload's slot offset, the block's namespace (as a small id, see
 :class:`NamespaceIds`), header and payload lengths and the access time, so 1M blocks cost a
@@ -10,13 +11,14 @@ prompt) answer from memory, with no header read or decode.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, repeat
 from operator import and_, rshift
 
 import msgpack
 import numpy as np
+
+from kvstore.node.tiers.order import EvictionOrder, LruOrder
 
 _OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
 _NS_SHIFT = _OFF_BITS
@@ -74,13 +76,20 @@ def now_s() -> int:
 def header_namespace(raw) -> bytes | None:
     """The ``ns`` field of an encoded header (bytes), without building a BlockHeader; None
     when the header does not parse as a map with a bytes ``ns``."""
+    return header_fields(raw)[0]
+
+
+def header_fields(raw) -> tuple[bytes | None, bytes | None]:
+    """The ``ns`` and ``parent`` fields of an encoded header (one decode, no BlockHeader);
+    None for a field that is not bytes or a header that does not parse as a map."""
     if raw is None:
-        return None
+        return None, None
     try:
-        ns = msgpack.unpackb(raw, raw=False).get("ns")
+        d = msgpack.unpackb(raw, raw=False)
+        ns, parent = d.get("ns"), d.get("parent")
     except Exception:  # a header that does not parse belongs to no namespace
-        return None
-    return ns if isinstance(ns, bytes) else None
+        return None, None
+    return (ns if isinstance(ns, bytes) else None), (parent if isinstance(parent, bytes) else None)
 
 
 class NamespaceIds:
@@ -93,11 +102,13 @@ class NamespaceIds:
         self._ids: dict[bytes, int] = {}
         self._ns: list[bytes | None] = [None]
         self._refs: list[int] = [0]
+        self._bytes: list[int] = [0]  # bytes of the blocks holding each id (tenant shares)
         self._free: list[int] = []
 
-    def acquire(self, ns: bytes | None) -> int:
-        """The id of ``ns`` (one more block holds it); 0 for None."""
+    def acquire(self, ns: bytes | None, nbytes: int = 0) -> int:
+        """The id of ``ns`` (one more block, of ``nbytes``, holds it); 0 for None."""
         if ns is None:
+            self._bytes[0] += nbytes
             return 0
         i = self._ids.get(ns)
         if i is None:
@@ -108,12 +119,15 @@ class NamespaceIds:
                 i = len(self._ns)
                 self._ns.append(ns)
                 self._refs.append(0)
+                self._bytes.append(0)
             self._ids[ns] = i
         self._refs[i] += 1
+        self._bytes[i] += nbytes
         return i
 
-    def release(self, i: int) -> None:
-        """One block holding id ``i`` is gone (0 is ignored)."""
+    def release(self, i: int, nbytes: int = 0) -> None:
+        """One block holding id ``i`` (of ``nbytes``) is gone."""
+        self._bytes[i] -= nbytes
         if i == 0:
             return
         self._refs[i] -= 1
@@ -134,38 +148,62 @@ class NamespaceIds:
         """How many ids exist (in use or free), 0 included: ids are ``range(count())``."""
         return len(self._ns)
 
+    def usage_by_namespace(self) -> dict[str, int]:
+        """Hex namespace id -> bytes of its blocks (blocks with none: "")."""
+        out = {ns.hex(): self._bytes[i] for ns, i in self._ids.items()}
+        if self._bytes[0]:
+            out[""] = self._bytes[0]
+        return out
+
+    def usage(self, ns: bytes | None) -> int:
+        """Bytes of the blocks of ``ns`` (None: of blocks with no namespace)."""
+        i = 0 if ns is None else self._ids.get(ns)
+        return 0 if i is None else self._bytes[i]
+
     def __len__(self) -> int:
         return len(self._ids)
 
 
 class LruIndex:
-    """The per-tier index: ``_index`` maps a key to its packed entry, least recently used
-    first. Entries are added with :meth:`_index_add` and removed with :meth:`_index_pop`
-    (which keep the namespace ids counted). Subclasses call ``LruIndex.__init__``."""
+    """The per-tier index: ``_index`` maps a key to its packed entry; ``_order`` (an
+    :class:`~kvstore.node.tiers.order.EvictionOrder`, per-block LRU unless given) says which
+    goes first. Entries are added with :meth:`_index_add` and removed with :meth:`_index_pop`
+    (which keep the namespace ids and the order up to date). Subclasses call
+    ``LruIndex.__init__``."""
 
-    def __init__(self) -> None:
-        self._index: OrderedDict[bytes, int] = OrderedDict()
+    def __init__(self, order: EvictionOrder | None = None) -> None:
+        self._index: dict[bytes, int] = {}
         self._ns_ids = NamespaceIds()
+        self._order: EvictionOrder = order if order is not None else LruOrder()
 
     def _index_add(
-        self, key: bytes, offset: int, header_len: int, payload_len: int, atime: int, ns: bytes | None
+        self,
+        key: bytes,
+        offset: int,
+        header_len: int,
+        payload_len: int,
+        atime: int,
+        ns: bytes | None,
+        parent: bytes | None = None,
     ) -> None:
-        """Index ``key`` (most recently used); ``ns``: its header's namespace (see
-        :func:`header_namespace`). An entry already there is replaced (its namespace id
-        released: the ids stay counted)."""
+        """Index ``key`` (most recently used); ``ns`` and ``parent``: its header's namespace and
+        parent key (see :func:`header_fields`). An entry already there is replaced (its
+        namespace id released: the ids stay counted)."""
         self._index_pop(key)
-        ns_id = self._ns_ids.acquire(ns)
+        ns_id = self._ns_ids.acquire(ns, header_len + payload_len)
         self._index[key] = pack_entry(offset, ns_id, header_len, payload_len, atime)
+        self._order.add(key, parent)
 
     def _index_pop(self, key: bytes) -> int | None:
         e = self._index.pop(key, None)
         if e is not None:
-            self._ns_ids.release(entry_ns_id(e))
+            self._ns_ids.release(entry_ns_id(e), entry_header_len(e) + entry_payload_len(e))
+            self._order.discard(key)
         return e
 
     def _index_clear(self) -> None:
-        self._index.clear()
-        self._ns_ids = NamespaceIds()
+        for key in list(self._index):
+            self._index_pop(key)
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._index
@@ -206,16 +244,36 @@ class LruIndex:
         e = self._index.get(key)
         return None if e is None else self._ns_ids.get((e >> _NS_SHIFT) & _OFF_MASK)
 
+    def namespace_usage(self, ns: bytes | None) -> int:
+        """Bytes (payloads and headers) of this tier's blocks of namespace ``ns``."""
+        return self._ns_ids.usage(ns)
+
     def touch(self, key: bytes) -> None:
-        """Mark ``key`` most recently used (no-op when absent)."""
+        """Mark ``key`` used now (no-op when absent)."""
         e = self._index.get(key)
         if e is not None:
             self._index[key] = entry_touch(e, now_s())
-            self._index.move_to_end(key)
+            self._order.touch(key)
 
     def victims(self, limit: int = 256) -> Iterator[bytes]:
-        """Up to ``limit`` keys, least recently used first (a snapshot: safe to mutate after)."""
-        return iter(list(islice(self._index, limit)))
+        """Up to ``limit`` keys in eviction order (a snapshot: safe to mutate after)."""
+        it = self._order.candidates()
+        try:
+            return iter(list(islice(it, limit)))
+        finally:
+            it.close()
+
+    def eviction_stats(self) -> dict:
+        """The order's policy and counters (see kvstore.node.tiers.order), the bytes of its
+        orphans, and the bytes each namespace holds (hex id -> bytes: tenant shares)."""
+        orphans = getattr(self._order, "orphans", ())
+        idx = self._index
+        return {
+            **self._order.stats(),
+            "orphan_bytes": sum(entry_payload_len(idx[k]) + entry_header_len(idx[k]) for k in orphans),
+            "namespaces": self._ns_ids.usage_by_namespace(),
+        }
 
     def keys(self) -> Iterator[bytes]:
+        """Stored keys, in no particular order."""
         return iter(self._index)

@@ -29,10 +29,12 @@ from kvstore.node.tiers.index import (
     LruIndex,
     entry_offset,
     entry_payload_len,
-    header_namespace,
+    header_fields,
     now_s,
 )
+from kvstore.node.tiers.order import EvictionOrder
 from kvstore.node.tiers.room import pick_victims
+from kvstore.node.tiers.shares import TenantShares
 from kvstore.node.tiers.slab import SlabAllocator
 from kvstore.results import Status
 
@@ -46,8 +48,16 @@ class MemoryTier(LruIndex):
 
     durable = False
 
-    def __init__(self, name: str, arena, slab_size: int) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        name: str,
+        arena,
+        slab_size: int,
+        order: EvictionOrder | None = None,
+        shares: TenantShares | None = None,
+    ) -> None:
+        super().__init__(order)
+        self.shares = shares if shares is not None else TenantShares()  # the node's evictor asks it
         self.name = name
         self.arena = arena
         self.alloc = SlabAllocator(arena.size, slab_size)
@@ -118,10 +128,12 @@ class MemoryTier(LruIndex):
 
     def commit(self, key: bytes, slots: Slot, header_len: int, payload_len: int) -> None:
         """Index a reservation as ``key`` (most recently used). The key must be absent. The
-        header's namespace goes into the index entry (see ``namespace``)."""
+        header's namespace goes into the index entry (see ``namespace``), its parent key to the
+        eviction order."""
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
-        self._index_add(key, slots[0], header_len, payload_len, now_s(), header_namespace(slots[1]))
+        ns, parent = header_fields(slots[1])
+        self._index_add(key, slots[0], header_len, payload_len, now_s(), ns, parent)
         self._spans.setdefault(self.alloc.span_of(slots[0]), {})[key] = slots[1]
         self.payload_bytes += payload_len
 
@@ -260,6 +272,8 @@ class MemoryTier(LruIndex):
             "free_slot_bytes": self.alloc.free_slot_bytes(),
             "waste_bytes": self.used_bytes - self.payload_bytes + self.alloc.free_slot_bytes(),
             "pinned_memory": bool(getattr(self.arena, "pinned", False)),
+            **self.eviction_stats(),
+            "share_refusals": self.shares.refused,
         }
 
     def check(self) -> None:

@@ -1,0 +1,335 @@
+"""Hit rate on real traffic: Mooncake's production traces (bench/traces/) replayed against
+tierkv's eviction policies, by simulation (every cell) and on real daemons (a subset that
+checks the simulation).
+
+A request does what the connector does through ``kvstore.client``: EXISTS of its full blocks'
+keys, GET of the hit prefix (the leading run of stored keys), PUT of its new full blocks.
+Each 512-token block of the trace is one block of ``--payload`` bytes; keys are chained by
+kvstore.keys over the hash ids (bench/trace_sim.py: ``trace_namespace``). Capacity is in
+blocks, the cluster's total: one node, or three nodes of a third each (rendezvous placement,
+one copy). Tiers: ``dram`` (DRAM only) or ``dram+disk`` (DRAM a quarter of the capacity,
+disk all of it, write-through). Hit token ratio = hit tokens / input tokens; orphan ratio =
+blocks stored whose parent is stored nowhere, over capacity (time average in the
+simulation, at the end of the replay on daemons).
+
+    python bench/trace.py                      # simulation sweep + daemon check, JSON + plot
+    python bench/trace.py --quick              # fewer requests, fewer cells
+    python bench/trace.py --daemon-requests 0  # simulation only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from trace_sim import BLOCK_TOKENS, ChainKeys, load_trace, simulate, trace_namespace  # noqa: E402
+
+from kvstore.block import make_header  # noqa: E402
+from kvstore.config import EvictionSection  # noqa: E402
+from kvstore.keys import BlockKey  # noqa: E402
+
+CAPACITIES: list[int | None] = [1000, 3000, 6000, 10000, 30000, None]
+POLICIES = ["lru", "prefix-lru", "prefix-2q", "prefix-arc"]
+DEFAULT_POLICY = EvictionSection().policy
+
+
+def _sim_cell(args: tuple) -> dict:
+    trace, n_req, nodes, tiers, cap, policy = args
+    reqs = load_trace(trace, n_req)
+    t0 = time.perf_counter()
+    r = simulate(reqs, nodes, cap, tiers, policy)
+    hits = r.hits["dram"] + r.hits["disk"]
+    return {
+        "trace": trace,
+        "nodes": nodes,
+        "tiers": tiers,
+        "capacity_blocks": cap,
+        "policy": policy,
+        "default": policy == DEFAULT_POLICY,
+        "hit_token_ratio": round(r.hit_token_ratio, 5),
+        "orphan_bytes_ratio": round(r.orphan_ratio, 5),
+        "disk_hit_share": round(r.hits["disk"] / hits, 4) if hits else 0.0,
+        "requests": len(reqs),
+        "source": "simulation",
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def sweep_cells(traces: list[str], n_req: int | None, quick: bool) -> list[tuple]:
+    """Every policy at one node, DRAM only; LRU and the default for 3 nodes and two tiers."""
+    cells = []
+    caps = [1000, 3000, 6000, None] if quick else CAPACITIES
+    for trace in traces:
+        for nodes, tiers in [(1, "dram"), (3, "dram"), (1, "dram+disk"), (3, "dram+disk")]:
+            pols = POLICIES if (nodes, tiers) == (1, "dram") else sorted({"lru", DEFAULT_POLICY})
+            for cap in caps:
+                for pol in pols if cap is not None else ["lru", DEFAULT_POLICY]:
+                    cells.append((trace, n_req, nodes, tiers, cap, pol))
+    return cells
+
+
+# ---------------------------------------------------------------- real daemons
+
+
+def _launch(wd: Path, per_node: int | None, tiers: str, policy: str, payload: int, hlen: int):
+    from tests.daemonutil import launch_daemon
+
+    blocks = per_node if tiers == "dram" else max(per_node // 4, 1)
+    dram = {"capacity": max(blocks, 2) * payload, "slab_size": payload}
+    sections = {"dram": dram, "eviction": {"policy": policy}, "node": {"lease_ttl_s": 30.0}}
+    if tiers == "dram":
+        return launch_daemon(wd, use_disk=False, **sections)
+    disk = {"capacity": per_node * (payload + hlen), "sync": False}
+    return launch_daemon(wd, use_disk=True, disk=disk, **sections)
+
+
+async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) -> dict:
+    from kvstore.client import open as open_store
+
+    ns = trace_namespace()
+    chain = ChainKeys(ns)
+    # long deadlines, no outlier ejection: on a loaded host a node past the default ones is
+    # marked down or ejected, and the replay would measure that rather than eviction
+    store = open_store(
+        "kvstore://" + ",".join(addrs),
+        replicas=1,
+        lookahead=0,
+        namespaces=(ns,),
+        op_timeout_s=120.0,
+        write_floor_s=120.0,
+        probe_deadline_s=30.0,
+        outlier_factor=1e9,
+    )
+    body = bytes(payload)
+    parent_of: dict[bytes, bytes] = {}
+    out = {"input_tokens": 0, "hit_tokens": 0, "hits": {"dram": 0, "disk": 0}, "get_miss": 0}
+    bufs = [bytearray(payload) for _ in range(256)]
+    t_start, ts0 = time.monotonic(), reqs[0].timestamp_ms if reqs else 0
+    try:
+        for req in reqs:
+            if speedup:
+                wait = (req.timestamp_ms - ts0) / 1000 / speedup - (time.monotonic() - t_start)
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            raws = chain.keys(req.hash_ids)
+            keys = [BlockKey(k) for k in raws]
+            out["input_tokens"] += req.input_tokens
+            tiers = await store.exists(keys) if keys else []
+            hit = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
+            got = 0
+            for start in range(0, hit, len(bufs)):
+                part = keys[start : min(hit, start + len(bufs))]
+                res = await store.get_into(part, bufs[: len(part)])
+                ok = next((i for i, r in enumerate(res) if not r.status.ok), len(res))
+                got += ok
+                if ok < len(res):
+                    out["get_miss"] += 1
+                    break
+            for t in tiers[:got]:
+                out["hits"][t if t == "disk" else "dram"] += 1
+            out["hit_tokens"] += got * BLOCK_TOKENS
+            parents = [ns.id.raw, *raws[:-1]]
+            blocks = []
+            for i in range(got, len(keys)):
+                parent_of[raws[i]] = parents[i]
+                h = make_header(
+                    key=keys[i],
+                    parent=BlockKey(parents[i]),
+                    namespace=ns.id,
+                    tokens=[req.hash_ids[i]],
+                    dtype="uint8",
+                    shape=[payload],
+                    payload=body,
+                    created=0.0,
+                )
+                blocks.append((h, body))
+            if blocks:
+                await store.put(blocks)
+        stored: set[bytes] = set()
+        known = list(parent_of)
+        for start in range(0, len(known), 2048):
+            part = known[start : start + 2048]
+            for k, t in zip(part, await store.exists([BlockKey(k) for k in part])):
+                if t is not None:
+                    stored.add(k)
+        out["orphans"] = sum(1 for k in stored if parent_of[k] != ns.id.raw and parent_of[k] not in stored)
+        out["stored"] = len(stored)
+        out["stats"] = await store.stats()
+    finally:
+        await store.close()
+    return out
+
+
+def daemon_cell(
+    trace: str, n_req: int, nodes: int, tiers: str, cap: int, policy: str, payload: int, speedup: float
+):
+    """Replay on ``nodes`` real daemons; the simulation of the same requests over the same
+    node addresses beside it."""
+    reqs = load_trace(trace, n_req)
+    ns = trace_namespace()
+    sample = make_header(
+        key=ns.id, parent=ns.id, namespace=ns.id, tokens=[2**31 - 1], dtype="uint8",
+        shape=[payload], payload=bytes(payload), created=0.0,
+    )  # fmt: skip
+    hlen = len(sample.encode()) + 8  # the checksum's encoding varies by a few bytes
+    wd = Path(tempfile.mkdtemp(prefix="tierkv-trace-"))
+    daemons = []
+    try:
+        for i in range(nodes):
+            daemons.append(_launch(wd / f"n{i}", cap // nodes, tiers, policy, payload, hlen))
+        addrs = [d.addr for d in daemons]
+        t0 = time.perf_counter()
+        got = asyncio.run(_replay_daemons(reqs, addrs, payload, speedup))
+        secs = time.perf_counter() - t0
+    finally:
+        for d in daemons:
+            d.stop()
+        shutil.rmtree(wd, ignore_errors=True)
+    sim = simulate(reqs, nodes, cap, tiers, policy, ids=addrs, sample_every=0)
+    hits = got["hits"]["dram"] + got["hits"]["disk"]
+    ratio = got["hit_tokens"] / got["input_tokens"]
+    return {
+        "trace": trace,
+        "nodes": nodes,
+        "tiers": tiers,
+        "capacity_blocks": cap,
+        "policy": policy,
+        "default": policy == DEFAULT_POLICY,
+        "hit_token_ratio": round(ratio, 5),
+        "orphan_bytes_ratio": round(got["orphans"] / cap, 5),
+        "disk_hit_share": round(got["hits"]["disk"] / hits, 4) if hits else 0.0,
+        "requests": len(reqs),
+        "source": "daemons",
+        "simulated_hit_token_ratio": round(sim.hit_token_ratio, 5),
+        "delta_pp": round(100 * (ratio - sim.hit_token_ratio), 3),
+        "get_misses": got["get_miss"],
+        "seconds": round(secs, 1),
+    }
+
+
+DAEMON_CELLS = [  # (nodes, tiers, capacity, policy): the default against LRU where it matters
+    (1, "dram", 3000, "lru"),
+    (1, "dram", 3000, DEFAULT_POLICY),
+    (3, "dram", 3000, "lru"),
+    (3, "dram", 3000, DEFAULT_POLICY),
+    (1, "dram+disk", 3000, DEFAULT_POLICY),
+]
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        f"{'trace':<13}{'nodes':>6} {'tiers':<10}{'capacity':>9} {'policy':<11}{'hit':>8}{'orphan':>8}{'disk':>7}  src"
+    ]
+    for r in rows:
+        cap = "unlim" if r["capacity_blocks"] is None else str(r["capacity_blocks"])
+        lines.append(
+            f"{r['trace']:<13}{r['nodes']:>6} {r['tiers']:<10}{cap:>9} {r['policy']:<11}"
+            f"{r['hit_token_ratio']:>8.4f}{r['orphan_bytes_ratio']:>8.4f}{r['disk_hit_share']:>7.3f}  "
+            + (
+                r["source"]
+                if r["source"] == "simulation"
+                else f"daemons (sim {r['simulated_hit_token_ratio']:.4f}, {r['delta_pp']:+.2f} pp)"
+            )
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    traces = sorted({r["trace"] for r in rows})
+    fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.2), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        sel = [r for r in rows if r["trace"] == trace and r["source"] == "simulation"]
+        caps = sorted({r["capacity_blocks"] for r in sel if r["capacity_blocks"] is not None})
+        series = sorted({(r["nodes"], r["tiers"], r["policy"]) for r in sel})
+        for nodes, tiers, pol in series:
+            pts = {
+                r["capacity_blocks"]: r["hit_token_ratio"]
+                for r in sel
+                if (r["nodes"], r["tiers"], r["policy"]) == (nodes, tiers, pol)
+            }
+            ys = [pts.get(c) for c in caps]
+            if None in ys or (tiers != "dram"):
+                continue
+            style = "-" if nodes == 1 else "--"
+            ax.plot(caps, ys, style, marker="o", label=f"{pol}, {nodes} node{'s' if nodes > 1 else ''}")
+        unl = [r["hit_token_ratio"] for r in sel if r["capacity_blocks"] is None]
+        if unl:
+            ax.axhline(max(unl), color="grey", lw=0.8, ls=":", label="unlimited")
+        ax.set_xscale("log")
+        ax.set_xlabel("capacity (blocks of 512 tokens, cluster total)")
+        ax.set_ylabel("hit tokens / input tokens")
+        ax.set_title(f"{trace} trace, DRAM only")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", default="conversation,synthetic")
+    ap.add_argument("--requests", type=int, default=0, help="simulate the first N requests (0: all)")
+    ap.add_argument("--daemon-requests", type=int, default=1500, help="requests per daemon cell (0: none)")
+    ap.add_argument("--payload", type=int, default=4096, help="bytes per 512-token block on the daemons")
+    ap.add_argument("--speedup", type=float, default=0.0, help="replay timestamps / SPEEDUP (0: no waits)")
+    ap.add_argument("--quick", action="store_true", help="2,000 requests, 4 capacities, 300 per daemon cell")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", default=str(REPO / "docs/results/trace.json"))
+    ap.add_argument("--plot", default=str(REPO / "docs/trace.png"))
+    ap.add_argument(
+        "--only-tiers", default="", help="simulate only these tiers (dram or dram+disk); merge into --json"
+    )
+    a = ap.parse_args()
+    traces = a.traces.split(",")
+    n_req = 2000 if a.quick else (a.requests or None)
+    d_req = 300 if a.quick else a.daemon_requests
+    load = os.getloadavg()[0]
+    cells = [c for c in sweep_cells(traces, n_req, a.quick) if not a.only_tiers or c[3] == a.only_tiers]
+    with ProcessPoolExecutor(a.jobs) as pool:
+        rows = list(pool.map(_sim_cell, cells))
+    if d_req:
+        for nodes, tiers, cap, pol in DAEMON_CELLS:
+            rows.append(daemon_cell("conversation", d_req, nodes, tiers, cap, pol, a.payload, a.speedup))
+    if a.only_tiers and Path(a.json).exists():  # keep the other rows of the last full run
+        ident = ("trace", "nodes", "tiers", "capacity_blocks", "policy", "source")
+        fresh = {tuple(r[k] for k in ident) for r in rows}
+        old = [r for r in json.loads(Path(a.json).read_text()) if tuple(r[k] for k in ident) not in fresh]
+        order = {tuple(r[k] for k in ident): i for i, r in enumerate(old + rows)}
+        rows = sorted(
+            old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r[k] for k in ident)])
+        )
+    print(table(rows))
+    print(
+        f"requests: {n_req or 'all'} simulated, {d_req} per daemon cell; load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+    )
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if plot(rows, Path(a.plot)):
+        print(f"plot: {a.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""Offline simulation of trace replay: the nodes' tier stack and eviction, in block counts.
+
+Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
+operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
+prefix (a read touches; a disk hit moves into DRAM when that evicts only blocks disk also
+holds), PUT of the request's new full blocks (room made in DRAM by moving victims down to
+disk, write-through to disk, which evicts its own victims). Keys are placed over nodes by
+the client's rendezvous placement (kvstore.client.placement.rank_many, one copy). bench/trace.py
+runs the same requests on real daemons and compares.
+
+Orphans: blocks stored somewhere in the cluster whose parent is stored nowhere (they can
+never be part of a hit prefix again). Measured every ``sample_every`` requests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvstore.client.placement import Node, rank_many  # noqa: E402
+from kvstore.keys import BlockKey, Namespace  # noqa: E402
+from kvstore.node.tiers.order import make_order  # noqa: E402
+
+BLOCK_TOKENS = 512  # the traces' block size
+TRACES = {"conversation": "conversation_trace.jsonl", "synthetic": "synthetic_trace.jsonl"}
+
+
+@dataclass(frozen=True)
+class Request:
+    timestamp_ms: int
+    input_tokens: int
+    hash_ids: tuple[int, ...]  # full blocks only: a partial tail block gets no key
+
+
+def load_trace(name: str, limit: int | None = None) -> list[Request]:
+    path = Path(__file__).resolve().parent / "traces" / TRACES[name]
+    out = []
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            full = d["input_length"] // BLOCK_TOKENS
+            out.append(Request(int(d["timestamp"]), int(d["input_length"]), tuple(d["hash_ids"][:full])))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def trace_namespace() -> Namespace:
+    """Keys of a trace: one "token" per 512-token block, its hash id, chained by
+    kvstore.keys (``key_i = H(key_{i-1} || hash_id_i)``): two requests share key i exactly
+    when they share hash ids 0..i, as the trace's hash ids share a token prefix."""
+    return Namespace("mooncake-trace", "uint8", 1)
+
+
+class ChainKeys:
+    """Each request's block keys (raw bytes), memoized per hash-id prefix."""
+
+    def __init__(self, ns: Namespace) -> None:
+        self.ns = ns
+        self._memo: dict[tuple[int, ...], bytes] = {}
+
+    def keys(self, hash_ids: tuple[int, ...]) -> list[bytes]:
+        out: list[bytes] = []
+        parent = BlockKey(self.ns.id.raw)
+        for i in range(len(hash_ids)):
+            pre = hash_ids[: i + 1]
+            k = self._memo.get(pre)
+            if k is None:
+                k = self.ns.next_key(parent, [hash_ids[i]]).raw
+                self._memo[pre] = k
+            out.append(k)
+            parent = BlockKey(k)
+        return out
+
+
+class SimTier:
+    def __init__(self, name: str, capacity: int | None, policy: str, probation: float) -> None:
+        self.name, self.capacity = name, capacity
+        self.order = make_order(policy, probation)
+        self.keys: set[bytes] = set()
+        self.reserved = 0  # slots taken by a PUT not committed yet
+
+    def full(self) -> bool:
+        return self.capacity is not None and len(self.keys) + self.reserved >= self.capacity
+
+    def add(self, key: bytes, parent: bytes) -> None:
+        self.keys.add(key)
+        self.order.add(key, parent)
+
+    def remove(self, key: bytes) -> None:
+        self.keys.discard(key)
+        self.order.discard(key)
+
+
+class SimNode:
+    """A node: DRAM, and disk (write-through) when ``disk_blocks`` is not 0."""
+
+    def __init__(self, dram_blocks: int | None, disk_blocks: int | None, policy: str, probation: float):
+        self.dram = SimTier("dram", dram_blocks, policy, probation)
+        self.disk = SimTier("disk", disk_blocks, policy, probation) if disk_blocks != 0 else None
+        self.parent: dict[bytes, bytes] = {}
+        self.hits = {"dram": 0, "disk": 0}
+
+    def has(self, key: bytes) -> bool:
+        return key in self.dram.keys or (self.disk is not None and key in self.disk.keys)
+
+    def read(self, key: bytes) -> bool:
+        if key in self.dram.keys:
+            self.dram.order.touch(key)
+            self.hits["dram"] += 1
+            return True
+        if self.disk is None or key not in self.disk.keys:
+            return False
+        self.disk.order.touch(key)
+        self.hits["disk"] += 1
+        if self._room_without_io():
+            self.dram.add(key, self.parent[key])
+        return True
+
+    def _room_without_io(self) -> bool:
+        while self.dram.full():
+            victim = next((k for k in self.dram.order.candidates() if k in self.disk.keys), None)  # type: ignore[union-attr]
+            if victim is None:
+                return False
+            self.dram.remove(victim)
+        return True
+
+    def put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """One PUT of (key, parent) blocks: each reserved in DRAM in turn (room made by moving
+        victims down), then written through to disk in one batch, as the node does."""
+        new = []
+        for key, parent in items:
+            if self.has(key):
+                continue  # EXISTS
+            self.parent[key] = parent
+            while self.dram.full():
+                victim = next(self.dram.order.candidates(), None)
+                if victim is None:
+                    break
+                self.dram.remove(victim)
+                if self.disk is not None and victim not in self.disk.keys:
+                    self._disk_put([(victim, self.parent[victim])])
+                self._forget_if_gone(victim)
+            if self.dram.full():
+                continue  # NO_SPACE
+            self.dram.reserved += 1
+            new.append((key, parent))
+        self.dram.reserved = 0
+        for key, parent in new:  # committed in order
+            self.dram.add(key, parent)
+        if self.disk is not None and new:
+            self._disk_put(new)
+
+    def _disk_put(self, items: list[tuple[bytes, bytes]]) -> None:
+        """One disk put: victims planned from one pass over the order (the tier's plan)."""
+        disk = self.disk
+        assert disk is not None
+        held = {k for k, _ in items}
+        todo = [(k, p) for k, p in items if k not in disk.keys]
+        room = None if disk.capacity is None else disk.capacity - len(disk.keys)
+        evict: list[bytes] = []
+        if room is not None and room < len(todo):
+            it = disk.order.candidates()
+            try:
+                for k in it:
+                    if k not in held:
+                        evict.append(k)
+                        if room + len(evict) >= len(todo):
+                            break
+            finally:
+                it.close()
+            todo = todo[: room + len(evict)]
+        for v in evict:
+            disk.remove(v)
+            self._forget_if_gone(v)
+        for k, p in todo:
+            disk.add(k, p)
+
+    def _forget_if_gone(self, key: bytes) -> None:
+        if not self.has(key):
+            self.parent.pop(key, None)
+
+    def stored(self) -> set[bytes]:
+        return self.dram.keys | (self.disk.keys if self.disk is not None else set())
+
+
+@dataclass
+class Replay:
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    hits: dict = field(default_factory=lambda: {"dram": 0, "disk": 0})
+    orphan_samples: list = field(default_factory=list)
+
+    @property
+    def hit_token_ratio(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def orphan_ratio(self) -> float:
+        return sum(self.orphan_samples) / len(self.orphan_samples) if self.orphan_samples else 0.0
+
+
+def node_ids(n: int) -> list[str]:
+    return [f"127.0.0.1:{20000 + i}" for i in range(n)]
+
+
+def simulate(
+    requests: list[Request],
+    nodes: int,
+    capacity: int | None,
+    tiers: str,
+    policy: str,
+    probation: float = 0.1,
+    ids: list[str] | None = None,
+    sample_every: int = 200,
+) -> Replay:
+    """Replay ``requests`` over ``nodes`` simulated nodes holding ``capacity`` blocks in all
+    (None: unlimited). ``tiers``: "dram" (DRAM only) or "dram+disk" (DRAM holds a quarter
+    of ``capacity``, disk all of it, write-through). Orphans are counted against capacity."""
+    ids = ids or node_ids(nodes)
+    per = None if capacity is None else capacity // nodes
+    dram = per if tiers == "dram" else (None if per is None else max(per // 4, 1))
+    disk = 0 if tiers == "dram" else per
+    sims = {i: SimNode(dram, disk, policy, probation) for i in ids}
+    view = [Node(i) for i in ids]
+    chain = ChainKeys(trace_namespace())
+    root = chain.ns.id.raw
+    owner: dict[bytes, str] = {}
+    out = Replay()
+    for n, req in enumerate(requests):
+        keys = chain.keys(req.hash_ids)
+        new = [k for k in keys if k not in owner]
+        if new:
+            for k, order in zip(new, rank_many(new, view, 1)):
+                owner[k] = order[0]
+        out.input_tokens += req.input_tokens
+        hit = 0
+        for k in keys:  # EXISTS: the leading run of present keys is the hit prefix
+            if not sims[owner[k]].has(k):
+                break
+            hit += 1
+        for k in keys[:hit]:
+            sims[owner[k]].read(k)
+        out.hit_tokens += hit * BLOCK_TOKENS
+        parents = [root, *keys[:-1]]
+        batches: dict[str, list[tuple[bytes, bytes]]] = {}
+        for k, p in list(zip(keys, parents))[hit:]:  # the client's PUT: one batch per owner
+            batches.setdefault(owner[k], []).append((k, p))
+        for node, items in batches.items():
+            sims[node].put(items)
+        if sample_every and (n + 1) % sample_every == 0 and capacity is not None:
+            out.orphan_samples.append(orphan_blocks(sims, root) / capacity)
+    for s in sims.values():
+        for t in out.hits:
+            out.hits[t] += s.hits[t]
+    return out
+
+
+def orphan_blocks(sims: dict[str, SimNode], root: bytes) -> int:
+    """Blocks stored on some node whose parent is stored on none."""
+    stored: set[bytes] = set()
+    parents: dict[bytes, bytes] = {}
+    for s in sims.values():
+        stored |= s.stored()
+        parents.update(s.parent)
+    return sum(1 for k in stored if parents[k] != root and parents[k] not in stored)
