@@ -175,6 +175,24 @@ class RepairSection:
 
 
 @dataclass(frozen=True)
+class OrphansSection:
+    """The orphan pass (docs/cluster.md "Orphans"): a cluster member evicts its blocks whose
+    parent is stored on none of the parent's owners (kvstore/client/orphans.py)."""
+
+    enabled: bool = True
+    interval_s: float = 5.0  # a pass this often (the orphans it bounds are what forms between two)
+    batch_keys: int = 1024  # parents per EXISTS to one owner
+    deadline_s: float = 5.0  # each call to a peer
+
+    def __post_init__(self) -> None:
+        if self.batch_keys < 1:
+            raise ConfigError(f"orphans.batch_keys: must be >= 1, got {self.batch_keys}")
+        for name in ("interval_s", "deadline_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"orphans.{name}: must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class EvictionSection:
     """Which blocks leave a tier first, and what one namespace may take from another
     (docs/storage.md "Eviction", docs/security.md "Per-tenant shares")."""
@@ -208,6 +226,7 @@ class StoreConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     repair: RepairSection = field(default_factory=RepairSection)
+    orphans: OrphansSection = field(default_factory=OrphansSection)
     eviction: EvictionSection = field(default_factory=EvictionSection)
 
     def __post_init__(self) -> None:

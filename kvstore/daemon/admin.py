@@ -54,13 +54,15 @@ def make_app(
     ready: Callable[[], bool],
     limits: Any,
     first: Any,
+    orphans_of: Callable[[], Any] = lambda: None,
 ):
     """Build the admin application. ``node_of`` returns the NodeStore, or None while the
     daemon is still opening it (then every route but ``/healthz`` and ``/readyz`` answers
     503); ``tokens`` returns the current table (SIGHUP swaps it); ``ready`` says whether the
     data port serves (``/readyz`` 200, else 503); ``first`` is the middleware that runs
     before any other (the listener's deadlines, kvstore/daemon/admin_listener.py); a body
-    is at most ``limits.admin_max_body`` bytes."""
+    is at most ``limits.admin_max_body`` bytes. ``orphans_of`` returns a cluster member's
+    orphan pass (kvstore/client/orphans.py), None elsewhere (``POST /v1/orphans/pass``: 404)."""
 
     @web.middleware
     async def starting(request: web.Request, handler):
@@ -153,6 +155,12 @@ def make_app(
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         return web.json_response({"pinned": request.method != "DELETE"})
 
+    async def orphan_pass(request):
+        op = orphans_of()
+        if op is None:
+            raise web.HTTPNotFound(text="no orphan pass: this node is not a cluster member")
+        return web.json_response(await op.sweep())
+
     app = web.Application(middlewares=[first, auth, starting], client_max_size=int(limits.admin_max_body))
     app.add_routes(
         [
@@ -167,5 +175,6 @@ def make_app(
             web.delete("/v1/blocks/{key}/pin", pin),
         ]
     )
+    app.add_routes([web.post("/v1/orphans/pass", orphan_pass)])
     add_inspect_routes(app, node_of)  # verify, lookup, evict by namespace (kvstore/daemon/admin_inspect.py)
     return app

@@ -1,6 +1,7 @@
 """``kvstore serve`` for a cluster member: the daemon (kvstore/daemon/server.py) with, around
-it, its etcd registration (``cluster.join``) and its anti-entropy repair (``repair.*``,
-kvstore/client/repair.py) over the static ``cluster.peers`` or the etcd membership.
+it, its etcd registration (``cluster.join``), its anti-entropy repair (``repair.*``,
+kvstore/client/repair.py) and its orphan pass (``orphans.*``, kvstore/client/orphans.py) over
+the static ``cluster.peers`` or the etcd membership.
 
 Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the repair is
 stopped first, then the registration is revoked. A configuration that cannot work (auth on
@@ -64,11 +65,11 @@ async def serve_member(cfg: StoreConfig) -> None:
     from kvstore.daemon.server import Daemon
 
     target = target_of(cfg) if cfg.cluster.join else None  # a bad URL fails before anything opens
-    token = operator_token(cfg) if cfg.repair.enabled else ""
+    token = operator_token(cfg) if cfg.repair.enabled or cfg.orphans.enabled else ""
     daemon = await Daemon.start(cfg)
     daemon.install_signals()
     me = member_of(cfg, daemon.host, daemon.data_port, daemon.admin_port)
-    reg = repair = None
+    reg = repair = orphans = None
     try:
         if target is not None:
             reg = Registration(target, me, cfg.cluster.lease_ttl_s, EtcdSecurity.of(cfg.cluster))
@@ -78,8 +79,19 @@ async def serve_member(cfg: StoreConfig) -> None:
             repair.register_metrics(daemon.metrics.registry)
             await repair.start()
             log.info("event=repair_started node=%s replicas=%d", me.addr, cfg.repair.replicas)
+        if cfg.orphans.enabled:
+            from kvstore.client.orphans import OrphanPass
+
+            orphans = OrphanPass(
+                daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.orphans, cfg.repair.replicas, token
+            )
+            orphans.register_metrics(daemon.metrics.registry)
+            await orphans.start()
+            daemon.orphans = orphans  # the admin route POST /v1/orphans/pass
         await daemon.run_until_stopped()
     finally:
+        if orphans is not None:
+            await orphans.close()
         if repair is not None:
             await repair.close()
         if reg is not None:

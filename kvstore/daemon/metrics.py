@@ -68,7 +68,8 @@ def _eviction_families(tiers: dict, node: dict):
     by_reason = CounterMetricFamily(
         "tierkv_tier_evictions_by_reason",
         "Blocks evicted per tier and reason (write: room for a write; promotion: room for a disk "
-        "block moving up; map_full: the LMDB map, not capacity, was full)",
+        "block moving up; map_full: the LMDB map, not capacity, was full; orphan: no parent in "
+        "the cluster, found by the orphan pass)",
         labels=["tier", "reason"],
     )
     refused = CounterMetricFamily(
@@ -92,8 +93,9 @@ def _eviction_families(tiers: dict, node: dict):
             own = t.get("evictions", 0) - t.get("map_full_evictions", 0)
             by_reason.add_metric([name, "write"], own)
             by_reason.add_metric([name, "map_full"], t.get("map_full_evictions", 0))
+            by_reason.add_metric([name, "orphan"], node.get("evictions_disk_orphan", 0))
         else:
-            for reason in ("write", "promotion"):
+            for reason in ("write", "promotion", "orphan"):
                 by_reason.add_metric([name, reason], node.get(f"evictions_{name}_{reason}", 0))
         refused.add_metric([name, "share"], t.get("share_refusals", 0))
         refused.add_metric([name, "no_room"], node.get(f"room_refused_{name}", 0))

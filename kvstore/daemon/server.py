@@ -86,6 +86,7 @@ class Daemon:
         self._stopped = asyncio.Event()
         self.data_port = 0
         self.admin_port = 0
+        self.orphans = None  # a cluster member's orphan pass (kvstore/daemon/member.py)
 
     @classmethod
     async def start(cls, cfg: StoreConfig) -> Daemon:
@@ -152,6 +153,7 @@ class Daemon:
             self.ready,
             self.cfg.limits,
             self._admin.middleware,
+            lambda: self.orphans,
         )
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()

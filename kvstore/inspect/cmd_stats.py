@@ -10,13 +10,16 @@ STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evic
   "checksum_failures", "bytes_in", "bytes_out", "pinned", "leases_active",
   "repair": null | {"passes", "blocks_checked", "copies_missing", "copies_pushed", "bytes_pushed",
   "push_failures", "owners_unreachable", "copies_dropped_deleted_elsewhere"},
+  "orphans": null | {"passes", "blocks_checked", "orphans_found", "orphans_dropped", "orphans_held",
+  "owners_unreachable", "bytes": {"<tier>": {"<namespace id hex>": bytes}}},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures", "policy", "hit_tokens", "share_refusals", "orphan_bytes",
   "namespaces": {"<namespace id hex>": bytes}}}, "raw": <the node's /v1/stats document>}]}
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
   hit_ratio is null before the first read)
   (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
-  than replicas copies; copies_pushed: those it restored)"""
+  than replicas copies; copies_pushed: those it restored; orphans: blocks the orphan pass
+  found with no parent in the cluster, and their payload bytes per tier and namespace)"""
 
 
 def register(sub) -> None:
@@ -47,6 +50,32 @@ def _repair(daemon: dict) -> dict | None:
     if f"tierkv_repair_{REPAIR_FIELDS[0]}_total" not in daemon:
         return None
     return {f: int(daemon.get(f"tierkv_repair_{f}_total", 0)) for f in REPAIR_FIELDS}
+
+
+ORPHAN_FIELDS = (
+    "passes",
+    "blocks_checked",
+    "orphans_found",
+    "orphans_dropped",
+    "orphans_held",
+    "owners_unreachable",
+)
+_ORPHAN_BYTES = "tierkv_orphans_found_bytes_total{"
+
+
+def _orphans(daemon: dict) -> dict | None:
+    """A cluster member's orphan-pass totals (kvstore/client/orphans.py), None elsewhere;
+    ``bytes``: orphans' payload bytes found, per tier and namespace hex."""
+    if f"tierkv_orphans_{ORPHAN_FIELDS[0]}_total" not in daemon:
+        return None
+    out: dict = {f: int(daemon.get(f"tierkv_orphans_{f}_total", 0)) for f in ORPHAN_FIELDS}
+    per: dict[str, dict[str, int]] = {}
+    for name, v in daemon.items():
+        if name.startswith(_ORPHAN_BYTES):
+            labels = dict(x.split("=", 1) for x in name[len(_ORPHAN_BYTES) : -1].split(","))
+            per.setdefault(labels.get("tier", ""), {})[labels.get("namespace", "")] = int(v)
+    out["bytes"] = per
+    return out
 
 
 def _ratio(n: float, total: float) -> float | None:
@@ -91,6 +120,7 @@ def summarize(url: str, raw: dict) -> dict:
         "pinned": node.get("pinned", 0),
         "leases_active": node.get("leases_active", 0),
         "repair": _repair(daemon),
+        "orphans": _orphans(daemon),
         "tiers": tiers,
         "raw": raw,
     }

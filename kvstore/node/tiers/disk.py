@@ -234,6 +234,16 @@ class DiskTier(LruIndex):
         with self.env.begin() as txn:
             return txn.get(key, db=self._hdr)
 
+    async def read_headers(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Each key's stored header (None where absent): one read transaction in one reader
+        thread for the whole batch (the orphan pass reads every block's parent)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._read_headers, list(keys))
+
+    def _read_headers(self, keys: list[bytes]) -> list[bytes | None]:
+        with self.env.begin() as txn:
+            return [txn.get(k, db=self._hdr) if k in self._index else None for k in keys]
+
     async def intact(self, key: bytes) -> bool:
         """Whether the stored copy reads back and verifies; a bad copy is not dropped."""
         [(st, _)] = await self.get_into([key], [bytearray(self.payload_len(key))], drop_corrupt=False)

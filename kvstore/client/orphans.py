@@ -1,0 +1,258 @@
+"""The orphan pass: a cluster member evicts its blocks whose parent is stored nowhere.
+
+Rendezvous placement spreads a chain's blocks over nodes that evict independently, so a node
+can keep a child whose parent another node dropped. No hit prefix reaches such a block again
+(a lookup stops at the missing parent): it is an *orphan*, bytes wasted until evicted, and a
+node's own order cannot see it (its parent never was on this node). docs/cluster.md "Orphans".
+
+Contract: :class:`OrphanPass` runs inside a daemon that is a cluster member (static
+``cluster.peers`` or etcd), every ``orphans.interval_s`` and when asked (:meth:`sweep`, the
+admin route ``POST /v1/orphans/pass``; one pass at a time). A pass reads the parent of each
+block the node holds (its header's ``parent``; a chain's first block names its namespace and
+is never an orphan), asks each parent's owners (rendezvous over the current members,
+``repair.replicas`` of them, as clients place it) with one batched EXISTS per owner and
+batch, and evicts (kvstore/node/orphans.py: no tombstone; held and pinned blocks stay) every
+block whose parent is on none of them nor on this node, and with it every block of this node
+below it in its chain. A parent whose owner does not answer counts as present (an
+unreachable node is not an empty one). The orphans of another node's blocks dropped in the
+same pass go in that node's next pass: each pass removes one node-hop of an orphaned chain,
+so what a pass bounds is what forms between two passes (bench/trace.py measures it).
+
+Work is bounded: one EXISTS in flight, ``orphans.batch_keys`` parents per call, every call
+under ``orphans.deadline_s``. Failures are counted, never raised. Peers are reached as peer
+sessions (tenant ``*``: every tenant's blocks are visible, as for the repair).
+Progress: :meth:`stats` and ``tierkv_orphans_*`` on the daemon's registry, with the orphans'
+payload bytes per tier and namespace (``kvstore stats`` shows them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from kvstore.client.membership import Membership
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.placement import Node, rank_many
+from kvstore.config import OrphansSection
+from kvstore.keys import BlockKey
+from kvstore.node import orphans as node_orphans
+
+log = logging.getLogger("kvstore.client.orphans")
+PEER_TENANT = "*"
+
+
+class OrphanPass:
+    """Bound to the daemon's event loop. ``node``: the daemon's NodeStore; ``self_addr``: this
+    node's member address; ``replicas``: the copies clients keep of each block; ``token``:
+    the operator token ("" without auth)."""
+
+    def __init__(
+        self,
+        node: Any,
+        self_addr: str,
+        membership: Membership,
+        cfg: OrphansSection,
+        replicas: int,
+        token: str = "",
+    ) -> None:
+        self.node = node
+        self.self_addr = self_addr
+        self.membership = membership
+        self.cfg = cfg
+        self.replicas = replicas
+        self.peer_cfg = ClientConfig(
+            token=token, tenant=PEER_TENANT, pool_size=1, op_timeout_s=cfg.deadline_s, connect_timeout_s=1.0
+        )
+        self.peers: dict[str, NodeClient] = {}
+        self.counters: Counter[str] = Counter()
+        self.last_pass: dict[str, Any] = {}
+        # (tier, namespace hex) -> payload bytes of orphans found: by the last pass, in all
+        self.last_bytes: dict[tuple[str, str], int] = {}
+        self.found_bytes: Counter[tuple[str, str]] = Counter()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self.membership.start(self.cfg.deadline_s)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        await asyncio.gather(*(p.close() for p in self.peers.values()))
+        await self.membership.close()
+
+    async def _run(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.cfg.interval_s)
+            try:
+                await self.sweep()
+            except Exception as exc:  # a pass must never take the daemon down
+                self.counters["passes_failed"] += 1
+                log.exception("event=orphan_pass_failed error=%r", exc)
+
+    def _peer(self, addr: str) -> NodeClient:
+        p = self.peers.get(addr)
+        if p is None:
+            p = self.peers[addr] = NodeClient(addr, self.peer_cfg)
+        return p
+
+    # ------------------------------------------------------------ one pass
+
+    async def sweep(self) -> dict[str, int]:
+        """One pass over this node's blocks (after the one running, if any); its counts."""
+        async with self._lock:
+            return await self._sweep()
+
+    async def _sweep(self) -> dict[str, int]:
+        view = [m.node for m in self.membership.members]
+        ids = {n.id for n in view}
+        for gone in set(self.peers) - ids:
+            await self.peers.pop(gone).close()
+        done: Counter[str] = Counter()
+        t0 = time.monotonic()
+        if self.self_addr not in ids or len(view) < 2:
+            self.counters["passes_skipped"] += 1
+            return dict(done)
+        held: set[bytes] = set()
+        for t in self.node.tiers:
+            held.update(t.keys())
+        keys = sorted(held)
+        parent_of: dict[bytes, bytes] = {}
+        for batch in _batches(keys, self.cfg.batch_keys):
+            for k, (ns, p) in zip(batch, await node_orphans.parents(self.node, batch)):
+                if p is not None and p != ns:  # a chain's first block names its namespace
+                    parent_of[k] = p
+        done["blocks_checked"] = len(keys)
+        remote = sorted({p for p in parent_of.values() if not node_orphans.stored(self.node, p)})
+        present = await self._present_elsewhere(remote, view, done)
+        lost = [k for k, p in parent_of.items() if p not in present and not node_orphans.stored(self.node, p)]
+        doomed = _with_descendants(lost, parent_of)
+        found = node_orphans.orphan_bytes(self.node, doomed)
+        c = await node_orphans.drop(self.node, doomed)
+        done["orphans_found"] = len(doomed)
+        done["orphans_dropped"] = c["dropped"]
+        done["orphans_held"] = c["held"]
+        done["orphan_bytes_found"] = sum(found.values())
+        self.last_bytes = dict(found)
+        self.found_bytes.update(found)
+        self.counters.update(done)
+        self.counters["passes"] += 1
+        self.last_pass = {"seconds": round(time.monotonic() - t0, 3), "finished": time.time(), **done}
+        if doomed:
+            log.info("event=orphan_pass %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
+        return dict(done)
+
+    async def _present_elsewhere(
+        self, parents: list[bytes], view: list[Node], done: Counter[str]
+    ) -> set[bytes]:
+        """The ``parents`` some owner other than this node holds, or that cannot be told
+        (an owner that does not answer: present, so nothing is dropped on its silence)."""
+        ask: dict[str, list[bytes]] = defaultdict(list)
+        for p, order in zip(parents, rank_many(parents, view, self.replicas)):
+            for a in order[: self.replicas]:
+                if a != self.self_addr:
+                    ask[a].append(p)
+        present: set[bytes] = set()
+        for addr, ps in ask.items():
+            for batch in _batches(ps, self.cfg.batch_keys):
+                peer = self._peer(addr)
+                failed = _failures(peer)
+                tiers = await peer.exists([BlockKey(p) for p in batch], self.cfg.deadline_s)
+                if not peer.up or _failures(peer) != failed or len(tiers) != len(batch):
+                    done["owners_unreachable"] += 1
+                    present.update(batch)
+                    continue
+                present.update(p for p, t in zip(batch, tiers) if t is not None)
+                await asyncio.sleep(0)  # serving traffic runs between batches
+        return present
+
+    # ------------------------------------------------------------ progress
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since start and the last finished pass (JSON-able)."""
+        return {"totals": dict(self.counters), "last_pass": dict(self.last_pass)}
+
+    def register_metrics(self, registry: Any) -> None:
+        """``tierkv_orphans_<name>_total`` counters, ``tierkv_orphans_found_bytes_total{tier,
+        namespace}`` and the last pass's ``tierkv_orphans_last_pass_bytes{tier, namespace}`` on
+        ``registry`` (the daemon's: /metrics; the counters also in ``/v1/stats`` and
+        ``kvstore stats``)."""
+        registry.register(_OrphanCollector(self))
+
+
+def _failures(peer: NodeClient) -> int:
+    """The calls ``peer`` failed or skipped so far (an EXISTS that failed answers "absent")."""
+    c = peer.counters
+    return c["timeouts"] + c["errors"] + c["skipped"]
+
+
+def _with_descendants(lost: list[bytes], parent_of: dict[bytes, bytes]) -> list[bytes]:
+    """``lost`` and every key of ``parent_of`` below one of them (their chains on this node)."""
+    children: dict[bytes, list[bytes]] = defaultdict(list)
+    for k, p in parent_of.items():
+        children[p].append(k)
+    out, seen, todo = [], set(lost), list(lost)
+    while todo:
+        k = todo.pop()
+        out.append(k)
+        for c in children.get(k, ()):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return out
+
+
+class _OrphanCollector:
+    NAMES = (
+        "passes",
+        "blocks_checked",
+        "orphans_found",
+        "orphans_dropped",
+        "orphans_held",
+        "owners_unreachable",
+    )
+
+    def __init__(self, op: OrphanPass) -> None:
+        self.op = op
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for name in self.NAMES:
+            fam = CounterMetricFamily(f"tierkv_orphans_{name}", f"Orphan pass: {name.replace('_', ' ')}")
+            fam.add_metric([], self.op.counters[name])
+            yield fam
+        total = CounterMetricFamily(
+            "tierkv_orphans_found_bytes",
+            "Payload bytes of the blocks orphan passes found with no parent in the cluster, per "
+            "tier and namespace (evicted unless held)",
+            labels=["tier", "namespace"],
+        )
+        last = GaugeMetricFamily(
+            "tierkv_orphans_last_pass_bytes",
+            "Payload bytes of orphans the last pass found, per tier and namespace",
+            labels=["tier", "namespace"],
+        )
+        for (tier, ns), nbytes in sorted(self.op.found_bytes.items()):
+            total.add_metric([tier, ns], nbytes)
+            last.add_metric([tier, ns], self.op.last_bytes.get((tier, ns), 0))
+        yield total
+        yield last
+
+
+def _batches(items: list, n: int) -> Iterator[list]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]

@@ -1,0 +1,81 @@
+"""A node's side of the cluster's orphan pass (kvstore/client/orphans.py): reading its blocks'
+parents, and dropping the blocks the pass found orphaned.
+
+An orphan is a block whose parent is stored nowhere in the cluster: no hit prefix can reach
+it again (a lookup stops at the missing parent), so its bytes are wasted until it is evicted.
+Dropping one is an eviction (reason ``orphan``), not a delete: it leaves no tombstone, so a
+client that writes the chain again stores the block as new. A held (leased, in a copy) or
+pinned block stays where it is. Same threading rules as the node: one event loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from kvstore.node.tiers.index import header_fields
+
+
+async def parents(node, keys: Sequence[bytes]) -> list[tuple[bytes | None, bytes | None]]:
+    """Per key, ``(namespace, parent)`` from its stored header (the highest tier holding it;
+    ``(None, None)`` where the key is gone or its header does not parse). Memory tiers answer
+    from memory; the disk's blocks in one batched read."""
+    out: list[tuple[bytes | None, bytes | None]] = [(None, None)] * len(keys)
+    on_disk: list[int] = []
+    for i, k in enumerate(keys):
+        for t in node.memory:
+            if k in t:
+                out[i] = header_fields(t.header_sync(k))
+                break
+        else:
+            if node.disk is not None and k in node.disk:
+                on_disk.append(i)
+    if on_disk:
+        hdrs = await node.disk.read_headers([keys[i] for i in on_disk])
+        for i, h in zip(on_disk, hdrs):
+            out[i] = header_fields(h)
+    return out
+
+
+def stored(node, key: bytes) -> bool:
+    """Whether any tier of ``node`` holds ``key`` (deleted-while-held keys count as gone)."""
+    return key not in node.doomed and any(key in t for t in node.tiers)
+
+
+def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
+    """Bytes (payload and header) of ``keys`` per ``(tier, namespace hex)`` where they are
+    stored now (a block in two tiers counts in each)."""
+    c: Counter[tuple[str, str]] = Counter()
+    for k in keys:
+        for t in node.tiers:
+            if k in t:
+                ns = t.namespace(k)
+                c[(t.name, ns.hex() if ns is not None else "")] += t.payload_len(k)
+    return c
+
+
+async def drop(node, keys: Sequence[bytes]) -> Counter[str]:
+    """Evict ``keys`` from every tier of ``node`` as orphans: ``dropped`` (blocks), ``held``
+    (leased or pinned: kept). Node counters: ``evictions_<tier>`` and
+    ``evictions_<tier>_orphan``."""
+    c: Counter[str] = Counter()
+    protected = node.evictor.protected
+    on_disk: list[bytes] = []
+    for k in keys:
+        if not stored(node, k):
+            continue
+        if protected(k):
+            c["held"] += 1
+            continue
+        for t in node.memory:
+            if t.remove(k, evicted=True):
+                node.counters[f"evictions_{t.name}"] += 1
+                node.counters[f"evictions_{t.name}_orphan"] += 1
+        node.dirty.discard(k)
+        if node.disk is not None and k in node.disk:
+            on_disk.append(k)
+        c["dropped"] += 1
+    if on_disk:
+        gone = sum(await node.disk.delete(on_disk))
+        node.counters["evictions_disk_orphan"] += gone
+    return c
