@@ -10,7 +10,10 @@ blocks, the cluster's total: one node, or three nodes of a third each (rendezvou
 one copy). Tiers: ``dram`` (DRAM only) or ``dram+disk`` (DRAM a quarter of the capacity,
 disk all of it, write-through). Hit token ratio = hit tokens / input tokens; orphan ratio =
 blocks stored whose parent is stored nowhere, over capacity (time average in the
-simulation, at the end of the replay on daemons).
+simulation, at the end of the replay on daemons). Three nodes are a static cluster
+(``cluster.peers``) running the orphan pass (kvstore/client/orphans.py) every
+``--orphan-every`` requests, node after node (the daemons asked through
+``POST /v1/orphans/pass``, the simulation at the same points); ``--orphan-every 0``: none.
 
     python bench/trace.py                      # simulation sweep + daemon check, JSON + plot
     python bench/trace.py --quick              # fewer requests, fewer cells
@@ -24,6 +27,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -46,10 +50,10 @@ DEFAULT_POLICY = EvictionSection().policy
 
 
 def _sim_cell(args: tuple) -> dict:
-    trace, n_req, nodes, tiers, cap, policy = args
+    trace, n_req, nodes, tiers, cap, policy, every = args
     reqs = load_trace(trace, n_req)
     t0 = time.perf_counter()
-    r = simulate(reqs, nodes, cap, tiers, policy)
+    r = simulate(reqs, nodes, cap, tiers, policy, orphan_every=every)
     hits = r.hits["dram"] + r.hits["disk"]
     return {
         "trace": trace,
@@ -61,41 +65,86 @@ def _sim_cell(args: tuple) -> dict:
         "hit_token_ratio": round(r.hit_token_ratio, 5),
         "orphan_bytes_ratio": round(r.orphan_ratio, 5),
         "disk_hit_share": round(r.hits["disk"] / hits, 4) if hits else 0.0,
+        "orphan_pass_every": every if nodes > 1 else 0,
+        "orphans_evicted": r.orphans_evicted,
         "requests": len(reqs),
         "source": "simulation",
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
 
-def sweep_cells(traces: list[str], n_req: int | None, quick: bool) -> list[tuple]:
-    """Every policy at one node, DRAM only; LRU and the default for 3 nodes and two tiers."""
+def sweep_cells(
+    traces: list[str], n_req: int | None, quick: bool, every: int, policies: list[str]
+) -> list[tuple]:
+    """Every policy at one node, DRAM only; LRU and the default for 3 nodes and two tiers
+    (with the orphan pass every ``every`` requests, and once without it: the pass's effect)."""
     cells = []
     caps = [1000, 3000, 6000, None] if quick else CAPACITIES
+    two = sorted({"lru", DEFAULT_POLICY})
     for trace in traces:
         for nodes, tiers in [(1, "dram"), (3, "dram"), (1, "dram+disk"), (3, "dram+disk")]:
-            pols = POLICIES if (nodes, tiers) == (1, "dram") else sorted({"lru", DEFAULT_POLICY})
+            pols = policies if (nodes, tiers) == (1, "dram") else two
             for cap in caps:
-                for pol in pols if cap is not None else ["lru", DEFAULT_POLICY]:
-                    cells.append((trace, n_req, nodes, tiers, cap, pol))
+                for pol in pols if cap is not None else two:
+                    cells.append((trace, n_req, nodes, tiers, cap, pol, every if nodes > 1 else 0))
+                    if nodes > 1 and every and cap is not None:
+                        cells.append((trace, n_req, nodes, tiers, cap, pol, 0))
     return cells
 
 
 # ---------------------------------------------------------------- real daemons
 
 
-def _launch(wd: Path, per_node: int | None, tiers: str, policy: str, payload: int, hlen: int):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(
+    wd: Path,
+    per_node: int | None,
+    tiers: str,
+    policy: str,
+    payload: int,
+    hlen: int,
+    port: int,
+    peers: list[str],
+):
+    """One daemon; with ``peers`` (more than one node) a static cluster member whose orphan
+    pass runs only when asked (no repair: one copy, every block on its owner)."""
     from tests.daemonutil import launch_daemon
 
     blocks = per_node if tiers == "dram" else max(per_node // 4, 1)
     dram = {"capacity": max(blocks, 2) * payload, "slab_size": payload}
-    sections = {"dram": dram, "eviction": {"policy": policy}, "node": {"lease_ttl_s": 30.0}}
+    sections: dict = {"dram": dram, "eviction": {"policy": policy}, "node": {"lease_ttl_s": 30.0}}
+    sections["server"] = {"data_port": port}
+    if len(peers) > 1:
+        sections["cluster"] = {"peers": peers}
+        sections["repair"] = {"enabled": False, "replicas": 1}
+        sections["orphans"] = {"interval_s": 1e6, "deadline_s": 120.0}
     if tiers == "dram":
         return launch_daemon(wd, use_disk=False, **sections)
     disk = {"capacity": per_node * (payload + hlen), "sync": False}
     return launch_daemon(wd, use_disk=True, disk=disk, **sections)
 
 
-async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) -> dict:
+async def _orphan_passes(admins: list[str]) -> int:
+    """One orphan pass on each node in turn (node order); the blocks they evicted."""
+    import aiohttp
+
+    n = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        for admin in admins:
+            async with http.post(admin + "/v1/orphans/pass", json={}) as r:
+                r.raise_for_status()
+                n += (await r.json())["orphans_dropped"]
+    return n
+
+
+async def _replay_daemons(
+    reqs, addrs: list[str], admins: list[str], payload: int, speedup: float, every: int
+) -> dict:
     from kvstore.client import open as open_store
 
     ns = trace_namespace()
@@ -114,11 +163,11 @@ async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) 
     )
     body = bytes(payload)
     parent_of: dict[bytes, bytes] = {}
-    out = {"input_tokens": 0, "hit_tokens": 0, "hits": {"dram": 0, "disk": 0}, "get_miss": 0}
+    out = {"input_tokens": 0, "hit_tokens": 0, "hits": {"dram": 0, "disk": 0}, "get_miss": 0, "evicted": 0}
     bufs = [bytearray(payload) for _ in range(256)]
     t_start, ts0 = time.monotonic(), reqs[0].timestamp_ms if reqs else 0
     try:
-        for req in reqs:
+        for n, req in enumerate(reqs):
             if speedup:
                 wait = (req.timestamp_ms - ts0) / 1000 / speedup - (time.monotonic() - t_start)
                 if wait > 0:
@@ -157,6 +206,8 @@ async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) 
                 blocks.append((h, body))
             if blocks:
                 await store.put(blocks)
+            if every and len(addrs) > 1 and (n + 1) % every == 0:
+                out["evicted"] += await _orphan_passes(admins)
         stored: set[bytes] = set()
         known = list(parent_of)
         for start in range(0, len(known), 2048):
@@ -173,7 +224,15 @@ async def _replay_daemons(reqs, addrs: list[str], payload: int, speedup: float) 
 
 
 def daemon_cell(
-    trace: str, n_req: int, nodes: int, tiers: str, cap: int, policy: str, payload: int, speedup: float
+    trace: str,
+    n_req: int,
+    nodes: int,
+    tiers: str,
+    cap: int,
+    policy: str,
+    payload: int,
+    speedup: float,
+    every: int,
 ):
     """Replay on ``nodes`` real daemons; the simulation of the same requests over the same
     node addresses beside it."""
@@ -187,17 +246,19 @@ def daemon_cell(
     wd = Path(tempfile.mkdtemp(prefix="tierkv-trace-"))
     daemons = []
     try:
+        ports = [_free_port() for _ in range(nodes)]
+        peers = [f"127.0.0.1:{p}" for p in ports]
         for i in range(nodes):
-            daemons.append(_launch(wd / f"n{i}", cap // nodes, tiers, policy, payload, hlen))
+            daemons.append(_launch(wd / f"n{i}", cap // nodes, tiers, policy, payload, hlen, ports[i], peers))
         addrs = [d.addr for d in daemons]
         t0 = time.perf_counter()
-        got = asyncio.run(_replay_daemons(reqs, addrs, payload, speedup))
+        got = asyncio.run(_replay_daemons(reqs, addrs, [d.admin for d in daemons], payload, speedup, every))
         secs = time.perf_counter() - t0
     finally:
         for d in daemons:
             d.stop()
         shutil.rmtree(wd, ignore_errors=True)
-    sim = simulate(reqs, nodes, cap, tiers, policy, ids=addrs, sample_every=0)
+    sim = simulate(reqs, nodes, cap, tiers, policy, ids=addrs, sample_every=0, orphan_every=every)
     hits = got["hits"]["dram"] + got["hits"]["disk"]
     ratio = got["hit_tokens"] / got["input_tokens"]
     return {
@@ -210,9 +271,12 @@ def daemon_cell(
         "hit_token_ratio": round(ratio, 5),
         "orphan_bytes_ratio": round(got["orphans"] / cap, 5),
         "disk_hit_share": round(got["hits"]["disk"] / hits, 4) if hits else 0.0,
+        "orphan_pass_every": every if nodes > 1 else 0,
+        "orphans_evicted": got["evicted"],
         "requests": len(reqs),
         "source": "daemons",
         "simulated_hit_token_ratio": round(sim.hit_token_ratio, 5),
+        "simulated_orphans_evicted": sim.orphans_evicted,
         "delta_pp": round(100 * (ratio - sim.hit_token_ratio), 3),
         "get_misses": got["get_miss"],
         "seconds": round(secs, 1),
@@ -225,6 +289,7 @@ DAEMON_CELLS = [  # (nodes, tiers, capacity, policy): the default against LRU wh
     (3, "dram", 3000, "lru"),
     (3, "dram", 3000, DEFAULT_POLICY),
     (1, "dram+disk", 3000, DEFAULT_POLICY),
+    (3, "dram+disk", 3000, DEFAULT_POLICY),
 ]
 
 
@@ -233,12 +298,12 @@ DAEMON_CELLS = [  # (nodes, tiers, capacity, policy): the default against LRU wh
 
 def table(rows: list[dict]) -> str:
     lines = [
-        f"{'trace':<13}{'nodes':>6} {'tiers':<10}{'capacity':>9} {'policy':<11}{'hit':>8}{'orphan':>8}{'disk':>7}  src"
+        f"{'trace':<13}{'nodes':>6} {'tiers':<10}{'capacity':>9} {'policy':<11}{'pass':>5}{'hit':>8}{'orphan':>8}{'disk':>7}  src"
     ]
     for r in rows:
         cap = "unlim" if r["capacity_blocks"] is None else str(r["capacity_blocks"])
         lines.append(
-            f"{r['trace']:<13}{r['nodes']:>6} {r['tiers']:<10}{cap:>9} {r['policy']:<11}"
+            f"{r['trace']:<13}{r['nodes']:>6} {r['tiers']:<10}{cap:>9} {r['policy']:<11}{r.get('orphan_pass_every', 0):>5}"
             f"{r['hit_token_ratio']:>8.4f}{r['orphan_bytes_ratio']:>8.4f}{r['disk_hit_share']:>7.3f}  "
             + (
                 r["source"]
@@ -261,6 +326,8 @@ def plot(rows: list[dict], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.2), squeeze=False)
     for ax, trace in zip(axes[0], traces):
         sel = [r for r in rows if r["trace"] == trace and r["source"] == "simulation"]
+        if any(r.get("orphan_pass_every") for r in sel):  # 3 nodes as the daemons run them
+            sel = [r for r in sel if r["nodes"] == 1 or r.get("orphan_pass_every")]
         caps = sorted({r["capacity_blocks"] for r in sel if r["capacity_blocks"] is not None})
         series = sorted({(r["nodes"], r["tiers"], r["policy"]) for r in sel})
         for nodes, tiers, pol in series:
@@ -297,6 +364,11 @@ def main() -> None:
     ap.add_argument("--speedup", type=float, default=0.0, help="replay timestamps / SPEEDUP (0: no waits)")
     ap.add_argument("--quick", action="store_true", help="2,000 requests, 4 capacities, 300 per daemon cell")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument(
+        "--orphan-every", type=int, default=10, help="requests between orphan passes on 3 nodes (0: none)"
+    )
+    ap.add_argument("--policies", default="", help="one-node DRAM policies to sweep (default: all)")
+    ap.add_argument("--no-sweep", action="store_true", help="only the daemon cells")
     ap.add_argument("--json", default=str(REPO / "docs/results/trace.json"))
     ap.add_argument("--plot", default=str(REPO / "docs/trace.png"))
     ap.add_argument(
@@ -307,19 +379,28 @@ def main() -> None:
     n_req = 2000 if a.quick else (a.requests or None)
     d_req = 300 if a.quick else a.daemon_requests
     load = os.getloadavg()[0]
-    cells = [c for c in sweep_cells(traces, n_req, a.quick) if not a.only_tiers or c[3] == a.only_tiers]
-    with ProcessPoolExecutor(a.jobs) as pool:
-        rows = list(pool.map(_sim_cell, cells))
+    pols = a.policies.split(",") if a.policies else POLICIES
+    cells = sweep_cells(traces, n_req, a.quick, a.orphan_every, pols)
+    cells = [c for c in cells if not a.only_tiers or c[3] == a.only_tiers]
+    cells.sort(key=lambda c: -(c[4] or 10**6))  # the slowest (largest) first: the pool ends together
+    rows = []
+    if not a.no_sweep:
+        with ProcessPoolExecutor(a.jobs) as pool:
+            rows = list(pool.map(_sim_cell, cells))
     if d_req:
         for nodes, tiers, cap, pol in DAEMON_CELLS:
-            rows.append(daemon_cell("conversation", d_req, nodes, tiers, cap, pol, a.payload, a.speedup))
-    if a.only_tiers and Path(a.json).exists():  # keep the other rows of the last full run
-        ident = ("trace", "nodes", "tiers", "capacity_blocks", "policy", "source")
-        fresh = {tuple(r[k] for k in ident) for r in rows}
-        old = [r for r in json.loads(Path(a.json).read_text()) if tuple(r[k] for k in ident) not in fresh]
-        order = {tuple(r[k] for k in ident): i for i, r in enumerate(old + rows)}
+            rows.append(
+                daemon_cell(
+                    "conversation", d_req, nodes, tiers, cap, pol, a.payload, a.speedup, a.orphan_every
+                )
+            )
+    if (a.only_tiers or a.no_sweep) and Path(a.json).exists():  # keep the other rows of the last run
+        ident = ("trace", "nodes", "tiers", "capacity_blocks", "policy", "source", "orphan_pass_every")
+        fresh = {tuple(r.get(k) for k in ident) for r in rows}
+        old = [r for r in json.loads(Path(a.json).read_text()) if tuple(r.get(k) for k in ident) not in fresh]
+        order = {tuple(r.get(k) for k in ident): i for i, r in enumerate(old + rows)}
         rows = sorted(
-            old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r[k] for k in ident)])
+            old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r.get(k) for k in ident)])
         )
     print(table(rows))
     print(

@@ -9,7 +9,11 @@ the client's rendezvous placement (kvstore.client.placement.rank_many, one copy)
 runs the same requests on real daemons and compares.
 
 Orphans: blocks stored somewhere in the cluster whose parent is stored nowhere (they can
-never be part of a hit prefix again). Measured every ``sample_every`` requests.
+never be part of a hit prefix again). Measured every ``sample_every`` requests. On more than
+one node, every ``orphan_every`` requests each node in turn (in node-id order) runs the orphan
+pass the daemons run (kvstore/client/orphans.py; bench/trace.py asks the daemons for it at the
+same points): it evicts its blocks whose parent is on neither the parent's owner nor itself,
+with their chains below them on the node.
 """
 
 from __future__ import annotations
@@ -196,6 +200,7 @@ class Replay:
     hit_tokens: int = 0
     hits: dict = field(default_factory=lambda: {"dram": 0, "disk": 0})
     orphan_samples: list = field(default_factory=list)
+    orphans_evicted: int = 0  # by the orphan passes
 
     @property
     def hit_token_ratio(self) -> float:
@@ -204,6 +209,34 @@ class Replay:
     @property
     def orphan_ratio(self) -> float:
         return sum(self.orphan_samples) / len(self.orphan_samples) if self.orphan_samples else 0.0
+
+
+def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, root: bytes) -> int:
+    """The orphan pass of ``node`` (see the module docstring); the blocks it evicted."""
+    s = sims[node]
+    lost = [
+        k
+        for k, p in s.parent.items()
+        if p != root and s.has(k) and not s.has(p) and not sims[owner[p]].has(p)
+    ]
+    if not lost:
+        return 0
+    kids: dict[bytes, list[bytes]] = {}
+    for k, p in s.parent.items():
+        if s.has(k):
+            kids.setdefault(p, []).append(k)
+    doomed, todo = set(lost), list(lost)
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            if c not in doomed:
+                doomed.add(c)
+                todo.append(c)
+    for k in doomed:
+        s.dram.remove(k)
+        if s.disk is not None:
+            s.disk.remove(k)
+        s._forget_if_gone(k)
+    return len(doomed)
 
 
 def node_ids(n: int) -> list[str]:
@@ -219,10 +252,13 @@ def simulate(
     probation: float = 0.1,
     ids: list[str] | None = None,
     sample_every: int = 200,
+    orphan_every: int = 0,
 ) -> Replay:
     """Replay ``requests`` over ``nodes`` simulated nodes holding ``capacity`` blocks in all
     (None: unlimited). ``tiers``: "dram" (DRAM only) or "dram+disk" (DRAM holds a quarter
-    of ``capacity``, disk all of it, write-through). Orphans are counted against capacity."""
+    of ``capacity``, disk all of it, write-through). Orphans are counted against capacity.
+    ``orphan_every``: requests between two orphan passes on more than one node (0: none; an
+    unlimited cluster evicts nothing, so its passes would find nothing and are skipped)."""
     ids = ids or node_ids(nodes)
     per = None if capacity is None else capacity // nodes
     dram = per if tiers == "dram" else (None if per is None else max(per // 4, 1))
@@ -254,6 +290,9 @@ def simulate(
             batches.setdefault(owner[k], []).append((k, p))
         for node, items in batches.items():
             sims[node].put(items)
+        if orphan_every and nodes > 1 and capacity is not None and (n + 1) % orphan_every == 0:
+            for i in ids:
+                out.orphans_evicted += orphan_pass(sims, owner, i, root)
         if sample_every and (n + 1) % sample_every == 0 and capacity is not None:
             out.orphan_samples.append(orphan_blocks(sims, root) / capacity)
     for s in sims.values():
