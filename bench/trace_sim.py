@@ -4,7 +4,8 @@ Each simulated node runs the real eviction orders (kvstore.node.tiers.order) ove
 operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
 prefix (a read touches; a disk hit moves into DRAM when that evicts only blocks disk also
 holds), PUT of the request's new full blocks (room made in DRAM by moving victims down to
-disk, write-through to disk, which evicts its own victims). Keys are placed over nodes by
+disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
+which evicts its own victims). Keys are placed over nodes by
 the client's rendezvous placement (kvstore.client.placement.rank_many, one copy). bench/trace.py
 runs the same requests on real daemons and compares.
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvstore.client.placement import Node, rank_many  # noqa: E402
 from kvstore.keys import BlockKey, Namespace  # noqa: E402
+from kvstore.node.depth_order import commit_order  # noqa: E402
 from kvstore.node.tiers.order import make_order  # noqa: E402
 
 BLOCK_TOKENS = 512  # the traces' block size
@@ -137,7 +139,9 @@ class SimNode:
 
     def put(self, items: list[tuple[bytes, bytes]]) -> None:
         """One PUT of (key, parent) blocks: each reserved in DRAM in turn (room made by moving
-        victims down), then written through to disk in one batch, as the node does."""
+        victims down), then committed deepest first (kvstore/node/depth_order.py: the last run
+        of consecutive blocks first) and written through to disk in one batch in that order,
+        as the node does."""
         new = []
         for key, parent in items:
             if self.has(key):
@@ -156,7 +160,8 @@ class SimNode:
             self.dram.reserved += 1
             new.append((key, parent))
         self.dram.reserved = 0
-        for key, parent in new:  # committed in order
+        new = [new[i] for i in commit_order([k for k, _ in new], [p for _, p in new])]
+        for key, parent in new:  # committed deepest first
             self.dram.add(key, parent)
         if self.disk is not None and new:
             self._disk_put(new)

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from kvstore.block import BlockHeader, checksum
+from kvstore.node.depth_order import commit_order
 from kvstore.node.leases import LeaseTable, Reservation
 from kvstore.node.tiers.base import SlotTier, Tier
 from kvstore.node.tiers.tasks import Finishing, to_the_end
@@ -130,17 +131,22 @@ class Writer:
         """Verify each reservation's payload against its header checksum, index it, and
         (write-through) store it on disk in one transaction. INVALID for a reservation that
         is no longer live or whose bytes do not match; durable when synced to disk."""
-        results: list[PutResult] = []
+        results: list[PutResult] = [None] * len(reservations)  # type: ignore[list-item]
         to_disk: list[tuple[int, Reservation]] = []
-        for r in reservations:
+        # deepest first (kvstore/node/depth_order.py): the same tie-break on every node
+        order = commit_order(
+            [r.header.key.raw for r in reservations], [r.header.parent.raw for r in reservations]
+        )
+        for i in order:
+            r = reservations[i]
             key = r.header.key.raw
             if not self._leases.pop_reservation(r):
-                results.append(PutResult(Status.INVALID))  # expired or already done
+                results[i] = PutResult(Status.INVALID)  # expired or already done
                 continue
             if checksum(r.view) != r.header.checksum:
                 self.free(r)
                 self._counters["put_invalid"] += 1
-                results.append(PutResult(Status.INVALID))
+                results[i] = PutResult(Status.INVALID)
                 continue
             if r.tier is not None:
                 tier = self._memory[r.tier]
@@ -152,10 +158,9 @@ class Writer:
                 if self._disk is None or self._write_back:
                     if self._disk is not None:
                         self._dirty.add(key)
-                    results.append(PutResult(Status.STORED, r.tier, False))
+                    results[i] = PutResult(Status.STORED, r.tier, False)
                     continue
-            results.append(None)  # type: ignore[arg-type]
-            to_disk.append((len(results) - 1, r))
+            to_disk.append((i, r))
         if to_disk:
             await self._write_through(to_disk, results)
         return results
