@@ -135,6 +135,7 @@ class OrphanPass:
             for k, (ns, p) in zip(batch, await node_orphans.parents(self.node, batch)):
                 if p is not None and p != ns:  # a chain's first block names its namespace
                     parent_of[k] = p
+            await asyncio.sleep(0)  # serving traffic runs between batches
         done["blocks_checked"] = len(keys)
         remote = sorted({p for p in parent_of.values() if not node_orphans.stored(self.node, p)})
         present = await self._present_elsewhere(remote, view, done)
