@@ -79,7 +79,7 @@ async def test_a_block_whose_parent_was_evicted_goes_first(cfg_factory, policy):
         await node.close()
 
 
-@pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc"])
+@pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc", "prefix-marginal"])
 async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
     """A 6-block prefix read back twice, then a one-off scan of 60 blocks never read: the
     scan-resistant policies keep the prefix; per-block LRU (checked alongside) loses it."""

@@ -22,6 +22,9 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   Modha 2003): a key coming back after eviction from probation grows it, one coming back
   after eviction from the main segment shrinks it (``probation`` is where it starts). So it
   resists scans where they cost hits and tends to LRU where reuse distances are long.
+- ``prefix-marginal``: ``prefix-2q`` whose probation share follows near misses only (keys
+  coming back soon after they left a segment: the marginal hits of a larger probation or a
+  larger main segment), see kvstore.node.tiers.order_marginal.
 
 Contract: ``add`` (stored, most recently used), ``touch`` (read), ``discard`` (gone);
 ``candidates()`` yields stored keys in eviction order, each once; the tier may discard or
@@ -36,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Generator
 from typing import Protocol
 
-POLICIES = ("lru", "prefix-lru", "prefix-2q", "prefix-arc")
+POLICIES = ("lru", "prefix-lru", "prefix-2q", "prefix-arc", "prefix-marginal")
 
 # The adaptive probation share stays within these bounds (prefix-arc); per ghost hit it moves
 # by ARC's step (a block's worth times the ratio of the other ghost list's length to this
@@ -291,7 +294,8 @@ class PrefixLruOrder:
 
 def make_order(policy: str, probation: float = 0.1, ghosts: float = 4.0) -> EvictionOrder:
     """The order of a policy named in ``POLICIES`` (ValueError naming it otherwise);
-    ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``prefix-2q`` only)."""
+    ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
+    ``prefix-marginal``'s, whose share starts at one half)."""
     if policy == "lru":
         return LruOrder()
     if policy == "prefix-lru":
@@ -300,4 +304,8 @@ def make_order(policy: str, probation: float = 0.1, ghosts: float = 4.0) -> Evic
         return PrefixLruOrder(probation, ghosts)
     if policy == "prefix-arc":
         return PrefixLruOrder(probation, ghosts, adaptive=True)
+    if policy == "prefix-marginal":
+        from kvstore.node.tiers.order_marginal import MarginalOrder  # it builds on this module
+
+        return MarginalOrder(ghosts)
     raise ValueError(f"eviction policy {policy!r} is not one of {POLICIES}")
