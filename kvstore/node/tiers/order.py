@@ -132,7 +132,9 @@ class PrefixLruOrder:
     """``prefix-lru`` (``probation`` 0), ``prefix-2q`` (``probation`` in (0, 1)) or, with
     ``adaptive``, ``prefix-arc``; see the module docstring."""
 
-    def __init__(self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False) -> None:
+    def __init__(
+        self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False, orphans: bool = True
+    ) -> None:
         if not 0.0 <= probation < 1.0:
             raise ValueError(f"probation {probation!r} is not in [0, 1)")
         if ghosts < 0:
@@ -152,6 +154,7 @@ class PrefixLruOrder:
         self.ghost_hits = 0
         self.orphans_added = 0
         self.orphans: set[bytes] = set()  # stored here, parent evicted from here, not read since
+        self.marks_orphans = orphans
 
     def __len__(self) -> int:
         return len(self._at)
@@ -189,7 +192,11 @@ class PrefixLruOrder:
         if parent is not None:
             self._parent[key] = parent
             self._kids[parent] = self._kids.get(parent, 0) + 1
-            gone = parent not in self._at and (parent in self._ghosts or parent in self._main_ghosts)
+            gone = (
+                self.marks_orphans
+                and parent not in self._at
+                and (parent in self._ghosts or parent in self._main_ghosts)
+            )
             orphan = gone or parent in self.orphans
             self.orphans_added += orphan
         self._stamp(key, orphan)
@@ -266,7 +273,9 @@ class PrefixLruOrder:
                 if m is None and p is None:
                     return
                 over = prob_left > self.probation * total_left
-                take_prob = p is not None and (m is None or over or p[0] < m[0])
+                # orphans (negative ticks) go first from either segment, then probation
+                # while it is over its share, else the older leaf
+                take_prob = p is not None and (m is None or p[0] < m[0] or (over and m[0] > 0))
                 e = p if take_prob else m
                 heads[1 if take_prob else 0] = None
                 prob_left -= take_prob
@@ -292,20 +301,24 @@ class PrefixLruOrder:
         }
 
 
-def make_order(policy: str, probation: float = 0.1, ghosts: float = 4.0) -> EvictionOrder:
+def make_order(
+    policy: str, probation: float = 0.1, ghosts: float = 4.0, orphans: bool = True
+) -> EvictionOrder:
     """The order of a policy named in ``POLICIES`` (ValueError naming it otherwise);
     ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
-    ``prefix-marginal``'s, whose share starts at one half)."""
+    ``prefix-marginal``'s, whose share starts at one half). ``orphans``: whether a block whose
+    parent this tier evicted is an orphan (first to go); only the node's top tier knows that
+    (below it the parent may still be in a tier above: a DRAM hit does not touch the disk copy)."""
     if policy == "lru":
         return LruOrder()
     if policy == "prefix-lru":
-        return PrefixLruOrder(0.0, min(ghosts, 1.0))  # ghosts only to know orphans
+        return PrefixLruOrder(0.0, min(ghosts, 1.0), orphans=orphans)  # ghosts only to know orphans
     if policy == "prefix-2q":
-        return PrefixLruOrder(probation, ghosts)
+        return PrefixLruOrder(probation, ghosts, orphans=orphans)
     if policy == "prefix-arc":
-        return PrefixLruOrder(probation, ghosts, adaptive=True)
+        return PrefixLruOrder(probation, ghosts, adaptive=True, orphans=orphans)
     if policy == "prefix-marginal":
         from kvstore.node.tiers.order_marginal import MarginalOrder  # it builds on this module
 
-        return MarginalOrder(ghosts)
+        return MarginalOrder(ghosts, orphans)
     raise ValueError(f"eviction policy {policy!r} is not one of {POLICIES}")
