@@ -10,8 +10,9 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   and no block outlives its prefix on the tier. A block whose children all went becomes a
   candidate at its own last use. A block stored while its parent is among the tier's recent
   evictions (the ghosts below), or is an orphan itself, is an orphan -- it cannot be part of
-  a hit prefix here -- and goes first (an orphan chain from its tail); read, it is a block
-  like any other.
+  a hit prefix here -- and goes first, from either segment (an orphan chain from its tail);
+  read, it is a block like any other. Only the node's top tier marks orphans (``orphans``
+  of :func:`make_order`).
 - ``prefix-2q``: ``prefix-lru`` with a probation segment (2Q, Johnson and Shasha 1994): a new
   block is on probation until it is read; while probation holds more than ``probation`` of
   the tier's blocks, its oldest leaf goes first, so a one-off scan (a long prompt never read
