@@ -84,7 +84,7 @@ class SimTier:
         self, name: str, capacity: int | None, policy: str, probation: float, top: bool = True
     ) -> None:
         self.name, self.capacity = name, capacity
-        self.order = make_order(policy, probation, orphans=top)  # as kvstore.node.tiers.build
+        self.order = make_order(policy, probation, marks_orphans=top)  # as kvstore.node.tiers.build
         self.keys: set[bytes] = set()
         self.reserved = 0  # slots taken by a PUT not committed yet
 

@@ -11,7 +11,7 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   candidate at its own last use. A block stored while its parent is among the tier's recent
   evictions (the ghosts below), or is an orphan itself, is an orphan -- it cannot be part of
   a hit prefix here -- and goes first, from either segment (an orphan chain from its tail);
-  read, it is a block like any other. Only the node's top tier marks orphans (``orphans``
+  read, it is a block like any other. Only the node's top tier marks orphans (``marks_orphans``
   of :func:`make_order`).
 - ``prefix-2q``: ``prefix-lru`` with a probation segment (2Q, Johnson and Shasha 1994): a new
   block is on probation until it is read; while probation holds more than ``probation`` of
@@ -134,7 +134,7 @@ class PrefixLruOrder:
     ``adaptive``, ``prefix-arc``; see the module docstring."""
 
     def __init__(
-        self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False, orphans: bool = True
+        self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False, marks_orphans: bool = True
     ) -> None:
         if not 0.0 <= probation < 1.0:
             raise ValueError(f"probation {probation!r} is not in [0, 1)")
@@ -155,7 +155,7 @@ class PrefixLruOrder:
         self.ghost_hits = 0
         self.orphans_added = 0
         self.orphans: set[bytes] = set()  # stored here, parent evicted from here, not read since
-        self.marks_orphans = orphans
+        self.marks_orphans = marks_orphans
 
     def __len__(self) -> int:
         return len(self._at)
@@ -303,23 +303,25 @@ class PrefixLruOrder:
 
 
 def make_order(
-    policy: str, probation: float = 0.1, ghosts: float = 4.0, orphans: bool = True
+    policy: str, probation: float = 0.1, ghosts: float = 4.0, marks_orphans: bool = True
 ) -> EvictionOrder:
     """The order of a policy named in ``POLICIES`` (ValueError naming it otherwise);
     ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
-    ``prefix-marginal``'s, whose share starts at one half). ``orphans``: whether a block whose
+    ``prefix-marginal``'s, whose share starts at one half). ``marks_orphans``: whether a block whose
     parent this tier evicted is an orphan (first to go); only the node's top tier knows that
     (below it the parent may still be in a tier above: a DRAM hit does not touch the disk copy)."""
     if policy == "lru":
         return LruOrder()
     if policy == "prefix-lru":
-        return PrefixLruOrder(0.0, min(ghosts, 1.0), orphans=orphans)  # ghosts only to know orphans
+        return PrefixLruOrder(
+            0.0, min(ghosts, 1.0), marks_orphans=marks_orphans
+        )  # ghosts only to know orphans
     if policy == "prefix-2q":
-        return PrefixLruOrder(probation, ghosts, orphans=orphans)
+        return PrefixLruOrder(probation, ghosts, marks_orphans=marks_orphans)
     if policy == "prefix-arc":
-        return PrefixLruOrder(probation, ghosts, adaptive=True, orphans=orphans)
+        return PrefixLruOrder(probation, ghosts, adaptive=True, marks_orphans=marks_orphans)
     if policy == "prefix-marginal":
         from kvstore.node.tiers.order_marginal import MarginalOrder  # it builds on this module
 
-        return MarginalOrder(ghosts, orphans)
+        return MarginalOrder(ghosts, marks_orphans)
     raise ValueError(f"eviction policy {policy!r} is not one of {POLICIES}")

@@ -46,11 +46,11 @@ _PROBATION, _MAIN = 0, 1
 
 
 class MarginalOrder(PrefixLruOrder):
-    """``prefix-marginal`` (module docstring); ``ghosts``, ``orphans``: as
+    """``prefix-marginal`` (module docstring); ``ghosts``, ``marks_orphans``: as
     :class:`PrefixLruOrder`'s."""
 
-    def __init__(self, ghosts: float = 4.0, orphans: bool = True) -> None:
-        super().__init__(_START_SHARE, ghosts, orphans=orphans)
+    def __init__(self, ghosts: float = 4.0, marks_orphans: bool = True) -> None:
+        super().__init__(_START_SHARE, ghosts, marks_orphans=marks_orphans)
         self.policy = "prefix-marginal"
         self._evictions = [0, 0]  # blocks that left probation, main (each ghost keeps its count)
         self.near_misses = [0, 0]
