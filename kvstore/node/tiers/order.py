@@ -10,8 +10,9 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   and no block outlives its prefix on the tier. A block whose children all went becomes a
   candidate at its own last use. A block stored while its parent is among the tier's recent
   evictions (the ghosts below), or is an orphan itself, is an orphan -- it cannot be part of
-  a hit prefix here -- and goes first (an orphan chain from its tail); read, it is a block
-  like any other.
+  a hit prefix here -- and goes first, from either segment (an orphan chain from its tail);
+  read, it is a block like any other. Only the node's top tier marks orphans (``marks_orphans``
+  of :func:`make_order`).
 - ``prefix-2q``: ``prefix-lru`` with a probation segment (2Q, Johnson and Shasha 1994): a new
   block is on probation until it is read; while probation holds more than ``probation`` of
   the tier's blocks, its oldest leaf goes first, so a one-off scan (a long prompt never read
@@ -22,6 +23,9 @@ kvstore.node.eviction) and decides where they go. Policies (``[eviction] policy`
   Modha 2003): a key coming back after eviction from probation grows it, one coming back
   after eviction from the main segment shrinks it (``probation`` is where it starts). So it
   resists scans where they cost hits and tends to LRU where reuse distances are long.
+- ``prefix-marginal``: ``prefix-2q`` whose probation share follows near misses only (keys
+  coming back soon after they left a segment: the marginal hits of a larger probation or a
+  larger main segment), see kvstore.node.tiers.order_marginal.
 
 Contract: ``add`` (stored, most recently used), ``touch`` (read), ``discard`` (gone);
 ``candidates()`` yields stored keys in eviction order, each once; the tier may discard or
@@ -36,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Generator
 from typing import Protocol
 
-POLICIES = ("lru", "prefix-lru", "prefix-2q", "prefix-arc")
+POLICIES = ("lru", "prefix-lru", "prefix-2q", "prefix-arc", "prefix-marginal")
 
 # The adaptive probation share stays within these bounds (prefix-arc); per ghost hit it moves
 # by ARC's step (a block's worth times the ratio of the other ghost list's length to this
@@ -129,7 +133,9 @@ class PrefixLruOrder:
     """``prefix-lru`` (``probation`` 0), ``prefix-2q`` (``probation`` in (0, 1)) or, with
     ``adaptive``, ``prefix-arc``; see the module docstring."""
 
-    def __init__(self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False) -> None:
+    def __init__(
+        self, probation: float = 0.0, ghosts: float = 4.0, adaptive: bool = False, marks_orphans: bool = True
+    ) -> None:
         if not 0.0 <= probation < 1.0:
             raise ValueError(f"probation {probation!r} is not in [0, 1)")
         if ghosts < 0:
@@ -149,6 +155,7 @@ class PrefixLruOrder:
         self.ghost_hits = 0
         self.orphans_added = 0
         self.orphans: set[bytes] = set()  # stored here, parent evicted from here, not read since
+        self.marks_orphans = marks_orphans
 
     def __len__(self) -> int:
         return len(self._at)
@@ -186,7 +193,11 @@ class PrefixLruOrder:
         if parent is not None:
             self._parent[key] = parent
             self._kids[parent] = self._kids.get(parent, 0) + 1
-            gone = parent not in self._at and (parent in self._ghosts or parent in self._main_ghosts)
+            gone = (
+                self.marks_orphans
+                and parent not in self._at
+                and (parent in self._ghosts or parent in self._main_ghosts)
+            )
             orphan = gone or parent in self.orphans
             self.orphans_added += orphan
         self._stamp(key, orphan)
@@ -263,7 +274,9 @@ class PrefixLruOrder:
                 if m is None and p is None:
                     return
                 over = prob_left > self.probation * total_left
-                take_prob = p is not None and (m is None or over or p[0] < m[0])
+                # orphans (negative ticks) go first from either segment, then probation
+                # while it is over its share, else the older leaf
+                take_prob = p is not None and (m is None or p[0] < m[0] or (over and m[0] > 0))
                 e = p if take_prob else m
                 heads[1 if take_prob else 0] = None
                 prob_left -= take_prob
@@ -289,15 +302,26 @@ class PrefixLruOrder:
         }
 
 
-def make_order(policy: str, probation: float = 0.1, ghosts: float = 4.0) -> EvictionOrder:
+def make_order(
+    policy: str, probation: float = 0.1, ghosts: float = 4.0, marks_orphans: bool = True
+) -> EvictionOrder:
     """The order of a policy named in ``POLICIES`` (ValueError naming it otherwise);
-    ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``prefix-2q`` only)."""
+    ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
+    ``prefix-marginal``'s, whose share starts at one half). ``marks_orphans``: whether a block whose
+    parent this tier evicted is an orphan (first to go); only the node's top tier knows that
+    (below it the parent may still be in a tier above: a DRAM hit does not touch the disk copy)."""
     if policy == "lru":
         return LruOrder()
     if policy == "prefix-lru":
-        return PrefixLruOrder(0.0, min(ghosts, 1.0))  # ghosts only to know orphans
+        return PrefixLruOrder(
+            0.0, min(ghosts, 1.0), marks_orphans=marks_orphans
+        )  # ghosts only to know orphans
     if policy == "prefix-2q":
-        return PrefixLruOrder(probation, ghosts)
+        return PrefixLruOrder(probation, ghosts, marks_orphans=marks_orphans)
     if policy == "prefix-arc":
-        return PrefixLruOrder(probation, ghosts, adaptive=True)
+        return PrefixLruOrder(probation, ghosts, adaptive=True, marks_orphans=marks_orphans)
+    if policy == "prefix-marginal":
+        from kvstore.node.tiers.order_marginal import MarginalOrder  # it builds on this module
+
+        return MarginalOrder(ghosts, marks_orphans)
     raise ValueError(f"eviction policy {policy!r} is not one of {POLICIES}")
