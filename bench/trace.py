@@ -43,9 +43,10 @@ from trace_sim import BLOCK_TOKENS, ChainKeys, load_trace, simulate, trace_names
 from kvstore.block import make_header  # noqa: E402
 from kvstore.config import EvictionSection  # noqa: E402
 from kvstore.keys import BlockKey  # noqa: E402
+from kvstore.node.tiers.order import POLICIES as ORDER_POLICIES  # noqa: E402
 
 CAPACITIES: list[int | None] = [1000, 3000, 6000, 10000, 30000, None]
-POLICIES = ["lru", "prefix-lru", "prefix-2q", "prefix-arc"]
+POLICIES = list(ORDER_POLICIES)
 DEFAULT_POLICY = EvictionSection().policy
 
 
@@ -77,7 +78,7 @@ def sweep_cells(
     traces: list[str], n_req: int | None, quick: bool, every: int, policies: list[str]
 ) -> list[tuple]:
     """Every policy at one node, DRAM only; LRU and the default for 3 nodes and two tiers
-    (with the orphan pass every ``every`` requests, and once without it: the pass's effect)."""
+    (with the orphan pass every ``every`` requests, and in DRAM once without it: its effect)."""
     cells = []
     caps = [1000, 3000, 6000, None] if quick else CAPACITIES
     two = sorted({"lru", DEFAULT_POLICY})
@@ -87,7 +88,7 @@ def sweep_cells(
             for cap in caps:
                 for pol in pols if cap is not None else two:
                     cells.append((trace, n_req, nodes, tiers, cap, pol, every if nodes > 1 else 0))
-                    if nodes > 1 and every and cap is not None:
+                    if nodes > 1 and every and cap is not None and tiers == "dram":
                         cells.append((trace, n_req, nodes, tiers, cap, pol, 0))
     return cells
 
