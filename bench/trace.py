@@ -315,6 +315,89 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cap(c: int | None) -> str:
+    return "unlimited" if c is None else f"{c:,}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """The tables of docs/benchmarks.md's trace section, from the JSON rows."""
+    sim = [r for r in rows if r["source"] == "simulation"]
+    out: list[str] = []
+    for trace in sorted({r["trace"] for r in sim}):
+        sel = [r for r in sim if r["trace"] == trace]
+        caps = sorted({r["capacity_blocks"] for r in sel if r["capacity_blocks"] is not None}) + [None]
+        cell = {
+            (r["nodes"], r["tiers"], r["policy"], r.get("orphan_pass_every", 0), r["capacity_blocks"]): r
+            for r in sel
+        }
+        every = max((r.get("orphan_pass_every", 0) for r in sel), default=0)
+        out += [f"{trace} trace, hit tokens / input tokens (x LRU at the same capacity):", ""]
+        out.append("| config | policy | " + " | ".join(_cap(c) for c in caps) + " |")
+        out.append("| --- | --- |" + " --- |" * len(caps))
+        for nodes, tiers in [(1, "dram"), (3, "dram"), (1, "dram+disk"), (3, "dram+disk")]:
+            ev = every if nodes > 1 else 0
+            pols = sorted({r["policy"] for r in sel if (r["nodes"], r["tiers"]) == (nodes, tiers)})
+            pols.sort(key=lambda p: (p != "lru", p == DEFAULT_POLICY, p))
+            for pol in pols:
+                vals = []
+                for c in caps:
+                    r = cell.get((nodes, tiers, pol, ev if c is not None else 0, c)) or cell.get(
+                        (nodes, tiers, pol, ev, c)
+                    )
+                    lru = cell.get((nodes, tiers, "lru", ev if c is not None else 0, c)) or cell.get(
+                        (nodes, tiers, "lru", ev, c)
+                    )
+                    if r is None:
+                        vals.append("")
+                        continue
+                    v = f"{r['hit_token_ratio']:.4f}"
+                    if pol != "lru" and lru and lru["hit_token_ratio"]:
+                        v += f" ({r['hit_token_ratio'] / lru['hit_token_ratio']:.2f}x)"
+                    if tiers != "dram":
+                        v += f" d{r['disk_hit_share']:.2f}"
+                    vals.append(v)
+                name = f"{pol} (default)" if pol == DEFAULT_POLICY else pol
+                where = f"{nodes} node{'s' if nodes > 1 else ''}, {tiers}"
+                out.append(f"| {where} | {name} | " + " | ".join(vals) + " |")
+        out += ["", f"{trace}: 3 nodes / 1 node, orphaned bytes (share of capacity, time average):", ""]
+        fin = [c for c in caps if c is not None]
+        out.append("| tiers | policy | orphan pass | " + " | ".join(_cap(c) for c in fin) + " |")
+        out.append("| --- | --- | --- |" + " --- |" * len(fin))
+        for tiers in ("dram", "dram+disk"):
+            for pol in sorted({r["policy"] for r in sel if r["nodes"] == 3 and r["tiers"] == tiers}):
+                for ev in sorted(
+                    {r.get("orphan_pass_every", 0) for r in sel if r["nodes"] == 3}, reverse=True
+                ):
+                    vals = []
+                    for c in fin:
+                        three, one = cell.get((3, tiers, pol, ev, c)), cell.get((1, tiers, pol, 0, c))
+                        if three is None or one is None or not one["hit_token_ratio"]:
+                            vals.append("")
+                            continue
+                        ratio = three["hit_token_ratio"] / one["hit_token_ratio"]
+                        vals.append(f"{ratio:.3f}x, {100 * three['orphan_bytes_ratio']:.1f} %")
+                    if any(vals):
+                        label = f"every {ev} requests" if ev else "none"
+                        out.append(f"| {tiers} | {pol} | {label} | " + " | ".join(vals) + " |")
+        out.append("")
+    dae = [r for r in rows if r["source"] == "daemons"]
+    if dae:
+        out += ["daemons vs simulation (same requests, same node addresses):", ""]
+        out.append(
+            "| nodes | tiers | capacity | policy | requests | daemons | simulation | delta | orphans evicted "
+            "(daemons / sim) | orphaned (end) | disk share | s |"
+        )
+        out.append("|" + " --- |" * 12)
+        for r in dae:
+            out.append(
+                f"| {r['nodes']} | {r['tiers']} | {_cap(r['capacity_blocks'])} | {r['policy']} | {r['requests']} "
+                f"| {r['hit_token_ratio']:.4f} | {r['simulated_hit_token_ratio']:.4f} | {r['delta_pp']:+.2f} pp "
+                f"| {r.get('orphans_evicted', 0)} / {r.get('simulated_orphans_evicted', 0)} "
+                f"| {100 * r['orphan_bytes_ratio']:.1f} % | {r['disk_hit_share']:.2f} | {r['seconds']} |"
+            )
+    return "\n".join(out)
+
+
 def plot(rows: list[dict], path: Path) -> bool:
     try:
         import matplotlib
@@ -370,12 +453,16 @@ def main() -> None:
     )
     ap.add_argument("--policies", default="", help="one-node DRAM policies to sweep (default: all)")
     ap.add_argument("--no-sweep", action="store_true", help="only the daemon cells")
+    ap.add_argument("--markdown", action="store_true", help="print the doc's tables of --json and exit")
     ap.add_argument("--json", default=str(REPO / "docs/results/trace.json"))
     ap.add_argument("--plot", default=str(REPO / "docs/trace.png"))
     ap.add_argument(
         "--only-tiers", default="", help="simulate only these tiers (dram or dram+disk); merge into --json"
     )
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown(json.loads(Path(a.json).read_text())))
+        return
     traces = a.traces.split(",")
     n_req = 2000 if a.quick else (a.requests or None)
     d_req = 300 if a.quick else a.daemon_requests
