@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvstore.node.tiers.order import PrefixLruOrder
+from kvstore.node.tiers.order_prefix import PrefixLruOrder
 
 # A near miss: evicted from its segment within this share of the tier's blocks' worth of that
 # segment's evictions. bench/trace_sim.py, conversation trace, 1 node, 6,000 blocks (with an
