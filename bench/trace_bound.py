@@ -8,7 +8,7 @@ equals; the block just stored may be the one (it is then not kept: "bypass", whi
 helps the bound). A parent's next use is never after its child's (a request reads the
 whole chain up to a block), and ties go to the deeper block, so the kept set is always
 prefix-closed: a block is never kept without its parent, and every block hit is part of the
-request's hit prefix. Belady's rule maximizes block hits over every policy that keeps at most
+request's hit prefix (:func:`belady` asserts it). Belady's rule maximizes block hits over every policy that keeps at most
 ``capacity`` blocks, prefix-aware or not, and a policy's prefix hits are at most its block
 hits: the result bounds every policy's hit tokens.
 

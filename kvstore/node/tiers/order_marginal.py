@@ -30,14 +30,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvstore.node.tiers.order import PrefixLruOrder
+from kvstore.node.tiers.order_prefix import PrefixLruOrder
 
 # A near miss: evicted from its segment within this share of the tier's blocks' worth of that
-# segment's evictions. bench/trace_sim.py, conversation trace, 1 node: 0.05 and 0.25 both did
-# worse than 0.1 at 6,000 blocks (1.17x and 1.14x LRU against 1.28x).
+# segment's evictions. bench/trace_sim.py, conversation trace, 1 node, 6,000 blocks (with an
+# additive step): 0.05 and 0.25 both did worse than 0.1 (1.17x and 1.14x LRU against 1.28x).
 _WINDOW = 0.1
 # Odds step per near miss; 0.003 and 0.01 adapt too slowly to reach 1.25x LRU at 6,000 blocks
-# (1.16x, 1.24x) from a start of one half.
+# (1.16x, 1.24x) from a start of one half. An additive step (4 blocks' worth a near miss) was
+# too slow either way: from 0.1, 0.97x LRU at 30,000 blocks; from 0.5, 1.17x at 6,000.
 _STEP = 0.03
 _START_SHARE = 0.5
 _MIN_SHARE, _MAX_SHARE = 0.01, 0.99
