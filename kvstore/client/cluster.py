@@ -51,6 +51,7 @@ from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
 from kvstore.client.placement import Node, RankCache
 from kvstore.client.rdma import ClientRdma
+from kvstore.client.read import BlockRead, filling
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
@@ -272,6 +273,16 @@ class ClusterClient:
         return done.astype(bool).tolist()
 
     # ---------------------------------------------------------------- reads and writes
+
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
+        return filling(self.get_into, keys, bufs, expect, deadline_s)
 
     async def get_into(
         self,

@@ -44,6 +44,7 @@ from kvstore.block import BlockHeader
 from kvstore.client.conn import Conn, NodeRefused, byte_view
 from kvstore.client.leased import DescriptorPath
 from kvstore.client.rdma import ClientRdma
+from kvstore.client.read import BlockRead, check_read, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import tier_names
 from kvstore.results import Expect, GetResult, PutResult, Status
@@ -292,13 +293,21 @@ class NodeClient:
         path or the inline GET, as the module docstring says; the same results either way."""
         return await self._read(keys, bufs, expect, deadline_s, self.cfg.descriptors == "always")
 
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
+        return filling(self.get_into, keys, bufs, expect, deadline_s)
+
     async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> list[GetResult]:
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
+        exp = check_read("get_into", keys, bufs, expect)
         views = [byte_view(b) for b in bufs]
         if descriptors or (self.one_sided and self.rdma.covers(views)):
-            return self._count_gets(await self._leased.get_into(keys, views, expect, deadline_s), len(keys))
-        exp = list(expect) if expect is not None else [None] * len(keys)
+            return self._count_gets(await self._leased.get_into(keys, views, exp, deadline_s), len(keys))
         out: list[GetResult] = []
         for (i, j), r in await self._striped(
             "GET",
