@@ -88,20 +88,19 @@ class Loader:
 
     async def _fetch(self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, sem):
         """Read one batch: (its read, its staging buffers, seconds)."""
-        bt = self.block_tokens
+        lo, hi = first + batch.start, first + batch.stop
+        step = self.block_tokens * 4  # bytes of one block's token ids
         async with sem:
+            toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
             exp = [
-                Expect(
-                    keys[g - 1] if g > 0 else parent0,
-                    tokens_le_bytes(request.token_ids[g * bt : (g + 1) * bt]),
-                )
-                for g in range(first + batch.start, first + batch.stop)
+                Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
+                for g in range(lo, hi)
             ]
             bufs = self._buffers(len(batch))
             ts = time.perf_counter()
             try:
                 read = await self.store().read(
-                    keys[first + batch.start : first + batch.stop],
+                    keys[lo:hi],
                     [t.numpy() for t in bufs],
                     exp,
                     self.cfg.load_deadline_s,
