@@ -27,6 +27,7 @@ import asyncio
 import logging
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -165,22 +166,22 @@ class Loader:
 
     def _verified(self, read, bufs, batch: range, page_ids, tiers) -> tuple[list, str | None]:
         """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did."""
-        ppb, bt = self.pages_per_block, self.block_tokens
-        ready = []
+        ppb = self.pages_per_block
+        ready, hit_tiers, cause = [], Counter(), None
         for k, (j, r) in enumerate(zip(batch, read.results)):
             if r.status is not Status.HIT:
-                return ready, r.status.name.lower()
+                cause = r.status.name.lower()
+                break
             if r.header is not None and r.header.payload_len != self.block_bytes:
-                return ready, "mismatch"  # a block of another shape under this key: never used
+                cause = "mismatch"  # a block of another shape under this key: never used
+                break
             src = _as_tensor(read.views[k]) if read.lent[k] else bufs[k]
-            ready.append(
-                (
-                    page_ids[j * ppb : (j + 1) * ppb],
-                    src[: self.block_bytes].view(self.dtype).view(self.block_shape),
-                )
-            )
-            self.metrics.hit_tokens.labels(tiers[j] or r.tier or "unknown").inc(bt)
-        return ready, None
+            block = src[: self.block_bytes].view(self.dtype).view(self.block_shape)
+            ready.append((page_ids[j * ppb : (j + 1) * ppb], block))
+            hit_tiers[tiers[j] or r.tier or "unknown"] += 1
+        for tier, n in hit_tiers.items():  # one metric update per tier and batch, not per block
+            self.metrics.hit_tokens.labels(tier).inc(n * self.block_tokens)
+        return ready, cause
 
     def _observe(self, nbytes: int, tier: str | None, secs: float) -> None:
         self.metrics.bytes_loaded.inc(nbytes)
