@@ -8,14 +8,13 @@ end-to-end RDMA test at the bottom needs a device and is skipped here."""
 from __future__ import annotations
 
 import ctypes
-import re
 import subprocess
 import sys
 from collections import Counter
 
-import aiohttp
 import numpy as np
 import pytest
+from scraping import scrape_async
 
 from kvstore import protocol as P
 from kvstore.client.cluster import ClusterClient
@@ -53,13 +52,6 @@ async def call(ch: SocketChannel, header: dict) -> dict:
     if reply.get("plen"):
         await ch.discard(reply["plen"])
     return reply
-
-
-async def metric(d, name: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(f"{d.admin}/metrics") as r:
-        text = await r.text()
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 # ---------------------------------------------------------------- HELLO's rdma field
@@ -110,8 +102,9 @@ async def test_offer_to_a_node_without_rdma_is_answered_nil_and_tcp_serves(start
     assert await conn.transport().read([(b, x[3]) for b, x in zip(bufs, leased)]) == [True, True]
     assert bufs == [bytearray(p) for _, p in blocks]
     conn.close()
-    assert await metric(d, 'tierkv_hellos_total{transport="tcp"}') == 1
-    assert await metric(d, 'tierkv_hellos_total{transport="rdma"}') == 0
+    hellos = await scrape_async(d.admin)
+    assert hellos.value("tierkv_hellos_total", transport="tcp") == 1
+    assert hellos.value("tierkv_hellos_total", 0.0, transport="rdma") == 0
 
 
 async def test_one_sided_descriptors_on_a_tcp_connection_are_refused(start_daemon, ns, blocks_of):
@@ -360,5 +353,5 @@ async def test_rdma_end_to_end(start_daemon, ns, blocks_of):  # pragma: no cover
     assert [g.status for g in got] == [Status.HIT] * 4
     assert all(staging[i].tobytes() == p for i, (_, p) in enumerate(blocks))
     assert c.counters["rdma_failures"] == 0
-    assert await metric(d, 'tierkv_hellos_total{transport="rdma"}') >= 1
+    assert (await scrape_async(d.admin)).value("tierkv_hellos_total", transport="rdma") >= 1
     await c.close()

@@ -26,11 +26,13 @@ def _dram_only(cfg_factory, policy: str, **kw):
 async def _put_in_batches(node: NodeStore, blocks, batch: int = 4) -> None:
     for i in range(0, len(blocks), batch):
         res = await node.put(blocks[i : i + batch])
-        assert all(r.status is Status.STORED for r in res), res
+        assert len(res) == len(blocks[i : i + batch]) and all(r.status is Status.STORED for r in res), res
 
 
 async def _stored(node: NodeStore, blocks) -> list[bool]:
-    return [t is not None for t in await node.contains([h.key for h, _ in blocks])]
+    tiers = await node.contains([h.key for h, _ in blocks])
+    assert len(tiers) == len(blocks), tiers  # one answer per key: all() over them means something
+    return [t is not None for t in tiers]
 
 
 def _is_prefix(flags: list[bool]) -> bool:
@@ -91,7 +93,7 @@ async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
             bufs = [bytearray(BLOCK) for _ in hot]
             for _ in range(2):
                 got = await node.get_into([h.key for h, _ in hot], bufs)
-                assert all(g.status is Status.HIT for g in got)
+                assert len(got) == len(hot) and all(g.status is Status.HIT for g in got)
             for seed in range(60):  # one-block prompts, each its own chain
                 await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=1000 + seed))
             assert all(await _stored(node, hot)) is kept, pol
@@ -113,7 +115,7 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
         tiers = await node.contains([h.key for h, _ in a])
         in_dram = [t == "dram" for t in tiers]
         assert _is_prefix(in_dram) and sum(in_dram) == 12, tiers
-        assert all(t == "disk" for t in tiers[12:])
+        assert len(tiers) == len(a) and all(t == "disk" for t in tiers[12:]), tiers
         assert node.counters["demotions"] == 8
     finally:
         await node.close()
