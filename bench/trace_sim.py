@@ -80,9 +80,11 @@ class ChainKeys:
 
 
 class SimTier:
-    def __init__(self, name: str, capacity: int | None, policy: str, probation: float) -> None:
+    def __init__(
+        self, name: str, capacity: int | None, policy: str, probation: float, top: bool = True
+    ) -> None:
         self.name, self.capacity = name, capacity
-        self.order = make_order(policy, probation)
+        self.order = make_order(policy, probation, marks_orphans=top)  # as kvstore.node.tiers.build
         self.keys: set[bytes] = set()
         self.reserved = 0  # slots taken by a PUT not committed yet
 
@@ -103,7 +105,7 @@ class SimNode:
 
     def __init__(self, dram_blocks: int | None, disk_blocks: int | None, policy: str, probation: float):
         self.dram = SimTier("dram", dram_blocks, policy, probation)
-        self.disk = SimTier("disk", disk_blocks, policy, probation) if disk_blocks != 0 else None
+        self.disk = SimTier("disk", disk_blocks, policy, probation, top=False) if disk_blocks != 0 else None
         self.parent: dict[bytes, bytes] = {}
         self.hits = {"dram": 0, "disk": 0}
 

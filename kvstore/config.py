@@ -179,7 +179,7 @@ class EvictionSection:
     """Which blocks leave a tier first, and what one namespace may take from another
     (docs/storage.md "Eviction", docs/security.md "Per-tenant shares")."""
 
-    policy: Literal["lru", "prefix-lru", "prefix-2q", "prefix-arc"] = "prefix-arc"
+    policy: Literal["lru", "prefix-lru", "prefix-2q", "prefix-arc", "prefix-marginal"] = "prefix-marginal"
     probation: float = 0.1  # prefix-2q: the share of a tier's blocks new, unread ones may hold
     ghosts: float = 4.0  # prefix-2q: keys evicted from probation remembered, x blocks held
     # a namespace holding at most this share of a tier's bytes keeps them against another

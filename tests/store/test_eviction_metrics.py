@@ -56,7 +56,7 @@ def test_eviction_counters_on_metrics_and_stats(start_daemon):
 
     s = summarize(d.admin, json.loads(_get(d.admin + "/v1/stats")))
     dram = s["tiers"]["dram"]
-    assert dram["policy"] == "prefix-arc" and dram["hit_tokens"] == 3 * NS.block_tokens
+    assert dram["policy"] == "prefix-marginal" and dram["hit_tokens"] == 3 * NS.block_tokens
     assert dram["share_refusals"] == 0 and dram["orphan_bytes"] == orphan
     assert dram["namespaces"] == {NS.id.hex: ns_bytes}
     assert dram["evictions"] == 9 and dram["blocks"] == 16

@@ -81,7 +81,7 @@ async def test_a_block_whose_parent_was_evicted_goes_first(cfg_factory, policy):
         await node.close()
 
 
-@pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc"])
+@pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc", "prefix-marginal"])
 async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
     """A 6-block prefix read back twice, then a one-off scan of 60 blocks never read: the
     scan-resistant policies keep the prefix; per-block LRU (checked alongside) loses it."""
@@ -117,6 +117,30 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
         assert _is_prefix(in_dram) and sum(in_dram) == 12, tiers
         assert len(tiers) == len(a) and all(t == "disk" for t in tiers[12:]), tiers
         assert node.counters["demotions"] == 8
+    finally:
+        await node.close()
+
+
+@pytest.mark.parametrize("policy", PREFIX_POLICIES)
+async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_dram(cfg_factory, policy):
+    """Write-through: chain A (10 blocks) is read from DRAM (which leaves its disk copies
+    cold), and 12 other blocks push A's tail off a disk of 16. A's next block, written
+    through, has its parent in DRAM: it can still hit, so the disk must not store it as an
+    orphan (first to go); only the node's top tier knows a parent is gone."""
+    cfg = cfg_factory(eviction__policy=policy, disk__capacity=int(16.5 * BLOCK))
+    node = await NodeStore.open(cfg)
+    try:
+        a = make_blocks(11, nbytes=BLOCK, seed=12)
+        await _put_in_batches(node, a[:10])
+        got = await node.get_into([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
+        assert all(g.status is Status.HIT for g in got)
+        for seed in range(12):
+            await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=6000 + seed))
+        disk = node.stats()["tiers"]["disk"]
+        assert disk["blocks"] <= 16 and (await node.contains([a[9][0].key])) == ["dram"], disk
+        await _put_in_batches(node, a[10:])
+        assert node.stats()["tiers"]["disk"]["orphans_stored"] == 0
+        assert node.stats()["tiers"]["dram"]["orphans_stored"] == 0
     finally:
         await node.close()
 
