@@ -147,15 +147,15 @@ class LocalClient:
         on_disk = [t == "disk" for t in await node.contains(keys)]
         out: list[GetResult] = [GetResult(Status.MISS)] * len(keys)
         mem = [i for i, d in enumerate(on_disk) if not d]
-        leases = await node.lease([keys[i] for i in mem], self.op_timeout_s * 4)
+        leases = await node.leaser.lease([keys[i] for i in mem], self.op_timeout_s * 4)
         try:
             for i, lease in zip(mem, leases):
                 out[i] = _copy_out(keys[i], views[i], exp[i], lease)
         finally:
-            node.release([x for x in leases if x is not None])
+            node.state.release([x for x in leases if x is not None])
         disk = [i for i, d in enumerate(on_disk) if d]
         if disk:
-            got = await node.get_into(
+            got = await node.reader.get_into(
                 [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
             )
             for i, r in zip(disk, got):
@@ -174,7 +174,7 @@ class LocalClient:
             node = await self._get()
             if any(t == "disk" for t in await node.contains(keys)):
                 return None
-            leases = await asyncio.wait_for(node.lease(keys, max(deadline, 1.0) * 4), deadline)
+            leases = await asyncio.wait_for(node.leaser.lease(keys, max(deadline, 1.0) * 4), deadline)
         except Exception as exc:
             self._failed("lease", exc)
             return [GetResult(Status.ERROR)] * len(keys), [None] * len(keys), lambda: None
@@ -189,7 +189,7 @@ class LocalClient:
             else:
                 results.append(GetResult(Status.HIT, lease.header, lease.tier))
                 views.append(lease.view)
-        return results, views, lambda: node.release([x for x in leases if x is not None])
+        return results, views, lambda: node.state.release([x for x in leases if x is not None])
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
@@ -222,7 +222,7 @@ class LocalClient:
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         try:
-            return {"local": (await self._get()).stats()}
+            return {"local": (await self._get()).inspector.stats()}
         except Exception as exc:
             self._failed("stats", exc)
             return {"local": None}
@@ -253,7 +253,7 @@ def _copy_out(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> Get
 
 async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[PutResult]:
     """The node's two-phase write: a slot per block, the payload copied in, then commit."""
-    reserved = await node.reserve([h for h, _ in blocks])
+    reserved = await node.writer.reserve([h for h, _ in blocks])
     out: list[PutResult] = [PutResult(Status.ERROR)] * len(blocks)
     held = []
     try:
@@ -264,9 +264,9 @@ async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[Pu
                 r.view[:] = mv
                 held.append((i, r))
     except BaseException:  # give every slot back now rather than at the lease TTL
-        node.abort([r for r in reserved if not isinstance(r, Status)])
+        node.state.abort([r for r in reserved if not isinstance(r, Status)])
         raise
-    for (i, _), res in zip(held, await node.commit([r for _, r in held])):
+    for (i, _), res in zip(held, await node.writer.commit([r for _, r in held])):
         out[i] = res
     return out
 

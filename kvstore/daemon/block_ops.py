@@ -76,7 +76,7 @@ class BlockOps:
         # GET (the rest are misses); no up-front refusal, which would tell another tenant's
         # key exists. ``sees``: another tenant's block is skipped before any work on it (no
         # disk read, promotion, lease or share of the read budget; docs/security.md)
-        leases = await self.node.lease(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
+        leases = await self.node.leaser.lease(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
         try:
             # No await from here to the transfer's mark (moving): a lease live now stays live.
             # Leases are taken key by key around disk reads, so an early one may have lapsed
@@ -84,7 +84,7 @@ class BlockOps:
             res, views, sent = [], [], []
             for i, lease in enumerate(leases):
                 hdr = lease.header if lease is not None else None
-                if lease is None or not self.node.is_live(lease) or not sess.allows(hdr):
+                if lease is None or not self.node.state.is_live(lease) or not sess.allows(hdr):
                     res.append(P.GetEntry(Status.MISS))  # another tenant's block is absent
                     continue
                 st = Status.HIT
@@ -107,7 +107,7 @@ class BlockOps:
             ts["misses"] += len(keys) - len(sent)
             ts["bytes_out"] += nbytes
         finally:
-            self.node.release([x for x in leases if x is not None])
+            self.node.state.release([x for x in leases if x is not None])
 
     async def _op_put(self, ch, sess, req: P.PutRequest, plen) -> None:
         hdrs = req.headers
@@ -120,7 +120,7 @@ class BlockOps:
             else ()
         )
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x) and i not in dead]
-        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
+        reserved = await self.node.writer.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
         slot: dict[int, Any] = dict(zip(allowed, reserved))
         held = [r for r in slot.values() if not isinstance(r, Status)]
         got = []
@@ -139,7 +139,7 @@ class BlockOps:
                     if run:
                         await ch.recv_views(run)
                         run = []
-                    self.node.attach_payload(r, await ch.recv_growing(x.payload_len))
+                    self.node.writer.attach_payload(r, await ch.recv_growing(x.payload_len))
                     got.append(r)
                 else:
                     run.append(r.view[: x.payload_len])
@@ -150,11 +150,11 @@ class BlockOps:
         try:
             await self.transfers.moving(held, receive)
         except BaseException:
-            self.node.abort(held)
+            self.node.state.abort(held)
             raise
-        self.node.abort([r for r in held if r not in got])
+        self.node.state.abort([r for r in held if r not in got])
         self.metrics.bytes_in.inc(plen)
-        committed = dict(zip([id(r) for r in got], await self.node.commit(got))) if got else {}
+        committed = dict(zip([id(r) for r in got], await self.node.writer.commit(got))) if got else {}
         res = []
         for i in range(len(hdrs)):
             r = slot.get(i)
@@ -197,7 +197,7 @@ class BlockOps:
         if self._auth_enabled():
             reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters)
         else:
-            node, daemon = plain(self.node.stats()), self.metrics.snapshot()
+            node, daemon = plain(self.node.inspector.stats()), self.metrics.snapshot()
             reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters, node, daemon)
         await ch.send_frame(reply.to_wire())
 
