@@ -111,7 +111,7 @@ class Leaser:
         object per block). It holds the blocks that :meth:`lease` would lease, in key order;
         the others are not in it. Disk blocks are read as :meth:`lease` reads them and join
         it; should it lapse while they are read, it takes no more (its holder finds it not
-        live and must not touch its views)."""
+        live and must not touch its views); cancelled meanwhile, it is released at once."""
         st, lt = self._state, self._leases
         st.sweep()
         p = PackedLease(lt.next_id(), lt.deadline(ttl_s))
@@ -139,7 +139,11 @@ class Leaser:
                 self._counters["lease_over_bound"] += 1
                 continue
             read += plen
-            got = await self._lease_from_disk(BlockKey(k), plen, ttl_s)
+            try:
+                got = await self._lease_from_disk(BlockKey(k), plen, ttl_s)
+            except BaseException:  # cancelled (or failed): what it holds goes back now
+                st.release([p])
+                raise
             if not isinstance(got, Lease):
                 continue
             if not lt.live(p):  # lapsed while the disk was read: it holds nothing any more

@@ -144,3 +144,27 @@ async def test_a_packed_lease_leaves_out_other_tenants_and_reads_past_the_budget
         node.check()
     finally:
         await node.close()
+
+
+async def test_a_packed_lease_cancelled_during_a_disk_read_holds_nothing(cfg_factory):
+    cfg = cfg_factory(disk__sync=True)
+    node = await NodeStore.open(cfg)
+    blocks = make_blocks(2)
+    await node.writer.put(blocks)
+    await node.close()
+    node = await NodeStore.open(cfg)  # both on disk only
+    try:
+        [fresh] = make_blocks(1, seed=7)
+        await node.writer.put([fresh])  # in DRAM: held first, then the disk reads
+        task = asyncio.create_task(node.leaser.lease_packed(_batch([fresh, *blocks])))
+        while not node.state.leases.holds and not task.done():
+            await asyncio.sleep(0)
+        assert not task.done(), "it holds the DRAM block while the disk is read"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+        await asyncio.sleep(0.1)  # the disk read it left ends
+        assert not node.state.leases.leases and not node.state.leases.holds, "held until its TTL"
+        node.check()
+    finally:
+        await node.close()
