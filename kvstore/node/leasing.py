@@ -27,7 +27,6 @@ class Leaser:
     a disk block moves up where ``placement`` says so."""
 
     def __init__(self, tiers: TierStack, state: NodeState, placement: Placement) -> None:
-        self._memory = tiers.memory
         self._tiers = tiers
         self._disk = tiers.disk
         self._state = state
