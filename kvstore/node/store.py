@@ -152,7 +152,6 @@ class NodeStore:
         dead = self.state.tombstones
         return [k.raw in dead for k in keys] if len(dead) else [False] * len(keys)
 
-    # ------------------------------------------------------------------ delete, pin
     # ------------------------------------------------------------------ delete
     async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
         """Remove blocks from every tier. A held block disappears at once for readers and is
