@@ -168,11 +168,11 @@ class LocalClient:
         lent_views: list[memoryview | None] = [None] * n
         lent = [False] * n
         mem = [i for i, d in enumerate(on_disk) if not d]
-        leases = await node.lease([keys[i] for i in mem], ttl_s)
+        leases = await node.leaser.lease([keys[i] for i in mem], ttl_s)
         held = [x for x in leases if x is not None]
 
         def release() -> None:
-            node.release(held)
+            node.state.release(held)
 
         try:
             for i, lease in zip(mem, leases):
@@ -181,7 +181,7 @@ class LocalClient:
                     lent_views[i], lent[i] = lease.view, True
             disk = [i for i, d in enumerate(on_disk) if d]
             if disk:
-                got = await node.get_into(
+                got = await node.reader.get_into(
                     [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
                 )
                 for i, r in zip(disk, got):
@@ -224,7 +224,7 @@ class LocalClient:
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         try:
-            return {"local": (await self._get()).stats()}
+            return {"local": (await self._get()).inspector.stats()}
         except Exception as exc:
             self._failed("stats", exc)
             return {"local": None}
@@ -254,7 +254,7 @@ def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> 
 
 async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[PutResult]:
     """The node's two-phase write: a slot per block, the payload copied in, then commit."""
-    reserved = await node.reserve([h for h, _ in blocks])
+    reserved = await node.writer.reserve([h for h, _ in blocks])
     out: list[PutResult] = [PutResult(Status.ERROR)] * len(blocks)
     held = []
     try:
@@ -265,9 +265,9 @@ async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[Pu
                 r.view[:] = mv
                 held.append((i, r))
     except BaseException:  # give every slot back now rather than at the lease TTL
-        node.abort([r for r in reserved if not isinstance(r, Status)])
+        node.state.abort([r for r in reserved if not isinstance(r, Status)])
         raise
-    for (i, _), res in zip(held, await node.commit([r for _, r in held])):
+    for (i, _), res in zip(held, await node.writer.commit([r for _, r in held])):
         out[i] = res
     return out
 

@@ -18,7 +18,7 @@ NS = Namespace("facade-test", "uint8", 4)
 
 def held(client) -> tuple[int, int]:
     """The node's live leases and reservations."""
-    n = client.node.stats()["node"]
+    n = client.node.inspector.stats()["node"]
     return n["leases_active"], n["reservations_active"]
 
 

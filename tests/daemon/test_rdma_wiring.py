@@ -306,31 +306,31 @@ async def test_slab_descriptors_address_the_real_dram_bytes(tmp_path, ns, blocks
     base, length = buffer_address(node.dram_buffer)
     slab = Region(base, length, rkey=0x5EED)
     blocks = blocks_of(ns, 3, 50_000, seed=4)
-    await node.put(blocks[:2])
-    leases = await node.lease([h.key for h, _ in blocks[:2]])
+    await node.writer.put(blocks[:2])
+    leases = await node.leaser.lease([h.key for h, _ in blocks[:2]])
     for i, lease in enumerate(leases):
         desc = slab_descriptor(slab, 100 + i, lease)
         assert desc.handle == 100 + i and desc.rkey == 0x5EED and slab.holds(desc)
         assert ctypes.string_at(desc.addr, desc.length) == blocks[i][1]
-    node.release(leases)
+    node.state.release(leases)
     (h, payload) = blocks[2]
-    [r] = await node.reserve([h])
+    [r] = await node.writer.reserve([h])
     desc = slab_descriptor(slab, 9, r)
     assert slab.holds(desc) and desc.length == len(payload)
     ctypes.memmove(desc.addr, payload, len(payload))  # the one-sided write
-    [pr] = await node.commit([r])
+    [pr] = await node.writer.commit([r])
     assert pr.status is Status.STORED
     out = bytearray(len(payload))
-    [g] = await node.get_into([h.key], [out])
+    [g] = await node.reader.get_into([h.key], [out])
     assert g.status is Status.HIT and out == payload
     await node.close()
 
     # a block outside the DRAM slab (a private copy of a disk block) has no slab descriptor
     disk_only = await NodeStore.open(cfg(**{"dram.capacity": 0, "disk.path": str(tmp_path / "disk2")}))
-    await disk_only.put(blocks[:1])
-    [lease] = await disk_only.lease([blocks[0][0].key])
+    await disk_only.writer.put(blocks[:1])
+    [lease] = await disk_only.leaser.lease([blocks[0][0].key])
     assert lease.offset is None and slab_descriptor(slab, 1, lease) is None
-    disk_only.release([lease])
+    disk_only.state.release([lease])
     await disk_only.close()
 
 
