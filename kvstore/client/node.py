@@ -3,8 +3,10 @@
 Contract: no method raises for a node problem. A timeout, reset, refused connection or a
 node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, ``None`` for
 EXISTS, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
-``counters``. A node that fails is marked down and skipped (instant misses) until a background
-probe reconnects. Every call has a deadline (``deadline_s``, default ``op_timeout_s``).
+``counters``. A node that fails (refused, reset, closed; a call past its deadline too, unless
+a ``late`` judge was given: :class:`NodeClient`) is marked down and skipped (instant misses)
+until a background probe reconnects. Every call has a deadline (``deadline_s``, default
+``op_timeout_s``).
 Caller bugs (a buffer list of the wrong length, a payload that does not match its header)
 raise ValueError/TypeError at once.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -77,9 +80,6 @@ class ClientConfig:
     connect_timeout_s: float = 1.0
     op_timeout_s: float = 5.0
     probe_interval_s: float = 0.5
-    # False: an EXISTS past its deadline is only late, the node stays up (the cluster client's
-    # health decides: kvstore/client/health.py); reads, writes and the rest still mark it down
-    exists_timeout_marks_down: bool = True
     transport: str = "auto"
     rdma_device: str = ""
     rdma_gid_index: int = 0
@@ -102,10 +102,20 @@ class ClientConfig:
 
 class NodeClient:
     """Batched ops against one node. See the module docstring for the failure contract.
-    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own."""
+    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own.
+    ``late``: who judges a call past its deadline, ``late(addr, op, seconds)`` (the cluster
+    client's health: kvstore/client/health.py); the node then stays up, its connection closed.
+    Without one, a deadline miss marks the node down like a failure."""
 
-    def __init__(self, addr: str, cfg: ClientConfig | None = None, rdma: ClientRdma | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        cfg: ClientConfig | None = None,
+        rdma: ClientRdma | None = None,
+        late: Callable[[str, str, float], None] | None = None,
+    ) -> None:
         self.addr = addr
+        self._late = late
         self.host, self.port = parse_host_port(addr, "node address")
         self.cfg = cfg or ClientConfig()
         c = self.cfg
@@ -190,12 +200,15 @@ class NodeClient:
             self.counters["skipped"] += 1
             await asyncio.sleep(0)  # an instant miss still yields, so retry loops cannot starve the loop
             return Status.MISS
+        t0 = time.monotonic()
         try:
             return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
         except TimeoutError:
             self.counters["timeouts"] += 1
-            if op != "EXISTS" or self.cfg.exists_timeout_marks_down:
+            if self._late is None:
                 self._mark_down(op, "deadline passed")
+            else:  # a late answer is a busy node's, not a broken one's: health judges
+                self._late(self.addr, op, time.monotonic() - t0)
             return Status.TIMEOUT
         except RuntimeError:
             if not self._closed:  # the copy executor refuses work only after close()
