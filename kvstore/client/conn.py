@@ -174,8 +174,10 @@ class Conn:
         out: list[GetResult] = []
         sent = 0
         for n, (i, j) in enumerate(runs):
-            if sent <= n:
-                upto = min(len(reqs), n + PIPELINE)
+            # a sliding window: before reply n is read, requests n .. n + PIPELINE - 1 are out
+            # (sending them in groups of PIPELINE left the node idle at each group's end)
+            upto = min(len(reqs), n + PIPELINE)
+            if sent < upto:
                 await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
                 sent = upto
             out += await self._get_reply(reqs[n], views[i:j], expect[i:j])
@@ -189,18 +191,23 @@ class Conn:
         payload checked against its header (key, expectation, checksum)."""
         keys = req.keys
         reply = P.GetReply.from_wire(await self._reply(req.rid), len(keys))
-        hits = [i for i, e in enumerate(reply.entries) if e.status is Status.HIT]
+        entries = reply.entries
+        hits = [i for i, e in enumerate(entries) if e.status is Status.HIT]
+        dsts = []
         for i in hits:
-            if reply.entries[i].block.payload_len > views[i].nbytes:
+            n = entries[i].block.payload_len
+            if n > views[i].nbytes:
                 raise P.bad("GET reply sent a payload larger than the buffer")
-        dsts = [views[i][: reply.entries[i].block.payload_len] for i in hits]
+            dsts.append(views[i][:n])
         digests = await self.ch.recv_views(dsts, xxh3_64)
         self.bytes_in += reply.plen
-        out = [GetResult(e.status, e.block, e.tier) for e in reply.entries]
-        for i, dst, digest in zip(hits, dsts, digests):
-            e = reply.entries[i]
-            out[i] = GetResult(check_payload(e.block, keys[i], expect[i], dst, digest), e.block, e.tier)
-        return out
+        checked = dict(zip(hits, zip(dsts, digests)))
+        return [
+            GetResult(e.status, e.block, e.tier)
+            if e.status is not Status.HIT
+            else GetResult(check_payload(e.block, keys[i], expect[i], *checked[i]), e.block, e.tier)
+            for i, e in enumerate(entries)
+        ]
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
         """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
