@@ -14,8 +14,8 @@ received as one stream straight into the caller's buffers (:meth:`SocketChannel.
 ``recvmsg_into`` into several buffers per syscall, one hand-off to a worker per reply, the
 xxh3 digests computed as the bytes land), and each is checked against its header (key,
 expectation, checksum) before it counts as a hit. GET and PUT frames are pipelined: up to
-``PIPELINE`` requests are on the wire before the oldest reply is read (replies come in
-request order). :meth:`Conn.transport` lends the
+``pipeline`` requests (``ClientConfig.pipeline``) are on the wire before the oldest reply is
+read (replies come in request order). :meth:`Conn.transport` lends the
 connection to :class:`rdma.tcp.TcpTransport`, whose READ/WRITE frames this module builds.
 """
 
@@ -38,9 +38,6 @@ from rdma.tcp import DescriptorFrames, TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches
-# requests on the wire ahead of the reply being read (one connection): enough that the node
-# never waits for the next request; few, so a failed connection wastes little
-PIPELINE = 4
 
 
 class NodeRefused(Exception):
@@ -72,8 +69,9 @@ class Conn:
     """``hello`` is the node's HELLO reply map (kept as received for NodeClient, which reads its
     ``salt``); ``welcome`` is the same reply parsed (:class:`~kvstore.protocol.HelloReply`)."""
 
-    def __init__(self, ch: SocketChannel, hello: dict[str, Any]) -> None:
+    def __init__(self, ch: SocketChannel, hello: dict[str, Any], pipeline: int = 4) -> None:
         self.ch = ch
+        self.pipeline = pipeline  # GET/PUT frames on the wire ahead of the reply being read
         self.hello = hello
         self.welcome = P.HelloReply.from_wire(hello)
         self.max_frame = self.welcome.max_frame
@@ -96,6 +94,7 @@ class Conn:
         offload: Executor | None = None,
         rdma: QPInfo | None = None,
         worker_wait_s: float = 0.0,
+        pipeline: int = 4,
     ) -> Conn:
         """Connect and HELLO (offering ``rdma`` when given). Raises OSError, ConnectionError,
         FrameError, NodeRefused, or ProtocolError for a malformed reply (its ``rdma`` too)."""
@@ -109,7 +108,7 @@ class Conn:
                 if failed.code == P.BAD_VERSION:  # a node of another version names its own
                     raise NodeRefused(failed.code, f"{failed.err}; this client speaks {P.PROTOCOL_VERSION}")
                 raise NodeRefused(failed.code, failed.err)
-            return cls(ch, reply)
+            return cls(ch, reply, pipeline)
         except BaseException:
             ch.close()
             raise
@@ -162,7 +161,7 @@ class Conn:
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
         """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:
-        up to ``PIPELINE`` requests are on the wire ahead of the reply being received, so the
+        up to ``pipeline`` requests are on the wire ahead of the reply being received, so the
         node starts the next batch while this one's bytes still land."""
         runs = _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM)
         reqs = [
@@ -174,9 +173,9 @@ class Conn:
         out: list[GetResult] = []
         sent = 0
         for n, (i, j) in enumerate(runs):
-            # a sliding window: before reply n is read, requests n .. n + PIPELINE - 1 are out
-            # (sending them in groups of PIPELINE left the node idle at each group's end)
-            upto = min(len(reqs), n + PIPELINE)
+            # a sliding window: before reply n is read, requests n .. n + pipeline - 1 are out
+            # (sending them in groups of pipeline left the node idle at each group's end)
+            upto = min(len(reqs), n + self.pipeline)
             if sent < upto:
                 await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
                 sent = upto
@@ -211,7 +210,7 @@ class Conn:
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
         """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
-        ``PIPELINE`` frames (their payloads streamed) ahead of the reply being read."""
+        ``pipeline`` frames (their payloads streamed) ahead of the reply being read."""
         limit = max(self.max_frame - _HEADER_ROOM, 1)
         views = []
         for hdr, payload in blocks:
@@ -225,7 +224,7 @@ class Conn:
         out: list[PutResult] = []
         pending: list[tuple[int, int]] = []  # (rid, blocks) of frames sent, replies not yet read
         for i, j in runs:
-            if len(pending) >= PIPELINE:
+            if len(pending) >= self.pipeline:
                 out += await self._put_reply(*pending.pop(0))
             req = P.PutRequest(self._next(), tuple(h for h, _ in blocks[i:j]))
             await self.ch.send_frame(req.to_wire(), views[i:j])

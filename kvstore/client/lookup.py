@@ -110,11 +110,12 @@ class Lookups:
         """Per key, its tier as the module docstring says (``None``: nowhere)."""
         return tier_names(await self.codes(KeyBatch.of(keys), deadline_s))
 
-    def ranking(self, keys: KeyBatch, view: list[Node]) -> Ranking:
+    def ranking(self, keys: KeyBatch, view: list[Node], raws: list[bytes] | None = None) -> Ranking:
         """``keys``' orders over ``view``: from the cache when it ranks over ``view`` (it does
-        right after ``healthy_view``), else computed for this call alone."""
+        right after ``healthy_view``), else computed for this call alone. ``raws``:
+        ``keys.raws()`` when the caller split them already (one split per lookup)."""
         if self.ranks.view == tuple(view):
-            return self.ranks.ranking(keys)
+            return self.ranks.ranking(keys, raws)
         ids, rows = rank_positions(keys, view, self.cfg.replicas)
         uniq, inverse = unique_rows(rows)
         return Ranking(ids, inverse.astype(np.int64), uniq.astype(np.int16))
@@ -130,13 +131,13 @@ class Lookups:
         addrs = [x.id for x in view]
         every = owners >= len(view)  # every node owns every key: no ranking, no second round
         second = not every and hi > owners
-        ranking = None if every else self.ranking(keys, view)  # kept for every round
+        raws: list[bytes] = [] if every else keys.raws()
+        ranking = None if every else self.ranking(keys, view, raws)  # kept for every round
         best = np.full(n, _NONE, dtype=np.uint8)
         if every:
             groups = {a: np.arange(n) for a in addrs}
         else:
             groups = ranking.groups(None, 0, owners)
-        raws: list[bytes] = keys.raws() if second else []
         hinted = np.zeros(0, dtype=np.int64)
         ahead: dict[str, np.ndarray] = {}
         if second and self.hints:  # the lookahead round of hinted keys goes out now, too

@@ -70,8 +70,9 @@ class ClientConfig:
     ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
     ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
     one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
-    connections one large inline GET or PUT batch is split over, at most ``pool_size``
-    (docs/configuration.md)."""
+    connections one large inline GET or PUT batch is split over, at most ``pool_size``;
+    ``pipeline``: the GET/PUT frames one connection has on the wire ahead of the reply being
+    read (docs/configuration.md)."""
 
     token: str = ""
     tenant: str | None = None
@@ -85,6 +86,7 @@ class ClientConfig:
     rdma_gid_index: int = 0
     descriptors: str = "auto"
     streams: int = 4
+    pipeline: int = 4
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
@@ -95,6 +97,8 @@ class ClientConfig:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
         if self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
+        if not 1 <= self.pipeline <= 64:
+            raise ValueError(f"pipeline must be 1..64, got {self.pipeline}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -153,6 +157,7 @@ class NodeClient:
                     self._copies,
                     qp.info if qp is not None else None,
                     _WORKER_WAIT_S,
+                    c.pipeline,
                 ),
                 c.connect_timeout_s,
             )
