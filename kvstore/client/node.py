@@ -405,11 +405,16 @@ class NodeClient:
         if isinstance(r, Status):
             self.counters["dropped_writes"] += len(blocks)
             return [PutResult(r)] * len(blocks)
-        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
-            if p.status.ok:
-                self.counters["stored"] += 1
-            else:
-                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
+        statuses = [p.status for p in r]
+        stored = sum(map(statuses.count, (Status.STORED, Status.EXISTS, Status.HIT)))
+        dropped = statuses.count(Status.ERROR)  # a pair this client failed to move, or the node to store
+        for name, n in (
+            ("stored", stored),
+            ("dropped_writes", dropped),
+            ("refused_writes", len(r) - stored - dropped),
+        ):
+            if n:
+                self.counters[name] += n
         self.counters["bytes_out"] += sum(h.payload_len for h, _ in blocks)
         return r
 
