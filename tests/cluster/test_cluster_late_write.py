@@ -15,9 +15,12 @@ from kvstore.keys import Namespace
 from kvstore.results import Status
 
 NS = Namespace("cluster-test", "uint8", 4)
-CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0, probe_interval_s=0.1)
-# a chunk's write deadline is about write_floor_s whatever its size: a slow link misses it
-LATE = ClusterConfig(replicas=1, write_floor_s=0.2, write_min_bytes_per_s=1e12)
+CFG = ClientConfig(
+    namespaces=(NS,), op_timeout_s=5.0, probe_interval_s=0.1, streams=1
+)  # one stripe: one late call
+# a chunk's write deadline is write_floor_s whatever its size: a slow link misses it, a small
+# write on a loaded host does not
+LATE = ClusterConfig(replicas=1, write_floor_s=1.0, write_min_bytes_per_s=1e12)
 
 
 @pytest.fixture
@@ -34,9 +37,9 @@ async def test_one_late_put_leaves_the_node_in_use_for_the_writes_and_reads_afte
     await c.start(5.0)
     before = make_blocks(4, 4096, seed=11, ns=NS)
     assert (await c.put_report(before, 5.0)).stored == 4
-    p.rate = 1e6  # 1 MB/s: a 1 MiB chunk takes a second, five times its deadline
-    late = await c.put_report(make_blocks(4, 256 * 1024, seed=12, ns=NS), 5.0)
-    assert late.dropped == 4 and {r.status for r in late.results} == {Status.TIMEOUT}, late
+    p.rate = 1e6  # 1 MB/s: a 4 MiB chunk takes 4 s, four times its deadline
+    late = await c.put_report(make_blocks(16, 256 * 1024, seed=12, ns=NS), 5.0)
+    assert late.dropped == 16 and {r.status for r in late.results} == {Status.TIMEOUT}, late
     p.rate = 0.0  # the host is quick again
     after = make_blocks(4, 4096, seed=13, ns=NS)
     report = await c.put_report(after, 5.0)
