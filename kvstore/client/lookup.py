@@ -200,9 +200,10 @@ class Lookups:
             own, more = groups.get(a, _EMPTY), ahead.get(a, _EMPTY)
             idx = np.concatenate((own, more)) if len(more) else own
             flags = np.arange(len(idx)) >= len(own) if len(more) else None
+            whole = not len(more) and len(own) == len(keys)  # own: ascending, so all keys in order
             for lo, hi in _split(len(idx), MAX_BATCH):
                 part = idx[lo:hi]
-                ks = keys if len(part) == len(keys) else keys.take(part)
+                ks = keys if whole and len(part) == len(keys) else keys.take(part)
                 fut = asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))
                 tasks[fut] = (part, None if flags is None else flags[lo:hi])
             self.counters["lookup_keys_asked"] += len(idx)
