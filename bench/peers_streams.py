@@ -1,10 +1,13 @@
-"""How many connections one batch should be split over (``ClientConfig.streams``): tierkv
-fetch and store of a whole prefix with streams 1, 2 and 4, interleaved, per block size.
+"""How many connections one batch should be split over (``ClientConfig.streams``) and how
+many frames one connection pipelines (``ClientConfig.pipeline``): tierkv fetch and store of a
+whole prefix with streams 1, 2 and 4 (``--pipeline``: with one stream and these depths),
+interleaved, per block size.
 
 Uses bench/peers.py's tierkv runner (one ``kvstore serve``, DRAM only, one client process).
 Prints the median GB/s and every round; the ratios between the columns are what count.
 
     python bench/peers_streams.py --rounds 5
+    python bench/peers_streams.py --rounds 5 --pipeline 1,2,4,8
 """
 
 from __future__ import annotations
@@ -25,19 +28,32 @@ import peers  # noqa: E402
 STREAMS = (1, 2, 4)
 
 
-async def one(size: int, count: int, rounds: int) -> None:
+async def one(size: int, count: int, rounds: int, depths: list[int]) -> None:
     src = np.random.default_rng(1).integers(0, 256, (count, size), dtype=np.uint8)
     dst = np.ones((count, size), np.uint8)
     res: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory() as td:
         kv = peers.Tierkv(Path(td), size, count, src, list(STREAMS))
         await kv.start()
-        for s in STREAMS:  # warm-up, not counted
+        variants = list(STREAMS)
+        if depths:  # one stream at each pipelining depth instead
+            from kvstore.client.node import ClientConfig, NodeClient
+
+            for c in kv.clients.values():
+                await c.close()
+            kv.clients = {
+                d: NodeClient(
+                    kv.addr, ClientConfig(namespaces=(kv.ns,), streams=1, pipeline=d, op_timeout_s=120)
+                )
+                for d in depths
+            }
+            variants = depths
+        for s in variants:  # warm-up, not counted
             await kv.fetch(s, dst)
             await kv.store(s, dst)
             await kv.after_store(s)
         for _ in range(rounds):
-            for s in STREAMS:
+            for s in variants:
                 for op in ("fetch", "store"):
                     t0 = time.perf_counter()
                     bad = await (kv.fetch(s, dst) if op == "fetch" else kv.store(s, dst))
@@ -47,17 +63,20 @@ async def one(size: int, count: int, rounds: int) -> None:
                         await kv.after_store(s)
         await kv.close()
     for (op, s), v in sorted(res.items()):
+        what = f"pipeline={s}" if depths else f"streams={s}"
         print(
-            f"{size >> 10} KiB x{count} {op} streams={s}: {statistics.median(v):.2f} GB/s {[round(x, 2) for x in v]}"
+            f"{size >> 10} KiB x{count} {op} {what}: {statistics.median(v):.2f} GB/s {[round(x, 2) for x in v]}"
         )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pipeline", default="", help="pipelining depths to compare (one stream), e.g. 1,2,4,8")
     args = ap.parse_args()
+    depths = [int(d) for d in args.pipeline.split(",")] if args.pipeline else []
     for size, count in peers.SIZES:
-        asyncio.run(one(size, count, args.rounds))
+        asyncio.run(one(size, count, args.rounds, depths))
     return 0
 
 

@@ -111,10 +111,10 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
 
     async def dram_put():
         await node.delete(keys)
-        await node.put(blocks)
+        await node.writer.put(blocks)
 
     async def dram_get():
-        await node.get_into(keys, bufs)
+        await node.reader.get_into(keys, bufs)
 
     t_put = await _abest(dram_put, reps)
     t_get = await _abest(dram_get, reps)
@@ -162,10 +162,10 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
     async def disk_put():
         await node.delete(keys)
         for i in range(0, n, 8):
-            await node.put(blocks[i : i + 8])
+            await node.writer.put(blocks[i : i + 8])
 
     async def disk_get():
-        await node.get_into(keys, bufs)
+        await node.reader.get_into(keys, bufs)
 
     t_dput = await _abest(disk_put, reps)
     t_dget = await _abest(disk_get, reps)

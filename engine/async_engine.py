@@ -181,11 +181,11 @@ class AsyncEngine:
         bad request. Cancelling the iterator aborts the request."""
         await self.start()
         rid = request_id or uuid.uuid4().hex
-        seq = self.engine.add_request(prompt_tokens, params, rid)  # validates; queues it
+        seq = self.engine.add_request(prompt_tokens, params, rid, queue=False)  # validates
         if self.connector is not None and not self._cached_locally(seq):
-            # Hold it back from the scheduler until the lookup answers (or times out).
-            self.engine.scheduler.waiting.remove(seq)
-            self._spawn(self._lookup(seq))
+            self._spawn(self._lookup(seq))  # queued when the lookup answers (or times out)
+        else:
+            self.engine.scheduler.add(seq)
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
         self._kick()
@@ -230,7 +230,7 @@ class AsyncEngine:
         t0 = time.perf_counter()
         try:
             found = await asyncio.wait_for(
-                self.connector.lookup_result(seq.prompt_tokens), self.lookup_timeout_s
+                self.connector.lookup_result(seq.prompt_tokens, seq.engine_keys), self.lookup_timeout_s
             )
         except Exception as exc:  # a slow or failing store is a miss, never an error
             log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
@@ -242,7 +242,12 @@ class AsyncEngine:
     async def _load(self, seq: Sequence, first: int, pages: list[int]) -> None:
         t0 = time.perf_counter()
         req = ConnectorRequest(
-            seq.request_id, tuple(seq.tokens), tuple(seq.page_table), first, seq.connector_lookup
+            seq.request_id,
+            tuple(seq.tokens),
+            tuple(seq.page_table),
+            first,
+            seq.connector_lookup,
+            seq.engine_keys,
         )
         try:
             n = await self.connector.load(req, pages)
@@ -254,14 +259,12 @@ class AsyncEngine:
         self._events.append(("loaded", seq, first, n, t0))
         self._kick()
 
-    async def _save(
-        self, sid: int, seq_id: str, tokens: tuple[int, ...], pages: list[int], found: object = None
-    ) -> None:
-        req = ConnectorRequest(seq_id, tokens, tuple(pages), 0, found)
+    async def _save(self, sid: int, seq: Sequence, tokens: tuple[int, ...], pages: list[int]) -> None:
+        req = ConnectorRequest(seq.request_id, tokens, tuple(pages), 0, seq.connector_lookup, seq.engine_keys)
         try:
             await self.connector.save(req, pages)
         except Exception as exc:
-            log.warning("event=connector_save_failed request=%s error=%r", seq_id, exc)
+            log.warning("event=connector_save_failed request=%s error=%r", seq.request_id, exc)
         finally:
             self._events.append(("saved", sid))
             self._kick()
@@ -316,10 +319,10 @@ class AsyncEngine:
             for seq, first, pages in eng.scheduler.to_load:
                 self._spawn(self._load(seq, first, pages))
             eng.scheduler.to_load.clear()
-            for rid, tokens, pages, found in eng.pending_saves:  # referenced by the step
+            for seq, tokens, pages in eng.pending_saves:  # referenced by the step
                 sid = id(pages)
                 self._held[sid] = pages
-                self._spawn(self._save(sid, rid, tokens, pages, found))
+                self._spawn(self._save(sid, seq, tokens, pages))
             eng.pending_saves.clear()
         for o in outs:
             q = self._queues.get(o.seq.request_id)

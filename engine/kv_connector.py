@@ -4,8 +4,10 @@ The engine calls a connector at three points, all ``async`` on the engine's even
 
 0. ``start()`` once at engine start: connections, buffers, device probes (off the request
    path).
-1. ``lookup_result(token_ids) -> ConnectorLookup`` when a request arrives (under the
-   connector's ``lookup_deadline_s``; a timeout or an error counts as 0): ``hit_tokens``, how
+1. ``lookup_result(token_ids, engine_keys) -> ConnectorLookup`` when a request arrives, before
+   it is queued (under the connector's ``lookup_deadline_s``; a timeout or an error counts as
+   0; ``engine_keys``: the engine's own keys of the prompt, :class:`EngineKeys`, or None; the
+   same go to ``load`` and ``save`` as ``ConnectorRequest.engine_keys``): ``hit_tokens``, how
    many leading tokens the store holds (a multiple of ``block_tokens``), and ``found``, what
    the connector learnt (for tierkv: the prompt's keys, hashed once, and their tiers). The
    engine keeps ``found`` on the sequence and hands it back, untouched, as
@@ -53,6 +55,17 @@ class ConnectorContext:
 
 
 @dataclass(frozen=True)
+class EngineKeys:
+    """The engine's own keys of a prompt's full pages, hashed once when the request was added
+    (for its prefix cache): ``keys`` a ``kvstore.keys.KeyBatch`` chained from ``namespace``,
+    the id of ``ctx.namespace(page_size)``. A connector whose namespace has this id (same id:
+    same chain) takes them instead of hashing the prompt again."""
+
+    namespace: Any  # kvstore.keys.BlockKey
+    keys: Any  # kvstore.keys.KeyBatch
+
+
+@dataclass(frozen=True)
 class ConnectorRequest:
     """A request as a connector sees it. ``page_table[i]`` holds tokens
     ``[i * page_size, (i + 1) * page_size)``; ``first_token`` is where the pages passed to
@@ -63,6 +76,7 @@ class ConnectorRequest:
     page_table: tuple[int, ...]
     first_token: int
     lookup: Any = None  # ConnectorLookup.found of this request's lookup (None: none made)
+    engine_keys: EngineKeys | None = None  # the engine's keys of the prompt (None: it has none)
 
 
 @dataclass(frozen=True)
@@ -92,9 +106,13 @@ class KVConnector(ABC):
     @abstractmethod
     async def lookup(self, token_ids: Sequence[int]) -> int: ...
 
-    async def lookup_result(self, token_ids: Sequence[int]) -> ConnectorLookup:
+    async def lookup_result(
+        self, token_ids: Sequence[int], engine_keys: EngineKeys | None = None
+    ) -> ConnectorLookup:
         """:meth:`lookup` with the record the engine hands back to ``load`` and ``save`` (a
-        connector that keeps one overrides this; the default keeps none)."""
+        connector that keeps one overrides this; the default keeps none). ``engine_keys``: the
+        engine's keys of the prompt, when it has them (a connector may take them rather than
+        hash the prompt again)."""
         return ConnectorLookup(await self.lookup(token_ids))
 
     @abstractmethod

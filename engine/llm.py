@@ -16,6 +16,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.errors import ModelLoadError, RequestError
 from engine.kv_cache import KVCache
 from engine.kv_calibration import calibrate_scales, calibration_tokens
+from engine.kv_connector import EngineKeys
 from engine.kv_dtype import dtype_name, is_scaled, layout_name, storage_dtype
 from engine.kv_transfer import KVTransfer
 from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
@@ -148,8 +149,8 @@ class LLMEngine:
         self.last_step_tokens = (0, 0)
         # Connector saves (set by AsyncEngine): block size, and pages held until saved.
         self.save_block_tokens = 0
-        # (request id, tokens, pages, its connector lookup's record) per save to start
-        self.pending_saves: list[tuple[str, tuple[int, ...], list[int], object]] = []
+        # per save to start: the request, its prompt's tokens of whole blocks, their pages
+        self.pending_saves: list[tuple[Sequence, tuple[int, ...], list[int]]] = []
 
     def namespace(self, block_tokens: int, fingerprint: str | None = None):
         """The kvstore.keys Namespace of this model: fingerprint of its folder (or
@@ -180,10 +181,16 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(
-        self, prompt_tokens: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        queue: bool = True,
     ) -> Sequence:
-        """Queue a request. Raises RequestError when the prompt is empty, has ids outside the
-        vocabulary, or prompt + max_tokens exceeds the context or the page pool."""
+        """Add a request and queue it for the scheduler (``queue`` False: the caller queues it
+        later, ``scheduler.add``: the AsyncEngine, once its connector lookup answered). Raises
+        RequestError when the prompt is empty, has ids outside the vocabulary, or prompt +
+        max_tokens exceeds the context or the page pool."""
         if not prompt_tokens:
             raise RequestError("prompt must not be empty", "prompt")
         vocab = self.model_config.vocab_size
@@ -200,9 +207,12 @@ class LLMEngine:
         if rid in self.requests:
             raise RequestError(f"duplicate request id {rid!r}", "request_id")
         seq = Sequence(rid, list(prompt_tokens), params)
-        if self.bm.namespace is not None:
+        ns = self.bm.namespace
+        if ns is not None:
             with self.timeline.phase("hash"):  # once per request, batched
-                seq.prompt_keys = self.bm.prompt_keys(seq.prompt_tokens)
+                packed = ns.key_batch(seq.prompt_tokens)
+                seq.prompt_keys = list(packed)
+                seq.engine_keys = EngineKeys(ns.id, packed)
         if not params.greedy:
             g = torch.Generator()
             g.manual_seed(
@@ -211,7 +221,8 @@ class LLMEngine:
             seq.generator = g
         self.requests[rid] = seq
         self.detok[rid] = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
-        self.scheduler.add(seq)
+        if queue:
+            self.scheduler.add(seq)
         return seq
 
     def abort(self, request_id: str) -> None:
@@ -264,9 +275,7 @@ class LLMEngine:
         if n_pages:
             pages = seq.page_table[:n_pages]
             self.bm.incref(pages)
-            self.pending_saves.append(
-                (seq.request_id, tuple(seq.tokens[: n_pages * ps]), pages, seq.connector_lookup)
-            )
+            self.pending_saves.append((seq, tuple(seq.tokens[: n_pages * ps]), pages))
 
     def _postprocess(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params
@@ -347,7 +356,7 @@ class LLMEngine:
 
     def check_integrity(self, extra_tables: list[list[int]] | None = None) -> None:
         """Raise PoolIntegrityError unless the page pool is consistent with live requests."""
-        held = [p for _, _, p, _ in self.pending_saves]
+        held = [p for _, _, p in self.pending_saves]
         self.bm.check([*self.scheduler.live_tables(), *held, *(extra_tables or [])])
 
     def stats(self) -> dict[str, float]:

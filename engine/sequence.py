@@ -52,7 +52,9 @@ class Sequence:
     """One request. ``tokens`` = prompt + generated; ``num_computed`` of them have K/V in the
     pages of ``page_table``. ``page_keys[i]`` is the prefix-cache key of full page ``i``;
     ``prompt_keys`` the keys of the prompt's full pages, hashed once when the request is added
-    (the prefix-cache match and registration reuse them on every step and after preemption)."""
+    (the prefix-cache match and registration reuse them on every step and after preemption);
+    ``engine_keys`` the same keys packed (``engine.kv_connector.EngineKeys``), handed to the
+    connector so that it does not hash the prompt again."""
 
     request_id: str
     prompt_tokens: list[int]
@@ -70,6 +72,7 @@ class Sequence:
     seq_no: int = field(default_factory=itertools.count().__next__)
     saved: bool = False
     prompt_keys: list = field(default_factory=list)
+    engine_keys: object = None
     queued_at: float | None = None  # perf_counter when it entered the queue (timeline)
 
     def __post_init__(self) -> None:

@@ -77,7 +77,7 @@ async def _child(root: str, n: int, nbytes: int) -> None:
     for blk in _blocks(n, nbytes):
         batch.append(blk)
         if len(batch) == 4:
-            for (h, _), r in zip(batch, await node.put(batch)):
+            for (h, _), r in zip(batch, await node.writer.put(batch)):
                 if r.durable:
                     print(f"ACK {h.key.hex}", flush=True)
             batch.clear()
@@ -96,7 +96,7 @@ async def _restart_and_read(root: str, n: int, nbytes: int, acked: set[str], con
         rows = []
         for label in ("disk (cold, checksummed)", "dram (promoted)"):
             t = time.perf_counter()
-            res = await node.get_into([h.key for h, _ in want], bufs, expect)
+            res = await node.reader.get_into([h.key for h, _ in want], bufs, expect)
             dt = time.perf_counter() - t
             hits = sum(r.status is Status.HIT for r in res)
             same = sum(bytes(b) == p for b, (_, p) in zip(bufs, want))
@@ -108,7 +108,7 @@ async def _restart_and_read(root: str, n: int, nbytes: int, acked: set[str], con
         for label, hits, same, gbs in rows:
             t.add_row(label, f"{hits}/{len(want)}", f"{same}/{len(want)}", f"{gbs:.2f}")
         console.print(t)
-        st = node.stats()
+        st = node.inspector.stats()
         t = Table(title="tiers")
         for c in ("tier", "capacity", "used", "blocks", "evictions"):
             t.add_column(c)

@@ -11,11 +11,11 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from polling import until
 
 from kvstore import protocol as P
 from kvstore.keys import Namespace
@@ -78,7 +78,7 @@ def launch_daemon(wd: Path, use_disk: bool = True, env: dict[str, str] | None = 
     """Write a config into ``wd``, start ``kvstore serve`` on ephemeral loopback ports, wait
     for its port file. ``sections`` override config tables ({"auth": {...}}); ``env``: the
     daemon's environment (default: this process's; ``TIERKV_*`` variables are dropped either
-    way). RuntimeError with the daemon's log when it does not come up within 30 s."""
+    way). RuntimeError with the daemon's log when it does not come up (``wait_serving``)."""
     wd.mkdir(parents=True, exist_ok=True)
     cfg = {
         "dram": {"capacity": "64MiB", "slab_size": "4MiB"},
@@ -105,13 +105,28 @@ def launch_daemon(wd: Path, use_disk: bool = True, env: dict[str, str] | None = 
             stderr=subprocess.STDOUT,
             env=env,
         )
-    deadline = time.monotonic() + 30
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"daemon did not start:\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)
-    return Daemon(proc, json.loads(port_file.read_text()), wd, log)
+    return Daemon(proc, wait_serving(proc, port_file, log), wd, log)
+
+
+def wait_serving(proc: subprocess.Popen, port_file: Path, log: Path, deadline_s: float = 60.0) -> dict:
+    """The ports a starting ``kvstore serve`` wrote to ``port_file``, once it did (a generous
+    bound: a loaded host imports slowly). RuntimeError with its log when it exits first or
+    does not serve within ``deadline_s`` (it is killed then)."""
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"daemon exited ({proc.returncode}) before serving:\n{log.read_text(errors='replace')}"
+            )
+        return port_file.exists()
+
+    try:
+        until(serving, deadline_s, f"the daemon to write {port_file.name}")
+    except AssertionError as exc:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"daemon did not start ({exc}):\n{log.read_text(errors='replace')}") from None
+    return json.loads(port_file.read_text())
 
 
 # ---------------------------------------------------------------- a raw data-port peer

@@ -25,16 +25,27 @@ def make_cfg(tmp_path, **overrides):
 
 
 def make_blocks(
-    n: int, nbytes: int = 256 * 1024, block_tokens: int = 4, seed: int = 0, ns: Namespace | None = None
+    n: int,
+    nbytes: int = 256 * 1024,
+    block_tokens: int = 4,
+    seed: int = 0,
+    ns: Namespace | None = None,
+    tokens: list[int] | None = None,
 ):
     """``n`` chained blocks of ``nbytes`` random payload each, in namespace ``ns`` (default: a
     float16 one of ``block_tokens`` tokens a block; a given ``ns`` brings its own): a list of
-    (header, payload bytes). The same ``seed`` makes the same blocks. The suite's one block
-    maker (tests/daemon's ``blocks_of`` fixture calls it too)."""
+    (header, payload bytes). The blocks hold random tokens, or the first ``n`` blocks of
+    ``tokens`` (a prompt's, so a lookup of that prompt finds them). The same ``seed`` makes the
+    same blocks. The suite's one block maker (tests/daemon's ``blocks_of`` fixture and
+    tests/cli's prompts call it too)."""
     ns = ns or Namespace("test-model", "float16", block_tokens)
     block_tokens = ns.block_tokens
     rnd = random.Random(seed)
-    tokens = [rnd.randrange(50000) for _ in range(n * block_tokens)]
+    if tokens is None:
+        tokens = [rnd.randrange(50000) for _ in range(n * block_tokens)]
+    else:
+        assert len(tokens) >= n * block_tokens, f"{len(tokens)} tokens make fewer than {n} blocks"
+        tokens = list(tokens[: n * block_tokens])
     keys = ns.block_keys(tokens)
     out, parent = [], ns.id
     for i, k in enumerate(keys):

@@ -21,12 +21,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, overload, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 from kvstore.block import BlockHeader
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, PutResult
+
+if TYPE_CHECKING:
+    from kvstore.client.read import BlockRead  # its module imports the connection code
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,9 @@ class PutReport(Sequence[PutResult]):
 class StoreClient(Protocol):
     """One store, local or remote, behind batched per-key calls (see the module docstring).
 
-    ``in_process``: True when the blocks live in this process (tier names are the node's own;
-    :meth:`kvstore.client.local.LocalClient.get_views` reads them in place); False for daemons.
+    ``in_process``: True when the blocks live in this process (tier names are the node's own,
+    and :meth:`read` lends DRAM slots in place); False for daemons (their tiers are another
+    machine's).
     """
 
     in_process: bool
@@ -106,6 +110,19 @@ class StoreClient(Protocol):
         it with its request and loads or saves those keys without hashing them again."""
         ...
 
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read: ``async with store.read(keys, bufs, expect) as r`` -- per key a result
+        and, for a HIT, a view of its payload: lent store memory (in process: a leased DRAM
+        slot, ``r.lent[i]``) or ``bufs[i]`` filled (daemons, the local disk); lent views are
+        valid until the block exits (or ``r.release()``). See kvstore/client/read.py."""
+        ...
+
     async def get_into(
         self,
         keys: Sequence[BlockKey],
@@ -115,7 +132,8 @@ class StoreClient(Protocol):
     ) -> list[GetResult]:
         """Fill ``bufs[i]`` (writable, contiguous) with block ``keys[i]``'s payload; HIT only
         when it arrived whole and matched its key and ``expect[i]``. Bytes of a buffer whose
-        result is not HIT are unspecified."""
+        result is not HIT are unspecified. The same path as :meth:`read` (read, then copy
+        what was lent), for callers that want the bytes in their own buffers."""
         ...
 
     async def put(

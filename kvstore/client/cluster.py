@@ -51,6 +51,7 @@ from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
 from kvstore.client.placement import Node, RankCache
 from kvstore.client.rdma import ClientRdma
+from kvstore.client.read import BlockRead, filling
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
@@ -82,10 +83,7 @@ class ClusterClient:
         self.cfg = cfg or ClusterConfig()
         # the call's deadline bounds a connection's set-up; the node client's own (short)
         # connect timeout would mark a node down for a late HELLO under a long deadline
-        # and a lookup past its (short) deadline is lateness for health to judge, not a failure
-        self._node_cfg = dataclasses.replace(
-            self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s, exists_timeout_marks_down=False
-        )
+        self._node_cfg = dataclasses.replace(self.client_cfg, connect_timeout_s=self.cfg.connect_timeout_s)
         c = self.client_cfg
         self.rdma = ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)  # one device for all nodes
         self.nodes: dict[str, NodeClient] = {}
@@ -178,7 +176,8 @@ class ClusterClient:
                 log.info("event=member_left node=%s", addr)
         for addr, m in current.items():
             if addr not in self.nodes:
-                self.nodes[addr] = NodeClient(addr, self._node_cfg, self.rdma)
+                # a call past its deadline is lateness for health to judge, not a failure
+                self.nodes[addr] = NodeClient(addr, self._node_cfg, self.rdma, self.health.timed_out)
                 log.info("event=member_joined node=%s zone=%s", addr, m.zone)
                 if self._warm_joiners and not self._closed:  # joined after start(): warm it up now
                     t = asyncio.get_running_loop().create_task(self._warm([addr], self.cfg.connect_timeout_s))
@@ -220,13 +219,13 @@ class ClusterClient:
         return self._rank_cache.order(key.raw)
 
     async def timed(self, addr: str, op: str, aw: Awaitable):
-        """Await one node call and feed its time (and GET payload bytes) to health."""
+        """Await one node call and feed its time (and GET payload bytes) to health; a call that
+        went past its deadline was reported by the node client already (Health.timed_out)."""
         node = self.nodes.get(addr)
         timeouts = node.counters["timeouts"] if node is not None else 0
         t0 = time.monotonic()
         res = await aw
-        if op == "exists" and node is not None and node.counters["timeouts"] != timeouts:
-            self.health.timed_out(addr, time.monotonic() - t0)  # late, not down: health judges
+        if node is not None and node.counters["timeouts"] != timeouts:
             return res
         nbytes = sum(r.header.payload_len for r in res if r.status is Status.HIT) if op == "get" else 0
         self.health.observe(addr, time.monotonic() - t0, nbytes, op)
@@ -272,6 +271,16 @@ class ClusterClient:
         return done.astype(bool).tolist()
 
     # ---------------------------------------------------------------- reads and writes
+
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
+        return filling(self.get_into, keys, bufs, expect, deadline_s)
 
     async def get_into(
         self,

@@ -14,8 +14,8 @@ received as one stream straight into the caller's buffers (:meth:`SocketChannel.
 ``recvmsg_into`` into several buffers per syscall, one hand-off to a worker per reply, the
 xxh3 digests computed as the bytes land), and each is checked against its header (key,
 expectation, checksum) before it counts as a hit. GET and PUT frames are pipelined: up to
-``PIPELINE`` requests are on the wire before the oldest reply is read (replies come in
-request order). :meth:`Conn.transport` lends the
+``pipeline`` requests (``ClientConfig.pipeline``) are on the wire before the oldest reply is
+read (replies come in request order). :meth:`Conn.transport` lends the
 connection to :class:`rdma.tcp.TcpTransport`, whose READ/WRITE frames this module builds.
 """
 
@@ -38,9 +38,6 @@ from rdma.tcp import DescriptorFrames, TcpTransport
 from rdma.transport import QPInfo, Region, RemoteDescriptor, Transport, TransportError
 
 _HEADER_ROOM = 1 << 20  # frame bytes kept free for the header map when cutting PUT batches
-# requests on the wire ahead of the reply being read (one connection): enough that the node
-# never waits for the next request; few, so a failed connection wastes little
-PIPELINE = 4
 
 
 class NodeRefused(Exception):
@@ -72,8 +69,9 @@ class Conn:
     """``hello`` is the node's HELLO reply map (kept as received for NodeClient, which reads its
     ``salt``); ``welcome`` is the same reply parsed (:class:`~kvstore.protocol.HelloReply`)."""
 
-    def __init__(self, ch: SocketChannel, hello: dict[str, Any]) -> None:
+    def __init__(self, ch: SocketChannel, hello: dict[str, Any], pipeline: int = 4) -> None:
         self.ch = ch
+        self.pipeline = pipeline  # GET/PUT frames on the wire ahead of the reply being read
         self.hello = hello
         self.welcome = P.HelloReply.from_wire(hello)
         self.max_frame = self.welcome.max_frame
@@ -96,6 +94,7 @@ class Conn:
         offload: Executor | None = None,
         rdma: QPInfo | None = None,
         worker_wait_s: float = 0.0,
+        pipeline: int = 4,
     ) -> Conn:
         """Connect and HELLO (offering ``rdma`` when given). Raises OSError, ConnectionError,
         FrameError, NodeRefused, or ProtocolError for a malformed reply (its ``rdma`` too)."""
@@ -109,7 +108,7 @@ class Conn:
                 if failed.code == P.BAD_VERSION:  # a node of another version names its own
                     raise NodeRefused(failed.code, f"{failed.err}; this client speaks {P.PROTOCOL_VERSION}")
                 raise NodeRefused(failed.code, failed.err)
-            return cls(ch, reply)
+            return cls(ch, reply, pipeline)
         except BaseException:
             ch.close()
             raise
@@ -162,7 +161,7 @@ class Conn:
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> list[GetResult]:
         """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:
-        up to ``PIPELINE`` requests are on the wire ahead of the reply being received, so the
+        up to ``pipeline`` requests are on the wire ahead of the reply being received, so the
         node starts the next batch while this one's bytes still land."""
         runs = _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM)
         reqs = [
@@ -174,8 +173,10 @@ class Conn:
         out: list[GetResult] = []
         sent = 0
         for n, (i, j) in enumerate(runs):
-            if sent <= n:
-                upto = min(len(reqs), n + PIPELINE)
+            # a sliding window: before reply n is read, requests n .. n + pipeline - 1 are out
+            # (sending them in groups of pipeline left the node idle at each group's end)
+            upto = min(len(reqs), n + self.pipeline)
+            if sent < upto:
                 await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
                 sent = upto
             out += await self._get_reply(reqs[n], views[i:j], expect[i:j])
@@ -189,22 +190,27 @@ class Conn:
         payload checked against its header (key, expectation, checksum)."""
         keys = req.keys
         reply = P.GetReply.from_wire(await self._reply(req.rid), len(keys))
-        hits = [i for i, e in enumerate(reply.entries) if e.status is Status.HIT]
+        entries = reply.entries
+        hits = [i for i, e in enumerate(entries) if e.status is Status.HIT]
+        dsts = []
         for i in hits:
-            if reply.entries[i].block.payload_len > views[i].nbytes:
+            n = entries[i].block.payload_len
+            if n > views[i].nbytes:
                 raise P.bad("GET reply sent a payload larger than the buffer")
-        dsts = [views[i][: reply.entries[i].block.payload_len] for i in hits]
+            dsts.append(views[i][:n])
         digests = await self.ch.recv_views(dsts, xxh3_64)
         self.bytes_in += reply.plen
-        out = [GetResult(e.status, e.block, e.tier) for e in reply.entries]
-        for i, dst, digest in zip(hits, dsts, digests):
-            e = reply.entries[i]
-            out[i] = GetResult(check_payload(e.block, keys[i], expect[i], dst, digest), e.block, e.tier)
-        return out
+        checked = dict(zip(hits, zip(dsts, digests)))
+        return [
+            GetResult(e.status, e.block, e.tier)
+            if e.status is not Status.HIT
+            else GetResult(check_payload(e.block, keys[i], expect[i], *checked[i]), e.block, e.tier)
+            for i, e in enumerate(entries)
+        ]
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
         """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
-        ``PIPELINE`` frames (their payloads streamed) ahead of the reply being read."""
+        ``pipeline`` frames (their payloads streamed) ahead of the reply being read."""
         limit = max(self.max_frame - _HEADER_ROOM, 1)
         views = []
         for hdr, payload in blocks:
@@ -218,7 +224,7 @@ class Conn:
         out: list[PutResult] = []
         pending: list[tuple[int, int]] = []  # (rid, blocks) of frames sent, replies not yet read
         for i, j in runs:
-            if len(pending) >= PIPELINE:
+            if len(pending) >= self.pipeline:
                 out += await self._put_reply(*pending.pop(0))
             req = P.PutRequest(self._next(), tuple(h for h, _ in blocks[i:j]))
             await self.ch.send_frame(req.to_wire(), views[i:j])

@@ -17,10 +17,11 @@ Contract:
   ``outlier_factor`` times their median count) *and* the healthy view keeps at least
   ``max(replicas, majority of the members)`` nodes. An ejection refused for that floor is
   counted (``slow_kept_for_floor``).
-- Failures eject at once, with no floor: a node client marked down (refused, reset, a read or
-  write past its deadline: kvstore/client/node.py) is ``down``. A lookup past its (short)
-  deadline alone is not a failure: the node is asked again with one small EXISTS under
-  ``confirm_timeout_s``; only when that also gets no answer is it ejected (``unresponsive``).
+- Failures eject at once, with no floor: a node client marked down (refused, reset, closed:
+  kvstore/client/node.py) is ``down``. A call past its deadline (a lookup, a read, a write)
+  alone is not a failure (:meth:`Health.timed_out`: a latency or lateness sample): the node is
+  asked again with one small STATS under ``confirm_timeout_s``; only when that also gets no
+  answer is it ejected (``unresponsive``).
 - Readmission with backoff: an ejected node stays out ``eject_base_s``, doubled per further
   ejection within ``flap_window_s`` (at most ``eject_max_s``). Then, once its node client
   reconnected, a probe (``probe_rounds`` EXISTS of ``probe_keys`` keys, about 70 KiB each, so
@@ -165,18 +166,26 @@ class Health:
         self.windows.setdefault(addr, Window(self.cfg.health_window_s)).add_late()
         self._judge(addr, "late")
 
-    def timed_out(self, addr: str, seconds: float) -> None:
-        """A lookup to ``addr`` missed its deadline after ``seconds`` without the node client
-        marking it down: that time (less loop lag) is a latency sample of the window, a lower
-        bound of the node's; and one small call confirms the node still answers at all."""
-        self.counters["lookup_timeouts"] += 1
+    def timed_out(self, addr: str, op: str, seconds: float) -> None:
+        """A call ``op`` to ``addr`` missed its deadline after ``seconds`` (its node client
+        stays up: this is lateness, not a failure). An EXISTS or STATS is a latency sample of
+        the window (a lower bound of the node's); a GET or PUT, whose time grows with its bytes,
+        counts as late like a hedged-away read. Then one small call confirms the node still
+        answers at all; only a node that does not is ejected (``unresponsive``)."""
+        kind = "lookup" if op == "EXISTS" else "write" if op == "PUT" else "read" if op == "GET" else "call"
+        self.counters[f"{kind}_timeouts"] += 1
         if self._closed or not self.healthy(addr):
             return
         if self._blocked_most(seconds):
-            self.counters["lookup_timeouts_loop_lag"] += 1  # the client was late, not the node
+            self.counters[f"{kind}_timeouts_loop_lag"] += 1  # the client was late, not the node
             return
-        self.windows.setdefault(addr, Window(self.cfg.health_window_s)).add_latency(self.discounted(seconds))
-        self._judge(addr, "outlier")
+        w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
+        if op in ("GET", "PUT"):
+            w.add_late()
+            self._judge(addr, "late")
+        else:
+            w.add_latency(self.discounted(seconds))
+            self._judge(addr, "outlier")
         if not self.healthy(addr):
             return
         t = self._confirms.get(addr)
@@ -188,7 +197,7 @@ class Health:
         if node is None:
             return
         if await self.prober.answers(node, self.cfg.confirm_timeout_s):
-            self.counters["lookup_timeouts_forgiven"] += 1
+            self.counters["timeouts_forgiven"] += 1
         elif self.nodes.get(addr) is node:
             self.eject(addr, "unresponsive")
 

@@ -7,7 +7,8 @@ moment: a busy host slows both); True when the suspect's probe ended without an 
 timeout within ``max(probe_deadline_s, probe_factor x the peer's time)`` (both probes run at
 once on the same loop, so a busy host slows them alike: a tight factor), both less the
 client's loop lag meanwhile. With no healthy peer the limit is ``outlier_factor x
-probe_deadline_s`` (a slow node beats none). :meth:`answers` is one STATS under a deadline. Neither raises.
+probe_deadline_s`` (a slow node beats none). :meth:`answers` is one STATS under a deadline
+(extended by the loop lag meanwhile). Neither raises.
 """
 
 from __future__ import annotations
@@ -64,10 +65,22 @@ class Prober:
         return took <= max(cfg.probe_deadline_s, cfg.probe_factor * ref_took)
 
     async def answers(self, node: NodeClient, deadline_s: float) -> bool:
-        """Whether the node answers a STATS (one small reply) within ``deadline_s`` plus the
-        time the client's loop was blocked meanwhile."""
+        """Whether the node answers one STATS (a small reply) within ``deadline_s`` of time the
+        client's loop could run: the time it was blocked meanwhile extends the wait for the
+        same request (a second request would wait a whole ``deadline_s`` again, and a node
+        that answers nothing would stay in the view twice as long)."""
         t0 = time.monotonic()
-        if await node.stats(deadline_s) is not None:
-            return True
-        extra = self.health.lag.blocked(t0)
-        return extra > 0.01 and node.up and await node.stats(deadline_s + extra) is not None
+        cap = 4 * deadline_s  # the most loop lag this makes up for
+        call = asyncio.ensure_future(node.stats(cap))
+        until = deadline_s
+        while True:
+            await asyncio.wait({call}, timeout=max(t0 + until - time.monotonic(), 0.0))
+            if call.done():
+                return call.result() is not None
+            longer = min(deadline_s + self.health.lag.blocked(t0), cap)
+            if longer <= until + 1e-3:
+                break
+            until = longer
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        return False

@@ -23,6 +23,7 @@ from kvstore.block import BlockHeader
 from kvstore.client import rdma as client_rdma
 from kvstore.client.conn import Conn, byte_view, check_payload
 from kvstore.client.rdma import ClientRdma
+from kvstore.client.read import check_read
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, PutResult, Status
 
@@ -52,12 +53,8 @@ class DescriptorPath:
         from the node's slab with RDMA READ, and blocks outside the slab come with GET inline;
         otherwise the node copies the leased bytes over TCP. Same results as ``get_into``, or the
         Status of a failed call (the caller counts either)."""
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(
-                f"get_into (descriptor path): {len(keys)} keys but {len(bufs)} buffers / expectations"
-            )
+        exp = check_read("get_into (descriptor path)", keys, bufs, expect)
         views = [byte_view(b) for b in bufs]
-        exp = list(expect) if expect is not None else [None] * len(keys)
 
         async def go(conn: Conn) -> list[GetResult]:
             one_sided = conn.verbs is not None and self.rdma.covers(views)

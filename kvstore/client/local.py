@@ -1,11 +1,11 @@
 """``local://PATH``: a :class:`~kvstore.client.api.StoreClient` over an in-process node.
 
 The node (:class:`kvstore.node.store.NodeStore`: DRAM, then LMDB disk under ``PATH/disk``) is
-opened on the first call or at :meth:`LocalClient.start`, in the caller's event loop. Reads
-lease each block, copy it into the caller's buffer and release it (blocks on disk only are
-read straight into the caller's buffer); writes reserve a slot, copy the payload in and
-commit it: the node's own two-phase sequences, the ones a daemon runs for its clients. :meth:`LocalClient.get_views` reads in place instead (zero copy), for the
-connector's loads from DRAM.
+opened on the first call or at :meth:`LocalClient.start`, in the caller's event loop. The one
+read (:meth:`LocalClient.read`) leases each block in DRAM and lends its slot's bytes until it
+is released (blocks on disk only are read straight into the caller's buffer); ``get_into`` is
+that read with the lent bytes copied out. Writes reserve a slot, copy the payload in and
+commit it: the node's own two-phase sequences, the ones a daemon runs for its clients.
 
 Same contract as every StoreClient (kvstore/client/api.py): a failure of the node (an I/O
 error, a deadline) is a miss or a dropped write, logged, never an exception to the caller.
@@ -18,12 +18,13 @@ import asyncio
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
 from kvstore.client.conn import byte_view
+from kvstore.client.read import BlockRead, Filled, check_read
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, PutResult, Status
@@ -116,6 +117,38 @@ class LocalClient:
             self._failed("lookup", exc)
             return LookupResult.empty(keys)
 
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read (kvstore/client/read.py): blocks in DRAM are leased and lent in place
+        (read-only views of their slots, zero copy) until the read is released or its lease
+        ends (four times the deadline, at least 4 s); blocks on disk only are read straight
+        into their buffers (the node's checksum-verified read, CORRUPT for a bad copy) -- a
+        lease would first copy each into a fresh private buffer, and the connector's staging
+        buffers are reused precisely so that a load never faults in new pages. A block that
+        does not match its key and expectation is MISMATCH; one longer than its buffer
+        BUF_TOO_SMALL."""
+        exp = check_read("read", keys, bufs, expect)
+        views = [byte_view(b) for b in bufs]  # TypeError now for a buffer that cannot be filled
+        deadline = deadline_s or self.op_timeout_s
+
+        async def fill() -> Filled:
+            try:
+                got = await asyncio.wait_for(self._lend(keys, views, exp, max(deadline, 1.0) * 4), deadline)
+            except Exception as exc:  # the cache path never raises to the engine
+                self._failed("get", exc)
+                n = len(keys)
+                return [GetResult(Status.ERROR)] * n, [None] * n, [False] * n, None
+            for r in got[0]:
+                self._counters["hits" if r.status is Status.HIT else "misses"] += 1
+            return got
+
+        return BlockRead(fill)
+
     async def get_into(
         self,
         keys: Sequence[BlockKey],
@@ -123,73 +156,42 @@ class LocalClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """Lease, copy into ``bufs``, release. A block that does not match its key and
-        expectation is MISMATCH; a short buffer BUF_TOO_SMALL. Blocks on disk only are read
-        straight into their buffers instead (the node's checksum-verified read, CORRUPT for a
-        bad copy): a lease would first copy each into a fresh private buffer, and the
-        connector's staging buffers are reused precisely so that a load never faults in new
-        pages."""
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
-        views = [byte_view(b) for b in bufs]
-        exp = list(expect) if expect is not None else [None] * len(keys)
-        try:
-            out = await asyncio.wait_for(self._read(keys, views, exp), deadline_s or self.op_timeout_s)
-        except Exception as exc:
-            self._failed("get", exc)
-            return [GetResult(Status.ERROR)] * len(keys)
-        for r in out:
-            self._counters["hits" if r.status is Status.HIT else "misses"] += 1
-        return out
+        """:meth:`read`, its lent blocks copied into ``bufs`` before they are released."""
+        async with self.read(keys, bufs, expect, deadline_s) as r:
+            return r.copy_lent(bufs)
 
-    async def _read(self, keys, views: list[memoryview], exp: list) -> list[GetResult]:
+    async def _lend(self, keys, views: list[memoryview], exp: list, ttl_s: float) -> Filled:
         node = await self._get()
         on_disk = [t == "disk" for t in await node.contains(keys)]
-        out: list[GetResult] = [GetResult(Status.MISS)] * len(keys)
+        n = len(keys)
+        results: list[GetResult] = [GetResult(Status.MISS)] * n
+        lent_views: list[memoryview | None] = [None] * n
+        lent = [False] * n
         mem = [i for i, d in enumerate(on_disk) if not d]
-        leases = await node.lease([keys[i] for i in mem], self.op_timeout_s * 4)
+        leases = await node.leaser.lease([keys[i] for i in mem], ttl_s)
+        held = [x for x in leases if x is not None]
+
+        def release() -> None:
+            node.state.release(held)
+
         try:
             for i, lease in zip(mem, leases):
-                out[i] = _copy_out(keys[i], views[i], exp[i], lease)
-        finally:
-            node.release([x for x in leases if x is not None])
-        disk = [i for i, d in enumerate(on_disk) if d]
-        if disk:
-            got = await node.get_into(
-                [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
-            )
-            for i, r in zip(disk, got):
-                out[i] = r
-        return out
-
-    async def get_views(
-        self, keys: Sequence[BlockKey], expect: Sequence[Expect], deadline_s: float | None = None
-    ) -> tuple[list[GetResult], list[Any], Callable[[], None]] | None:
-        """Zero-copy reads of blocks in DRAM: per key a result and a read-only view of the
-        payload in its slot, valid until ``release()`` is called (then the slots may be reused).
-        None when a block is on disk only: :meth:`get_into` reads it into the caller's warm
-        staging buffers rather than a fresh private copy."""
-        deadline = deadline_s or self.op_timeout_s
-        try:
-            node = await self._get()
-            if any(t == "disk" for t in await node.contains(keys)):
-                return None
-            leases = await asyncio.wait_for(node.lease(keys, max(deadline, 1.0) * 4), deadline)
-        except Exception as exc:
-            self._failed("lease", exc)
-            return [GetResult(Status.ERROR)] * len(keys), [None] * len(keys), lambda: None
-        results, views = [], []
-        for key, exp, lease in zip(keys, expect, leases):
-            if lease is None:
-                results.append(GetResult(Status.MISS))
-                views.append(None)
-            elif not lease.header.matches(key, exp.parent, exp.token_bytes):
-                results.append(GetResult(Status.MISMATCH, lease.header, lease.tier))
-                views.append(None)
-            else:
-                results.append(GetResult(Status.HIT, lease.header, lease.tier))
-                views.append(lease.view)
-        return results, views, lambda: node.release([x for x in leases if x is not None])
+                results[i] = _check_lease(keys[i], views[i], exp[i], lease)
+                if results[i].status is Status.HIT:
+                    lent_views[i], lent[i] = lease.view, True
+            disk = [i for i, d in enumerate(on_disk) if d]
+            if disk:
+                got = await node.reader.get_into(
+                    [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
+                )
+                for i, r in zip(disk, got):
+                    results[i] = r
+                    if r.status is Status.HIT:
+                        lent_views[i] = views[i][: r.header.payload_len]
+        except BaseException:  # give the leases back now rather than at their TTL
+            release()
+            raise
+        return results, lent_views, lent, release
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
@@ -222,7 +224,7 @@ class LocalClient:
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         try:
-            return {"local": (await self._get()).stats()}
+            return {"local": (await self._get()).inspector.stats()}
         except Exception as exc:
             self._failed("stats", exc)
             return {"local": None}
@@ -238,8 +240,8 @@ class LocalClient:
             self._node = None
 
 
-def _copy_out(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> GetResult:
-    """One leased block into the caller's buffer (before its release)."""
+def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> GetResult:
+    """One leased block's result: HIT when it matches its key and expectation and fits."""
     if lease is None:
         return GetResult(Status.MISS)
     hdr = lease.header
@@ -247,13 +249,12 @@ def _copy_out(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> Get
         return GetResult(Status.MISMATCH, hdr, lease.tier)
     if hdr.payload_len > view.nbytes:
         return GetResult(Status.BUF_TOO_SMALL, hdr, lease.tier)
-    view[: hdr.payload_len] = lease.view
     return GetResult(Status.HIT, hdr, lease.tier)
 
 
 async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[PutResult]:
     """The node's two-phase write: a slot per block, the payload copied in, then commit."""
-    reserved = await node.reserve([h for h, _ in blocks])
+    reserved = await node.writer.reserve([h for h, _ in blocks])
     out: list[PutResult] = [PutResult(Status.ERROR)] * len(blocks)
     held = []
     try:
@@ -264,9 +265,9 @@ async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[Pu
                 r.view[:] = mv
                 held.append((i, r))
     except BaseException:  # give every slot back now rather than at the lease TTL
-        node.abort([r for r in reserved if not isinstance(r, Status)])
+        node.state.abort([r for r in reserved if not isinstance(r, Status)])
         raise
-    for (i, _), res in zip(held, await node.commit([r for _, r in held])):
+    for (i, _), res in zip(held, await node.writer.commit([r for _, r in held])):
         out[i] = res
     return out
 

@@ -39,6 +39,7 @@ from kvstore.lookups import tier_names
 from kvstore.protocol import MAX_BATCH
 
 _NONE = 255  # "not found yet" while merging codes (every real code is smaller)
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class MissHints:
@@ -109,11 +110,12 @@ class Lookups:
         """Per key, its tier as the module docstring says (``None``: nowhere)."""
         return tier_names(await self.codes(KeyBatch.of(keys), deadline_s))
 
-    def ranking(self, keys: KeyBatch, view: list[Node]) -> Ranking:
+    def ranking(self, keys: KeyBatch, view: list[Node], raws: list[bytes] | None = None) -> Ranking:
         """``keys``' orders over ``view``: from the cache when it ranks over ``view`` (it does
-        right after ``healthy_view``), else computed for this call alone."""
+        right after ``healthy_view``), else computed for this call alone. ``raws``:
+        ``keys.raws()`` when the caller split them already (one split per lookup)."""
         if self.ranks.view == tuple(view):
-            return self.ranks.ranking(keys)
+            return self.ranks.ranking(keys, raws)
         ids, rows = rank_positions(keys, view, self.cfg.replicas)
         uniq, inverse = unique_rows(rows)
         return Ranking(ids, inverse.astype(np.int64), uniq.astype(np.int16))
@@ -129,24 +131,24 @@ class Lookups:
         addrs = [x.id for x in view]
         every = owners >= len(view)  # every node owns every key: no ranking, no second round
         second = not every and hi > owners
-        ranking = None if every else self.ranking(keys, view)  # kept for every round
+        raws: list[bytes] = [] if every else keys.raws()
+        ranking = None if every else self.ranking(keys, view, raws)  # kept for every round
         best = np.full(n, _NONE, dtype=np.uint8)
         if every:
             groups = {a: np.arange(n) for a in addrs}
         else:
             groups = ranking.groups(None, 0, owners)
-        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3))
-        raws: list[bytes] = keys.raws() if second else []
         hinted = np.zeros(0, dtype=np.int64)
-        ahead: dict[asyncio.Future, np.ndarray] = {}
+        ahead: dict[str, np.ndarray] = {}
         if second and self.hints:  # the lookahead round of hinted keys goes out now, too
             hinted = self.hints._among(raws)
             if len(hinted):
-                ahead = self._send(
-                    keys, ranking.groups(hinted, owners, hi), max(end - time.monotonic(), 1e-3)
-                )
-        if await self._collect(tasks, best, None) or not second:
-            self._leave(ahead)
+                ahead = ranking.groups(hinted, owners, hi)
+        late = np.full(n, _NONE, dtype=np.uint8) if ahead else None
+        # a node's owned keys and its hinted lookahead keys share its requests (a key's
+        # owners and its lookahead nodes are distinct nodes, so no key is asked twice there)
+        tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3), ahead)
+        if await self._collect(tasks, best, None, late) or not second:
             if len(hinted):
                 self.hints.note(raws, (), hinted.tolist())  # every one found on its owners
             return _codes(best)
@@ -158,9 +160,7 @@ class Lookups:
             found_hinted, fresh = hinted, pending
         if len(found_hinted) or len(fresh):
             self.hints.note(raws, fresh.tolist(), found_hinted.tolist())
-        if ahead:
-            late = np.full(n, _NONE, dtype=np.uint8)
-            await self._collect(ahead, late, hinted)
+        if late is not None:  # every request of round 1 answered (or failed): its hinted keys too
             asked = np.isin(pending, hinted)
             best[pending[asked]] = late[pending[asked]]
             pending = pending[~asked]
@@ -179,36 +179,59 @@ class Lookups:
         return self.ranking(keys, view).groups(None, lo, hi)
 
     def _send(
-        self, keys: KeyBatch, groups: dict[str, np.ndarray], deadline_s: float
-    ) -> dict[asyncio.Future, np.ndarray]:
-        """Start the EXISTS of ``groups`` (per node, at most ``MAX_BATCH`` keys a request, all
-        in parallel); each request's future with the indices it asked about. A node that
-        left the membership since the lookup began is not asked (its keys stay unanswered)."""
+        self,
+        keys: KeyBatch,
+        groups: dict[str, np.ndarray],
+        deadline_s: float,
+        ahead: dict[str, np.ndarray] | None = None,
+    ) -> dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]]:
+        """Start the EXISTS of ``groups`` and ``ahead`` (per node, the indices of its keys and
+        of its hinted lookahead keys; at most ``MAX_BATCH`` keys a request, all in parallel);
+        each request's future with the indices it asked about and which of them were asked
+        ahead (None: none). A node that left the membership since the lookup began is not
+        asked (its keys stay unanswered)."""
         nodes, timed = self.route.nodes, self.route.timed
-        tasks: dict[asyncio.Future, np.ndarray] = {}
-        for a, idx in groups.items():
+        ahead = ahead or {}
+        tasks: dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]] = {}
+        for a in (*groups, *(x for x in ahead if x not in groups)):
             node = nodes.get(a)
             if node is None:
                 continue
-            for part in _split(idx, MAX_BATCH):
-                ks = keys if len(part) == len(keys) else keys.take(part)
-                tasks[asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))] = part
+            own, more = groups.get(a, _EMPTY), ahead.get(a, _EMPTY)
+            idx = np.concatenate((own, more)) if len(more) else own
+            flags = np.arange(len(idx)) >= len(own) if len(more) else None
+            whole = not len(more) and len(own) == len(keys)  # own: ascending, so all keys in order
+            for lo, hi in _split(len(idx), MAX_BATCH):
+                part = idx[lo:hi]
+                ks = keys if whole and len(part) == len(keys) else keys.take(part)
+                fut = asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))
+                tasks[fut] = (part, None if flags is None else flags[lo:hi])
             self.counters["lookup_keys_asked"] += len(idx)
         return tasks
 
     async def _collect(
-        self, tasks: dict[asyncio.Future, np.ndarray], best: np.ndarray, asked: np.ndarray | None
+        self,
+        tasks: dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]],
+        best: np.ndarray,
+        asked: np.ndarray | None,
+        late: np.ndarray | None = None,
     ) -> bool:
-        """Merge the answers of ``tasks`` into ``best`` (the least code wins) as they come;
-        ``asked``: the key indices they cover (None: all), all unanswered at the start. True,
-        early, once every one was found (the rest are left to finish: :meth:`_leave`)."""
+        """Merge the answers of ``tasks`` into ``best`` (the least code wins; the keys a request
+        asked ahead into ``late`` instead) as they come; ``asked``: the key indices ``best``
+        must cover (None: all), all unanswered at the start. True, early, once every one was
+        found (the rest are left to finish: :meth:`_leave`)."""
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 got = np.frombuffer(t.result(), dtype=np.uint8)
-                idx = tasks[t]  # distinct indices within one request
-                best[idx] = np.minimum(best[idx], np.where(got == 0, _NONE, got))
+                got = np.where(got == 0, _NONE, got)
+                idx, flags = tasks[t]  # distinct indices within one request
+                if flags is not None:
+                    more = idx[flags]
+                    late[more] = np.minimum(late[more], got[flags])
+                    idx, got = idx[~flags], got[~flags]
+                best[idx] = np.minimum(best[idx], got)
             left = best if asked is None else best[asked]
             if not (left == _NONE).any():
                 if pending:
@@ -246,11 +269,10 @@ def _codes(best: np.ndarray) -> bytes:
     return np.where(best == _NONE, 0, best).astype(np.uint8).tobytes()
 
 
-def _split(idx: np.ndarray, most: int) -> list[np.ndarray]:
-    """``idx`` cut into the fewest even parts of at most ``most`` (sent in parallel, so the
-    node answers the first while the client encodes the next)."""
-    n = -(-len(idx) // most)
-    if n <= 1:
-        return [idx]
-    size = -(-len(idx) // n)
-    return [idx[i : i + size] for i in range(0, len(idx), size)]
+def _split(n: int, most: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` bounds cutting ``n`` items into the fewest even parts of at most ``most``
+    (sent in parallel, so the node answers the first while the client encodes the next)."""
+    if not n:
+        return []
+    size = -(-n // -(-n // most))
+    return [(lo, min(lo + size, n)) for lo in range(0, n, size)]

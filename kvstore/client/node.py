@@ -3,8 +3,10 @@
 Contract: no method raises for a node problem. A timeout, reset, refused connection or a
 node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, ``None`` for
 EXISTS, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
-``counters``. A node that fails is marked down and skipped (instant misses) until a background
-probe reconnects. Every call has a deadline (``deadline_s``, default ``op_timeout_s``).
+``counters``. A node that fails (refused, reset, closed; a call past its deadline too, unless
+a ``late`` judge was given: :class:`NodeClient`) is marked down and skipped (instant misses)
+until a background probe reconnects. Every call has a deadline (``deadline_s``, default
+``op_timeout_s``).
 Caller bugs (a buffer list of the wrong length, a payload that does not match its header)
 raise ValueError/TypeError at once.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +47,7 @@ from kvstore.block import BlockHeader
 from kvstore.client.conn import Conn, NodeRefused, byte_view
 from kvstore.client.leased import DescriptorPath
 from kvstore.client.rdma import ClientRdma
+from kvstore.client.read import BlockRead, check_read, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import tier_names
 from kvstore.results import Expect, GetResult, PutResult, Status
@@ -67,8 +71,9 @@ class ClientConfig:
     ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
     ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
     one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
-    connections one large inline GET or PUT batch is split over, at most ``pool_size``
-    (docs/configuration.md)."""
+    connections one large inline GET or PUT batch is split over, at most ``pool_size``;
+    ``pipeline``: the GET/PUT frames one connection has on the wire ahead of the reply being
+    read (docs/configuration.md)."""
 
     token: str = ""
     tenant: str | None = None
@@ -77,14 +82,12 @@ class ClientConfig:
     connect_timeout_s: float = 1.0
     op_timeout_s: float = 5.0
     probe_interval_s: float = 0.5
-    # False: an EXISTS past its deadline is only late, the node stays up (the cluster client's
-    # health decides: kvstore/client/health.py); reads, writes and the rest still mark it down
-    exists_timeout_marks_down: bool = True
     transport: str = "auto"
     rdma_device: str = ""
     rdma_gid_index: int = 0
     descriptors: str = "auto"
     streams: int = 4
+    pipeline: int = 4
 
     def __post_init__(self) -> None:
         if self.transport not in ("auto", "tcp", "rdma"):
@@ -95,6 +98,8 @@ class ClientConfig:
             raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
         if self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams}")
+        if not 1 <= self.pipeline <= 64:
+            raise ValueError(f"pipeline must be 1..64, got {self.pipeline}")
         for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -102,10 +107,20 @@ class ClientConfig:
 
 class NodeClient:
     """Batched ops against one node. See the module docstring for the failure contract.
-    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own."""
+    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own.
+    ``late``: who judges a call past its deadline, ``late(addr, op, seconds)`` (the cluster
+    client's health: kvstore/client/health.py); the node then stays up, its connection closed.
+    Without one, a deadline miss marks the node down like a failure."""
 
-    def __init__(self, addr: str, cfg: ClientConfig | None = None, rdma: ClientRdma | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        cfg: ClientConfig | None = None,
+        rdma: ClientRdma | None = None,
+        late: Callable[[str, str, float], None] | None = None,
+    ) -> None:
         self.addr = addr
+        self._late = late
         self.host, self.port = parse_host_port(addr, "node address")
         self.cfg = cfg or ClientConfig()
         c = self.cfg
@@ -143,6 +158,7 @@ class NodeClient:
                     self._copies,
                     qp.info if qp is not None else None,
                     _WORKER_WAIT_S,
+                    c.pipeline,
                 ),
                 c.connect_timeout_s,
             )
@@ -190,12 +206,18 @@ class NodeClient:
             self.counters["skipped"] += 1
             await asyncio.sleep(0)  # an instant miss still yields, so retry loops cannot starve the loop
             return Status.MISS
+        t0 = time.monotonic()
         try:
+            # wait_for, not asyncio.timeout on this task: with the latter, 32 clients opening
+            # their first connections at once missed their connect timeouts
+            # (tests/daemon/test_daemon_stress.py, every run; never with wait_for)
             return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
         except TimeoutError:
             self.counters["timeouts"] += 1
-            if op != "EXISTS" or self.cfg.exists_timeout_marks_down:
+            if self._late is None:
                 self._mark_down(op, "deadline passed")
+            else:  # a late answer is a busy node's, not a broken one's: health judges
+                self._late(self.addr, op, time.monotonic() - t0)
             return Status.TIMEOUT
         except RuntimeError:
             if not self._closed:  # the copy executor refuses work only after close()
@@ -292,13 +314,21 @@ class NodeClient:
         path or the inline GET, as the module docstring says; the same results either way."""
         return await self._read(keys, bufs, expect, deadline_s, self.cfg.descriptors == "always")
 
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead:
+        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
+        return filling(self.get_into, keys, bufs, expect, deadline_s)
+
     async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> list[GetResult]:
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
+        exp = check_read("get_into", keys, bufs, expect)
         views = [byte_view(b) for b in bufs]
         if descriptors or (self.one_sided and self.rdma.covers(views)):
-            return self._count_gets(await self._leased.get_into(keys, views, expect, deadline_s), len(keys))
-        exp = list(expect) if expect is not None else [None] * len(keys)
+            return self._count_gets(await self._leased.get_into(keys, views, exp, deadline_s), len(keys))
         out: list[GetResult] = []
         for (i, j), r in await self._striped(
             "GET",
@@ -346,10 +376,15 @@ class NodeClient:
         if isinstance(r, Status):
             self.counters["misses"] += n
             return [GetResult(r)] * n
-        for g in r:
-            self.counters["hits" if g.status is Status.HIT else "misses"] += 1
-            if g.status is Status.CORRUPT:
-                self.counters["corrupt"] += 1
+        statuses = [g.status for g in r]
+        hits = statuses.count(Status.HIT)
+        for name, n in (
+            ("hits", hits),
+            ("misses", len(statuses) - hits),
+            ("corrupt", statuses.count(Status.CORRUPT)),
+        ):
+            if n:
+                self.counters[name] += n
         self.counters["bytes_in"] += sum(g.header.payload_len for g in r if g.status is Status.HIT)
         return r
 
@@ -379,11 +414,16 @@ class NodeClient:
         if isinstance(r, Status):
             self.counters["dropped_writes"] += len(blocks)
             return [PutResult(r)] * len(blocks)
-        for p in r:  # ERROR: a pair this client failed to move, or the node failed to store
-            if p.status.ok:
-                self.counters["stored"] += 1
-            else:
-                self.counters["dropped_writes" if p.status is Status.ERROR else "refused_writes"] += 1
+        statuses = [p.status for p in r]
+        stored = sum(map(statuses.count, (Status.STORED, Status.EXISTS, Status.HIT)))
+        dropped = statuses.count(Status.ERROR)  # a pair this client failed to move, or the node to store
+        for name, n in (
+            ("stored", stored),
+            ("dropped_writes", dropped),
+            ("refused_writes", len(r) - stored - dropped),
+        ):
+            if n:
+                self.counters[name] += n
         self.counters["bytes_out"] += sum(h.payload_len for h, _ in blocks)
         return r
 

@@ -270,9 +270,10 @@ class RankCache:
         self._new, self._old = {}, {}
         self._rows, self._code_of, self.orders = [], {}, []
 
-    def ranking(self, keys: KeyBatch) -> Ranking:
-        """The orders of ``keys`` over the current view, as a :class:`Ranking` of its own."""
-        codes = self._codes(keys.raws())
+    def ranking(self, keys: KeyBatch, raws: list[bytes] | None = None) -> Ranking:
+        """The orders of ``keys`` over the current view, as a :class:`Ranking` of its own;
+        ``raws``: ``keys.raws()`` when the caller split them already."""
+        codes = self._codes(keys.raws() if raws is None else raws)
         m = len(self._ids)
         orders = np.array(self._rows, dtype=np.int16).reshape(len(self._rows), m)
         return Ranking(self._ids, codes, orders)

@@ -36,6 +36,7 @@ from kvstore.client.config import ClusterConfig
 from kvstore.client.conn import byte_view
 from kvstore.client.health import Health
 from kvstore.client.node import ClientConfig
+from kvstore.client.read import check_read
 from kvstore.client.readrepair import Repairer
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey
@@ -69,9 +70,7 @@ class ClusterReads:
         deadline_s: float | None = None,
     ) -> list[GetResult]:
         """Fill ``bufs[i]`` with block ``keys[i]``; see the module docstring."""
-        if len(bufs) != len(keys) or (expect is not None and len(expect) != len(keys)):
-            raise ValueError(f"get_into: {len(keys)} keys but {len(bufs)} buffers / expectations")
-        exp = list(expect) if expect is not None else [None] * len(keys)
+        exp = check_read("get_into", keys, bufs, expect)
         out = [GetResult(Status.MISS)] * len(keys)
         view = await self.route.healthy_view(deadline_s)
         if not keys or not view:

@@ -166,11 +166,11 @@ class Repair:
     async def _push(self, addr: str, keys: list[bytes]) -> Counter[str]:
         """Copy ``keys`` out of this node (a lease, released at once) and PUT them to ``addr``."""
         c: Counter[str] = Counter()
-        leases = await self.node.lease([BlockKey(k) for k in keys], self.cfg.deadline_s)
+        leases = await self.node.leaser.lease([BlockKey(k) for k in keys], self.cfg.deadline_s)
         try:
             blocks = [(x.header, bytes(x.view)) for x in leases if x is not None]
         finally:
-            self.node.release([x for x in leases if x is not None])
+            self.node.state.release([x for x in leases if x is not None])
         c["copies_vanished"] += len(keys) - len(blocks)  # evicted or deleted since the walk
         for part in _batches(blocks, 16):
             nbytes = sum(h.payload_len for h, _ in part)

@@ -96,7 +96,7 @@ def make_app(
         return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def stats(request):
-        out = plain(node_of().stats())
+        out = plain(node_of().inspector.stats())
         out["daemon"] = metrics.snapshot()
         return web.json_response(out)
 
@@ -113,13 +113,13 @@ def make_app(
             raise web.HTTPBadRequest(text=f"limit: must be in [1, {_MAX_LIMIT}]")
         if tier not in (None, "hbm", "dram", "disk"):
             raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
-        items = await node_of().list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
+        items = await node_of().inspector.list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
         nxt = items[-1].key.hex if len(items) == limit else None
         return web.json_response({"blocks": [_info(i) for i in items], "next": nxt})
 
     async def block(request):
         key = _key(request.match_info["key"], "key")
-        d = await node_of().describe(key)
+        d = await node_of().inspector.describe(key)
         if d is None:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         hdr, info = d
@@ -148,9 +148,9 @@ def make_app(
     async def pin(request):
         key = _key(request.match_info["key"], "key")
         if request.method == "DELETE":
-            (ok,) = await node_of().unpin([key])
+            (ok,) = node_of().state.unpin([key])
         else:
-            (ok,) = await node_of().pin([key])
+            (ok,) = node_of().state.pin([key])
         if not ok:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
         return web.json_response({"pinned": request.method != "DELETE"})

@@ -92,7 +92,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
             keys, page = _page(node_of(), doc)
         else:
             keys = None
-        out = {**await node_of().verify(keys, repair=repair), **page}
+        out = {**await node_of().inspector.verify(keys, repair=repair), **page}
         if out["corrupt"]:
             log.warning(kv("admin_verify", corrupt=len(out["corrupt"]), dropped=out["dropped"]))
         return web.json_response(out)
@@ -106,7 +106,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
             row: dict[str, Any] = {"key": key.hex, "tier": top, "tiers": [], "payload_len": None}
             row["pinned"] = False
             if top is not None:
-                d = await node_of().describe(key)
+                d = await node_of().inspector.describe(key)
                 if d is not None:
                     _, info = d
                     row.update(tiers=list(info.tiers), payload_len=info.payload_len, pinned=info.pinned)
@@ -122,7 +122,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
             ns = BlockKey.from_hex(ns_hex)
         except KeyFormatError as exc:
             raise web.HTTPBadRequest(text=f"namespace: {exc}") from exc
-        infos = await node_of().list_blocks(namespace=ns, limit=sys.maxsize)
+        infos = await node_of().inspector.list_blocks(namespace=ns, limit=sys.maxsize)
         keys = [i.key for i in infos]
         deleted = 0
         for off in range(0, len(keys), _DELETE_CHUNK):

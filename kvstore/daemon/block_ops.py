@@ -15,16 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from msgpack import unpackb
 
 from kvstore import protocol as P
 from kvstore.daemon.admission import Admission
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.transfer import Transfers
-from kvstore.keys import KeyBatch
+from kvstore.keys import KEY_BYTES, KeyBatch
 from kvstore.results import PutResult, Status
 
 _DISCARD_CHUNK = 1 << 20  # the scratch buffer a refused PUT payload is received into
+_MISS = P.GetEntry(Status.MISS)  # another tenant's block answers exactly as an absent one
 
 
 class BlockOps:
@@ -71,43 +73,58 @@ class BlockOps:
         await ch.send_frame(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())
 
     async def _op_get(self, ch, sess, req: P.GetRequest, plen) -> None:
-        keys, exp, caps = list(req.keys), req.expects, req.caps
-        # disk-resident keys are read into private buffers: at most max_frame bytes of them per
-        # GET (the rest are misses); no up-front refusal, which would tell another tenant's
-        # key exists. ``sees``: another tenant's block is skipped before any work on it (no
-        # disk read, promotion, lease or share of the read budget; docs/security.md)
-        leases = await self.node.lease(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
+        keys, exp, caps = req.keys, req.expects, req.caps
+        n = len(keys)
+        state = self.node.state
+        # One packed lease for the batch (kvstore/node/leasing.py): one call into the node,
+        # the stored headers forwarded as they are, one mark in transfer, one release.
+        # Disk-resident keys are read into private buffers: at most max_frame bytes of them
+        # per GET (the rest are misses); no up-front refusal, which would tell another
+        # tenant's key exists. ``sees``: another tenant's block is left out before any work on
+        # it (no disk read, promotion, lease or share of the read budget; docs/security.md)
+        p = await self.node.leaser.lease_packed(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
         try:
             # No await from here to the transfer's mark (moving): a lease live now stays live.
-            # Leases are taken key by key around disk reads, so an early one may have lapsed
-            # (and its slot been reused) by now: that key is a miss, its view is never sent.
-            res, views, sent = [], [], []
-            for i, lease in enumerate(leases):
-                hdr = lease.header if lease is not None else None
-                if lease is None or not self.node.is_live(lease) or not sess.allows(hdr):
-                    res.append(P.GetEntry(Status.MISS))  # another tenant's block is absent
-                    continue
-                st = Status.HIT
-                if exp[i] is not None and not hdr.matches(keys[i], exp[i].parent, exp[i].token_bytes):
-                    st = Status.MISMATCH
-                elif caps is not None and caps[i] < hdr.payload_len:
-                    st = Status.BUF_TOO_SMALL
-                if st is Status.HIT:
-                    views.append(lease.view)
-                    sent.append(lease)
-                res.append(P.GetEntry(st, stored_header(lease), lease.tier))
-            self.metrics.hits.inc(len(sent))  # once per batch: an increment takes a lock
-            self.metrics.misses.inc(len(keys) - len(sent))
+            # One that lapsed while its disk reads ran holds nothing: every key is a miss.
+            res = [_MISS] * n
+            views: list = []
+            if state.is_live(p):
+                if caps is None and exp.count(None) == len(exp):
+                    for i, h, t in zip(p.at, p.headers, p.tiers):
+                        res[i] = P.GetEntry(Status.HIT, h, t)
+                    views = p.views
+                else:
+                    views = self._checked(p, keys, exp, caps, res)
+            sent = len(views)
+            self.metrics.hits.inc(sent)  # once per batch: an increment takes a lock
+            self.metrics.misses.inc(n - sent)
             nbytes = sum(v.nbytes for v in views)
             reply = P.GetReply(req.rid, tuple(res))
-            await self.transfers.moving(sent, lambda _: ch.send_frame(reply.to_wire(), views))
+            await self.transfers.moving([p] if views else [], lambda _: ch.send_frame(reply.to_wire(), views))
             self.metrics.bytes_out.inc(nbytes)
             ts = self.tenant_stats[sess.tenant]
-            ts["hits"] += len(sent)
-            ts["misses"] += len(keys) - len(sent)
+            ts["hits"] += sent
+            ts["misses"] += n - sent
             ts["bytes_out"] += nbytes
         finally:
-            self.node.release([x for x in leases if x is not None])
+            state.release([p])
+
+    @staticmethod
+    def _checked(p, keys, exp, caps, res: list) -> list:
+        """Judge each block of packed lease ``p`` against the request's expectations (parent,
+        tokens: MISMATCH) and buffer caps (BUF_TOO_SMALL), filling ``res``; the views to send."""
+        views = []
+        for j, i in enumerate(p.at):
+            raw, view, e = p.headers[j], p.views[j], exp[i] if exp else None
+            st = Status.HIT
+            if e is not None and not _matches(raw, keys.raw[i * KEY_BYTES : (i + 1) * KEY_BYTES], e):
+                st = Status.MISMATCH
+            elif caps is not None and caps[i] < view.nbytes:
+                st = Status.BUF_TOO_SMALL
+            if st is Status.HIT:
+                views.append(view)
+            res[i] = P.GetEntry(st, raw, p.tiers[j])
+        return views
 
     async def _op_put(self, ch, sess, req: P.PutRequest, plen) -> None:
         hdrs = req.headers
@@ -120,7 +137,7 @@ class BlockOps:
             else ()
         )
         allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x) and i not in dead]
-        reserved = await self.node.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
+        reserved = await self.node.writer.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
         slot: dict[int, Any] = dict(zip(allowed, reserved))
         held = [r for r in slot.values() if not isinstance(r, Status)]
         got = []
@@ -139,7 +156,7 @@ class BlockOps:
                     if run:
                         await ch.recv_views(run)
                         run = []
-                    self.node.attach_payload(r, await ch.recv_growing(x.payload_len))
+                    self.node.writer.attach_payload(r, await ch.recv_growing(x.payload_len))
                     got.append(r)
                 else:
                     run.append(r.view[: x.payload_len])
@@ -150,11 +167,11 @@ class BlockOps:
         try:
             await self.transfers.moving(held, receive)
         except BaseException:
-            self.node.abort(held)
+            self.node.state.abort(held)
             raise
-        self.node.abort([r for r in held if r not in got])
+        self.node.state.abort([r for r in held if r not in got])
         self.metrics.bytes_in.inc(plen)
-        committed = dict(zip([id(r) for r in got], await self.node.commit(got))) if got else {}
+        committed = dict(zip([id(r) for r in got], await self.node.writer.commit(got))) if got else {}
         res = []
         for i in range(len(hdrs)):
             r = slot.get(i)
@@ -197,9 +214,21 @@ class BlockOps:
         if self._auth_enabled():
             reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters)
         else:
-            node, daemon = plain(self.node.stats()), self.metrics.snapshot()
+            node, daemon = plain(self.node.inspector.stats()), self.metrics.snapshot()
             reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters, node, daemon)
         await ch.send_frame(reply.to_wire())
+
+
+def _matches(raw: bytes, key: bytes, e) -> bool:
+    """``BlockHeader.matches`` on a stored header's bytes (a header the node verified when it
+    stored it): its key is ``key`` and its parent and token ids are those ``e`` gives. One
+    C-level unpack, no BlockHeader built: a connector's read expects every block."""
+    d = unpackb(raw)
+    return (
+        d["key"] == key
+        and (e.parent is None or d["parent"] == e.parent.raw)
+        and (e.token_bytes is None or d["tokens"] == e.token_bytes)
+    )
 
 
 def _sink(scratch: memoryview | None, n: int) -> list[memoryview]:

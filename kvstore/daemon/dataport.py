@@ -304,9 +304,9 @@ class DataServer:
             sess.windows = None
         try:
             if sess.leases:
-                self.node.release([h.obj for h in sess.leases.values()])
+                self.node.state.release([h.obj for h in sess.leases.values()])
             if sess.reservations:
-                self.node.abort([h.obj for h in sess.reservations.values()])
+                self.node.state.abort([h.obj for h in sess.reservations.values()])
         except Exception as exc:
             log.warning(kv("session_cleanup_failed", peer=sess.peer, error=exc))
         sess.leases.clear()

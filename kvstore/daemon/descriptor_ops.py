@@ -84,7 +84,7 @@ class DescriptorOps:
 
     def _room_for(self, sess, n: int) -> None:
         """bad_request when ``n`` more handles would pass the connection's limit."""
-        held = sess.held(self.node.is_live)
+        held = sess.held(self.node.state.is_live)
         cap = self.limits.max_leases_per_conn
         if held + n > cap:
             raise P.bad(f"this connection holds {held} leases/reservations; at most {cap} (release some)")
@@ -111,17 +111,17 @@ class DescriptorOps:
             return None
         # a window is a transfer: marked before the grant's await, so the hold cannot lapse
         # (and its slot be reused) while the window is bound; one already lapsed gets none
-        if not self.node.begin_transfer([held])[0]:
+        if not self.node.state.begin_transfer([held])[0]:
             return None
         try:
             rkey = await sess.windows.grant(self.rdma.slab, place.addr, place.length, write)
         except TransportError as exc:
-            self.node.end_transfer([held])
+            self.node.state.end_transfer([held])
             self.metrics.rdma_accept_failures.inc()
             self._bad.info("window_failed", peer=sess.peer, error=exc)
             return None
         except BaseException:
-            self.node.end_transfer([held])
+            self.node.state.end_transfer([held])
             raise
         return RemoteDescriptor(sess.hold(table, held, ttl, rkey), place.addr, place.length, rkey)
 
@@ -130,7 +130,7 @@ class DescriptorOps:
         if held.grant is not None:
             if sess.windows is not None:
                 sess.windows.revoke(held.grant)
-            self.node.end_transfer([held.obj])
+            self.node.state.end_transfer([held.obj])
             held.grant = None
 
     def expire_windows(self, sess) -> None:
@@ -143,9 +143,9 @@ class DescriptorOps:
             self.unwindow(sess, held)
             del table[handle]
             if table is sess.leases:
-                self.node.release([held.obj])
+                self.node.state.release([held.obj])
             else:
-                self.node.abort([held.obj])
+                self.node.state.abort([held.obj])
 
     async def _op_lease(self, ch, sess, req: P.LeaseRequest, plen) -> None:
         keys = list(req.keys)
@@ -154,7 +154,9 @@ class DescriptorOps:
             raise P.bad(f"ttl {ttl} s is over this node's limit of {self.limits.max_lease_ttl_s} s")
         one_sided = self._one_sided(sess, req.rdma)
         self._room_for(sess, len(keys))
-        leases = await self.node.lease(keys, ttl, self._disk_budget(sess), sees=sess.sees, owner=sess.tenant)
+        leases = await self.node.leaser.lease(
+            keys, ttl, self._disk_budget(sess), sees=sess.sees, owner=sess.tenant
+        )
         res, drop = [], []
         for lease in leases:
             if lease is None or not sess.allows(lease.header):
@@ -167,7 +169,7 @@ class DescriptorOps:
                 drop.append(lease)  # not in the slab: the client GETs it inline
             res.append(P.LeaseEntry(Status.HIT, stored_header(lease), lease.tier, desc=desc))
         if drop:
-            self.node.release(drop)
+            self.node.state.release(drop)
         await ch.send_frame(P.LeaseReply(req.rid, tuple(res)).to_wire())
 
     def _disk_budget(self, sess) -> int:
@@ -179,9 +181,9 @@ class DescriptorOps:
         mine = sum(
             h.obj.header.payload_len
             for h in sess.leases.values()
-            if h.obj.from_disk and self.node.is_live(h.obj)
+            if h.obj.from_disk and self.node.state.is_live(h.obj)
         )
-        tenant = self.node.leased_disk_bytes(sess.tenant)
+        tenant = self.node.state.leased_disk_bytes(sess.tenant)
         cap = int(self.limits.max_leased_disk_bytes_per_tenant)
         return max(0, min(self.max_frame - mine, cap - tenant))
 
@@ -190,7 +192,7 @@ class DescriptorOps:
         for f in found:
             if f is not None:
                 self.unwindow(sess, f)
-        self.node.release([f.obj for f in found if f is not None])
+        self.node.state.release([f.obj for f in found if f is not None])
         await ch.send_frame(P.ReleaseReply(req.rid, tuple(f is not None for f in found)).to_wire())
 
     async def _op_read(self, ch, sess, req: P.ReadRequest, plen) -> None:
@@ -234,7 +236,9 @@ class DescriptorOps:
         # sees: another tenant's key answers BUSY, never EXISTS
         todo = [hdrs[i] for i in allowed]
         reserved = (
-            await self.node.reserve(todo, lazy=True, make_room=False, sees=sess.sees) if allowed else []
+            await self.node.writer.reserve(todo, lazy=True, make_room=False, sees=sess.sees)
+            if allowed
+            else []
         )
         got = dict(zip(allowed, reserved))
         res, inline = [], []
@@ -252,7 +256,7 @@ class DescriptorOps:
                 inline.append(r)  # not in the slab: the client PUTs it inline
             res.append(P.ReserveEntry(desc=desc))
         if inline:
-            self.node.abort(inline)
+            self.node.state.abort(inline)
         await ch.send_frame(P.ReserveReply(req.rid, tuple(res)).to_wire())
 
     async def _op_write(self, ch, sess, req: P.WriteRequest, plen) -> None:
@@ -287,7 +291,7 @@ class DescriptorOps:
             if f is not None:
                 self.unwindow(sess, f)  # no remote write lands after the checksum is taken
         live = [f.obj for f in found if f is not None]
-        done = dict(zip([id(r) for r in live], await self.node.commit(live))) if live else {}
+        done = dict(zip([id(r) for r in live], await self.node.writer.commit(live))) if live else {}
         res = []
         for f in found:
             if f is None:

@@ -1,7 +1,7 @@
 """The daemon's Prometheus metrics (names prefixed ``tierkv_``), in a registry per daemon.
 
 Counters are bumped on the event loop thread by the data and admin servers. Tier usage is
-read from ``node.stats()`` at scrape time by a collector, so it is never stale.
+read from ``node.inspector.stats()`` at scrape time by a collector, so it is never stale.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class Daemon:
         data_sock = _bind(self.host, cfg.server.data_port)
         # the admin port first: /healthz answers and /readyz says 503 while the node opens
         # (prefaulting or pinning a large arena, rebuilding the disk index can take seconds)
-        self.metrics = DaemonMetrics(lambda: self.node.stats() if self.node is not None else {})
+        self.metrics = DaemonMetrics(lambda: self.node.inspector.stats() if self.node is not None else {})
         try:
             await self._start_admin()
             self.node = await NodeStore.open(cfg)

@@ -33,7 +33,7 @@ class Transfers:
     async def moving(self, held, move: Callable[[list[bool]], Awaitable[Any]]) -> list[bool]:
         """Run ``move`` (bytes to or from the slots of ``held``) as one transfer; see the
         module docstring. Returns which items were live."""
-        live = self.node.begin_transfer(held)
+        live = self.node.state.begin_transfer(held)
         try:
             async with asyncio.timeout(self.limits.transfer_timeout_s):
                 await move(live)  # in this task: a move whose bytes are there never yields
@@ -41,5 +41,5 @@ class Transfers:
             self.metrics.timeouts.labels("transfer").inc()
             raise Stalled("transfer deadline passed") from exc
         finally:
-            self.node.end_transfer([x for x, ok in zip(held, live) if ok])
+            self.node.state.end_transfer([x for x, ok in zip(held, live) if ok])
         return live

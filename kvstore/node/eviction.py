@@ -12,11 +12,9 @@ common pool only once none of their slots is live.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-
-from kvstore.node.leases import LeaseTable
+from kvstore.node.state import NodeState
 from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.tiers.stack import TierStack
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 
 # Rounds of eviction per allocation (a round is one block or whole spans): bounded work.
@@ -24,36 +22,25 @@ _MAX_EVICTIONS_PER_ALLOC = 64
 
 
 class Evictor:
-    """Makes room in the ``memory`` tiers (top first) by moving blocks down to the next memory
-    tier, then to ``disk`` (the bottom tier, which evicts on its own), or dropping them when
-    there is no tier below. ``leases`` and ``pinned``: what may not move;
-    ``dirty``: write-back keys not yet on disk (cleared once written down or dropped);
-    ``doomed``: keys deleted while held (a copy made below during the delete is dropped);
-    ``unhold``: the node's release of a hold taken here (it frees a key deleted meanwhile);
-    ``counters``: the node's counters (evictions_<tier>, by reason evictions_<tier>_write
-    and evictions_<tier>_promotion, slab_moves_<tier>, demotions, dropped); ``finishing``: the node's tracker of copies left finishing by cancelled callers
-    (its own when not given)."""
+    """Makes room in the memory tiers of ``tiers`` (top first) by moving blocks down to the
+    next memory tier, then to the disk (the bottom tier, which evicts on its own), or dropping
+    them when there is no tier below. From the node's ``state``: its holds and pins (what may
+    not move), its dirty keys (write-back, not yet on disk: cleared once written down or
+    dropped), its doomed keys (deleted while held: a copy made below during the delete is
+    dropped), its ``unhold`` (it frees a key deleted meanwhile) and its counters
+    (evictions_<tier>, by reason evictions_<tier>_write and evictions_<tier>_promotion,
+    slab_moves_<tier>, demotions, dropped); ``finishing``: the node's tracker of copies left
+    finishing by cancelled callers (its own when not given)."""
 
-    def __init__(
-        self,
-        memory: list[SlotTier],
-        disk: Tier | None,
-        leases: LeaseTable,
-        pinned: set[bytes],
-        dirty: set[bytes],
-        doomed: set[bytes],
-        unhold: Callable[[bytes], None],
-        counters: Counter[str],
-        finishing: Finishing | None = None,
-    ) -> None:
-        self._memory = memory
-        self._disk = disk
-        self._leases = leases
-        self._pinned = pinned
-        self._dirty = dirty
-        self._doomed = doomed
-        self._unhold = unhold
-        self._counters = counters
+    def __init__(self, tiers: TierStack, state: NodeState, finishing: Finishing | None = None) -> None:
+        self._memory = tiers.memory
+        self._disk = tiers.disk
+        self._leases = state.leases
+        self._pinned = state.pinned
+        self._dirty = state.dirty
+        self._doomed = state.doomed
+        self._unhold = state.unhold
+        self._counters = state.counters
         self._finishing = finishing if finishing is not None else Finishing()
 
     def protected(self, key: bytes) -> bool:

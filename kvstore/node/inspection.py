@@ -8,40 +8,29 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections import Counter
 from collections.abc import Sequence
 
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
-from kvstore.node.leases import LeaseTable
-from kvstore.node.tiers.base import Tier
+from kvstore.node.state import NodeState
+from kvstore.node.tiers.stack import TierStack
 from kvstore.results import BlockInfo
 
 
 class Inspector:
-    """Inspection of one node named ``name``: its ``tiers`` (top first), ``leases``, and the
-    key sets it keeps -- ``pinned``, ``dirty`` (write-back, not yet on disk), ``doomed``
-    (deleted while held: invisible) -- and its ``counters`` (shared with the node: a
-    verify that drops a copy counts a checksum failure)."""
+    """Inspection of one node named ``name``: its ``tiers`` (top first) and its ``state``
+    (leases, pinned, dirty and doomed keys, counters: a verify that drops a copy counts a
+    checksum failure)."""
 
-    def __init__(
-        self,
-        name: str,
-        tiers: list[Tier],
-        leases: LeaseTable,
-        pinned: set[bytes],
-        dirty: set[bytes],
-        doomed: set[bytes],
-        counters: Counter[str],
-    ) -> None:
+    def __init__(self, name: str, tiers: TierStack, state: NodeState) -> None:
         self.name = name
-        self.tiers = tiers
-        self.leases = leases
-        self.pinned = pinned
-        self.dirty = dirty
-        self.doomed = doomed
-        self.counters = counters
+        self.tiers = tiers.all
+        self.leases = state.leases
+        self.pinned = state.pinned
+        self.dirty = state.dirty
+        self.doomed = state.doomed
+        self.counters = state.counters
 
     def _stored(self, key: bytes) -> bool:
         return key not in self.doomed and any(key in t for t in self.tiers)
@@ -150,12 +139,3 @@ class Inspector:
             },
             "tiers": {t.name: t.stats() for t in self.tiers},
         }
-
-    def check(self) -> None:
-        """Integrity check for tests: tiers consistent, capacities held, holds balanced."""
-        for t in self.tiers:
-            t.check()
-        for k in self.pinned:
-            assert self._stored(k), f"pinned key {k.hex()} not stored"
-        assert all(n > 0 for n in self.leases.holds.values())
-        assert set(self.leases.reserved_keys.values()) == set(self.leases.reservations)

@@ -48,6 +48,24 @@ class Lease:
 
 
 @dataclass(eq=False)
+class PackedLease:
+    """One reader's claim on the blocks of one batch, taken, marked in transfer and ended as
+    one (one id, one deadline: :meth:`NodeState.release` ends it whole). The j-th block held
+    is at position ``at[j]`` of the request; ``views[j]`` holds its payload (read-only, exactly
+    its payload_len bytes), ``headers[j]`` is its encoded header as the node stores it,
+    ``tiers[j]`` the tier it is read from. One hold per block held (``keys``)."""
+
+    id: int
+    expires: float
+    keys: list[bytes] = field(default_factory=list)
+    at: list[int] = field(default_factory=list)
+    views: list[memoryview] = field(default_factory=list)
+    headers: list[bytes] = field(default_factory=list)
+    tiers: list[str] = field(default_factory=list)
+    owner: None = None  # never charged: its disk reads are bounded per call instead
+
+
+@dataclass(eq=False)
 class Reservation:
     """A writer's slot for one block (two-phase put). Fill ``view`` (exactly payload_len bytes),
     then commit or abort. ``tier`` is the memory tier of the slot, or None for a private buffer
@@ -70,7 +88,7 @@ class LeaseTable:
         self.default_ttl_s = default_ttl_s
         self._ids = itertools.count(1)
         self.holds: Counter[bytes] = Counter()
-        self.leases: dict[int, Lease] = {}
+        self.leases: dict[int, Lease | PackedLease] = {}
         self.reservations: dict[int, Reservation] = {}
         self.reserved_keys: dict[bytes, int] = {}
         self.moving: Counter[int] = Counter()  # lease/reservation ids with a transfer under way
@@ -104,7 +122,12 @@ class LeaseTable:
         self.hold(lease.key.raw)
         self._due_at(lease)
 
-    def pop_lease(self, lease_id: int) -> Lease | None:
+    def add_packed(self, lease: PackedLease) -> None:
+        """Record a packed lease (its holds are taken as its blocks join it: :meth:`hold`)."""
+        self.leases[lease.id] = lease
+        self._due_at(lease)
+
+    def pop_lease(self, lease_id: int) -> Lease | PackedLease | None:
         lease = self.leases.pop(lease_id, None)
         if lease is not None and lease.owner is not None:
             n = self.disk_bytes[lease.owner] - lease.view.nbytes
@@ -126,7 +149,7 @@ class LeaseTable:
         self.reserved_keys[r.header.key.raw] = r.id
         self._due_at(r)
 
-    def _due_at(self, obj: Lease | Reservation) -> None:
+    def _due_at(self, obj: Lease | PackedLease | Reservation) -> None:
         heapq.heappush(self._due, (obj.expires, obj.id))
         live = len(self.leases) + len(self.reservations)
         if len(self._due) > 2 * live + 1024:  # mostly ended entries: keep the heap O(live)
@@ -140,21 +163,21 @@ class LeaseTable:
         self.reserved_keys.pop(r.header.key.raw, None)
         return True
 
-    def live(self, obj: Lease | Reservation) -> bool:
+    def live(self, obj: Lease | PackedLease | Reservation) -> bool:
         """Whether ``obj`` is still the table's: not released, aborted, committed or expired.
         A slot is only ever read or written under a live lease or reservation (the generation
         check of every transfer: a stale one never touches a slot that may be reused)."""
-        table = self.leases if isinstance(obj, Lease) else self.reservations
+        table = self.reservations if isinstance(obj, Reservation) else self.leases
         return table.get(obj.id) is obj
 
-    def start_moving(self, obj: Lease | Reservation) -> bool:
+    def start_moving(self, obj: Lease | PackedLease | Reservation) -> bool:
         """Mark ``obj`` in transfer when it is live; False (nothing marked) when it is not."""
         if not self.live(obj):
             return False
         self.moving[obj.id] += 1
         return True
 
-    def stop_moving(self, obj: Lease | Reservation) -> None:
+    def stop_moving(self, obj: Lease | PackedLease | Reservation) -> None:
         n = self.moving[obj.id] - 1
         if n <= 0:
             del self.moving[obj.id]
@@ -164,10 +187,10 @@ class LeaseTable:
         else:
             self.moving[obj.id] = n
 
-    def expired(self, now: float | None = None) -> tuple[list[Lease], list[Reservation]]:
+    def expired(self, now: float | None = None) -> tuple[list[Lease | PackedLease], list[Reservation]]:
         """What is overdue and not in transfer, in O(what came due) (see the module docstring)."""
         now = time.monotonic() if now is None else now
-        leases: list[Lease] = []
+        leases: list[Lease | PackedLease] = []
         res: list[Reservation] = []
         due = self._due
         while due and due[0][0] <= now:
@@ -178,5 +201,5 @@ class LeaseTable:
             if i in self.moving:
                 self._overdue_moving.add(i)
                 continue
-            (leases if isinstance(obj, Lease) else res).append(obj)
+            (res if isinstance(obj, Reservation) else leases).append(obj)
         return leases, res

@@ -7,48 +7,33 @@ buffer. Same threading rules as the node.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Sequence
 
+from msgpack import unpackb
+
 from kvstore.block import BlockHeader
-from kvstore.keys import BlockKey
-from kvstore.node.leases import Lease, LeaseTable
-from kvstore.node.reads import Reader
-from kvstore.node.tiers.base import BottomTier, Slot, SlotTier, Tier
+from kvstore.keys import BlockKey, KeyBatch
+from kvstore.node.disk_reads import DiskReads
+from kvstore.node.leases import Lease, PackedLease
+from kvstore.node.placement import Placement
+from kvstore.node.state import NodeState
+from kvstore.node.tiers.base import Slot, SlotTier
+from kvstore.node.tiers.stack import TierStack
 from kvstore.results import Status
 
 
 class Leaser:
-    """Leases over ``memory`` (top first) and ``disk`` tiers, recorded in ``leases``.
-    ``where(key)``: the highest tier holding a visible key; ``reader``: reads disk copies
-    (verified, counted); ``promotion_slot(key, header, payload_len)``: the node's placement,
-    a reserved top-tier slot for a disk block moving up or None; ``promote_on_read``: whether
-    disk hits move up at all. ``doomed`` (deleted while held) and ``dirty`` are the node's key
-    sets; a doomed key is freed at its last hold."""
+    """Leases over ``tiers``, recorded in ``state`` (which ends them: :meth:`NodeState.release`);
+    a disk block moves up where ``placement`` says so."""
 
-    def __init__(
-        self,
-        memory: list[SlotTier],
-        disk: BottomTier | None,
-        leases: LeaseTable,
-        where: Callable[[bytes], Tier | None],
-        reader: Reader,
-        promotion_slot: Callable[[bytes, bytes, int], Slot | None],
-        promote_on_read: bool,
-        doomed: set[bytes],
-        dirty: set[bytes],
-        counters: Counter[str],
-    ) -> None:
-        self._memory = memory
-        self._disk = disk
-        self._leases = leases
-        self._where = where
-        self._reader = reader
-        self._promotion_slot = promotion_slot
-        self._promote_on_read = promote_on_read
-        self._doomed = doomed
-        self._dirty = dirty
-        self._counters = counters
+    def __init__(self, tiers: TierStack, state: NodeState, placement: Placement) -> None:
+        self._tiers = tiers
+        self._disk = tiers.disk
+        self._state = state
+        self._leases = state.leases
+        self._placement = placement
+        self._disk_reads = DiskReads(tiers, state)
+        self._counters = state.counters
 
     async def lease(
         self,
@@ -59,7 +44,7 @@ class Leaser:
         owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
-        freed) until :meth:`release` or the TTL (the caller sweeps expired ones first). A
+        freed) until :meth:`NodeState.release` or the TTL (expired ones are swept first). A
         disk-only block is first brought into DRAM (verified) when there is room, else copied
         privately. None where absent or corrupt, and (with ``max_read_bytes``) where reading it
         from disk would take this call's disk reads past that many bytes: the buffers one call
@@ -69,34 +54,111 @@ class Leaser:
         namespace it refuses is None at once, exactly as an absent one -- no disk read, no
         promotion, no lease, no counter and no share of ``max_read_bytes`` (docs/security.md).
         ``owner``: the leases read from disk count in that owner's share
-        (:attr:`LeaseTable.disk_bytes`) until they end."""
-        out: list[Lease | None] = []
+        (:meth:`NodeState.leased_disk_bytes`) until they end."""
+        got = await self.claim(keys, ttl_s, max_read_bytes, sees, owner)
+        return [x if isinstance(x, Lease) else None for x in got]
+
+    async def claim(
+        self,
+        keys: Sequence[BlockKey],
+        ttl_s: float | None = None,
+        max_read_bytes: int | None = None,
+        sees: Callable[[bytes | None], bool] | None = None,
+        owner: str | None = None,
+    ) -> list[Lease | Status]:
+        """:meth:`lease`, with the reason in place of each None: MISS (absent, another
+        tenant's, over ``max_read_bytes``) or the disk read's status (CORRUPT, MISMATCH)."""
+        self._state.sweep()
+        where = self._state.where
+        out: list[Lease | Status] = []
         read = 0
         for key in keys:
-            t = self._where(key.raw)
+            t = where(key.raw)
             if t is not None and sees is not None and not sees(t.namespace(key.raw)):
-                out.append(None)  # another tenant's: answered before any work on it
+                out.append(Status.MISS)  # another tenant's: answered before any work on it
                 continue
             if t is not None and t is self._disk:
                 plen = t.payload_len(key.raw)
                 if max_read_bytes is not None and read + plen > max_read_bytes:
                     self._counters["lease_over_bound"] += 1
-                    out.append(None)
+                    out.append(Status.MISS)
                     continue
                 read += plen
                 lease = await self._lease_from_disk(key, plen, ttl_s)
-                if lease is not None and owner is not None:
+                if isinstance(lease, Lease) and owner is not None:
                     self._leases.charge(lease, owner)
                 out.append(lease)
                 continue
             if t is None:
-                out.append(None)
+                out.append(Status.MISS)
                 continue
             lease = self._lease_in(t, key, ttl_s)
             self._counters[f"hits_{t.name}"] += 1
             self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
             out.append(lease)
         return out
+
+    async def lease_packed(
+        self,
+        keys: KeyBatch,
+        ttl_s: float | None = None,
+        max_read_bytes: int | None = None,
+        sees: Callable[[bytes | None], bool] | None = None,
+    ) -> PackedLease:
+        """:meth:`lease` of a whole batch as one :class:`PackedLease` (a streamed GET's: one
+        lease, one mark in transfer, one release for the batch; no header decoded, no lease
+        object per block). It holds the blocks that :meth:`lease` would lease, in key order;
+        the others are not in it. Disk blocks are read as :meth:`lease` reads them and join
+        it; should it lapse while they are read, it takes no more (its holder finds it not
+        live and must not touch its views); cancelled meanwhile, it is released at once."""
+        st, lt = self._state, self._leases
+        st.sweep()
+        p = PackedLease(lt.next_id(), lt.deadline(ttl_s))
+        lt.add_packed(p)
+        where, disk, holds = st.where, self._disk, lt.holds
+        pk, pat, pviews, pheaders, ptiers = p.keys, p.at, p.views, p.headers, p.tiers
+        mem: list[int] = []  # which of them are read from memory (a disk read counts itself)
+        read = 0
+        for i, k in enumerate(keys.raws()):
+            t = where(k)
+            if t is None or (sees is not None and not sees(t.namespace(k))):
+                continue  # absent, or another tenant's: answered before any work on it
+            if t is not disk:
+                holds[k] += 1  # the hold first: nothing below frees the slot
+                mem.append(len(pk))
+                pk.append(k)
+                pat.append(i)
+                pviews.append(t.lease_view(k)[0])
+                pheaders.append(t.header_sync(k))
+                ptiers.append(t.name)
+                t.touch(k)
+                continue
+            plen = t.payload_len(k)
+            if max_read_bytes is not None and read + plen > max_read_bytes:
+                self._counters["lease_over_bound"] += 1
+                continue
+            read += plen
+            try:
+                got = await self._lease_from_disk(BlockKey(k), plen, ttl_s)
+            except BaseException:  # cancelled (or failed): what it holds goes back now
+                st.release([p])
+                raise
+            if not isinstance(got, Lease):
+                continue
+            if not lt.live(p):  # lapsed while the disk was read: it holds nothing any more
+                st.release([got])
+                break
+            lt.pop_lease(got.id)  # its hold passes to ``p``
+            pk.append(k)
+            pat.append(i)
+            pviews.append(got.view)
+            pheaders.append(got.raw_header)
+            ptiers.append(got.tier)
+        c = self._counters
+        for j in mem:  # the token count off each header (one C-level unpack, no BlockHeader)
+            c[f"hits_{ptiers[j]}"] += 1
+            c[f"hit_tokens_{ptiers[j]}"] += len(unpackb(pheaders[j])["tokens"]) // 4
+        return p
 
     def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None, from_disk: bool = False) -> Lease:
         """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
@@ -119,30 +181,23 @@ class Leaser:
         self._leases.add_lease(lease)
         return lease
 
-    async def _lease_from_disk(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | None:
+    async def _lease_from_disk(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | Status:
         """Lease a disk-only block of ``plen`` bytes (as indexed now). When it moves up into a
         host-memory top tier it is read from disk straight into its new slot: one copy, where
         reading it into a buffer and promoting that would copy it twice. Otherwise it is read
-        into a private buffer. The key may be deleted, or deleted and stored anew with other
-        bytes, while it is read: the slot is then given back, never committed."""
+        into a private buffer (and offered to the placement: a GPU top tier). The key may be
+        deleted, or deleted and stored anew with other bytes, while it is read: the slot is
+        then given back, never committed. The read's status where it is not a HIT."""
         k = key.raw
         disk = self._disk
-        top = self._memory[0] if self._memory else None
-        if top is None or top.host_buffer is None or not self._promote_on_read:
-            scratch = bytearray(plen)
-            [r] = await self._reader.get_into([key], [scratch])  # promotes by policy (a GPU top)
-            if r.status is not Status.HIT:
-                return None
-            dram = next((t for t in self._memory if t.name == "dram"), None)
-            if dram is not None and k in dram and k not in self._doomed:
-                return self._lease_in(dram, key, ttl_s, from_disk=True)
-            view = memoryview(scratch)[: r.header.payload_len].toreadonly()
-            return self._add_lease(key, r.header, view, None, "disk", ttl_s)
+        top = self._tiers.top
+        if top is None or top.host_buffer is None or not self._placement.promote_on_read:
+            return await self._lease_copied(key, plen, ttl_s)
         version = disk.version(k)  # type: ignore[union-attr]  # of the copy ``plen`` describes
         hdr = await disk.read_header(k)  # type: ignore[union-attr]
-        slot = self._promotion_slot(k, bytes(hdr), plen) if hdr is not None else None
+        slot = self._placement.promotion_slot(k, bytes(hdr), plen) if hdr is not None else None
         buf = top.slot_view(slot, plen) if slot is not None else bytearray(plen)
-        read = asyncio.ensure_future(self._reader.read_disk([key], [buf]))
+        read = asyncio.ensure_future(self._disk_reads.read([key], [buf]))
         try:
             [r] = await asyncio.shield(read)
         except BaseException:
@@ -154,7 +209,7 @@ class Leaser:
         if r.status is not Status.HIT:
             if slot is not None:
                 top.abandon(slot)
-            return None
+            return r.status
         n = r.header.payload_len  # the copy read: not ``plen`` when the key changed meanwhile
         if slot is None:
             return self._add_lease(key, r.header, memoryview(buf)[:n].toreadonly(), None, "disk", ttl_s)
@@ -167,28 +222,32 @@ class Leaser:
         top.abandon(slot)
         return self._add_lease(key, r.header, memoryview(copy), None, "disk", ttl_s)
 
+    async def _lease_copied(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | Status:
+        """A disk block read into a private buffer, offered to the placement (which may copy it
+        up into a GPU top tier) when the copy read is still the one stored."""
+        k = key.raw
+        scratch = bytearray(plen)
+        version = self._disk.version(k)  # type: ignore[union-attr]
+        [r] = await self._disk_reads.read([key], [scratch])
+        if r.status is not Status.HIT:
+            return r.status
+        if self._disk.version(k) == version:  # type: ignore[union-attr]
+            # a copy deleted (or deleted and stored anew) while it was read must not move up
+            self._placement.promote(r.header, scratch)
+        dram = self._tiers.dram
+        if dram is not None and k in dram and k not in self._state.doomed:
+            return self._lease_in(dram, key, ttl_s, from_disk=True)
+        view = memoryview(scratch)[: r.header.payload_len].toreadonly()
+        return self._add_lease(key, r.header, view, None, "disk", ttl_s)
+
     def _unchanged(self, key: bytes, version: int | None) -> bool:
         """After a read into a promotion slot: the copy read is still the one stored, on disk
         only, and the key is not deleted."""
         return (
             self._disk.version(key) == version  # type: ignore[union-attr]
-            and key not in self._doomed
-            and not any(key in t for t in self._memory)
+            and key not in self._state.doomed
+            and not self._tiers.in_memory(key)
         )
-
-    def release(self, leases: Sequence[Lease]) -> None:
-        """End leases (idempotent). A block deleted while leased is freed at its last release."""
-        for lease in leases:
-            if self._leases.pop_lease(lease.id) is not None:
-                self.unhold(lease.key.raw)
-
-    def unhold(self, key: bytes) -> None:
-        """Drop one hold on ``key``; at its last, a key deleted while held (doomed) is freed."""
-        if self._leases.unhold(key) and key in self._doomed:
-            self._doomed.discard(key)
-            for t in self._memory:
-                t.remove(key)
-            self._dirty.discard(key)
 
 
 def _abandon_after(top: SlotTier, slot: Slot, read: asyncio.Future) -> None:

@@ -39,7 +39,7 @@ async def parents(node, keys: Sequence[bytes]) -> list[tuple[bytes | None, bytes
 
 def stored(node, key: bytes) -> bool:
     """Whether any tier of ``node`` holds ``key`` (deleted-while-held keys count as gone)."""
-    return key not in node.doomed and any(key in t for t in node.tiers)
+    return key not in node.state.doomed and any(key in t for t in node.tiers)
 
 
 def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
@@ -59,23 +59,23 @@ async def drop(node, keys: Sequence[bytes]) -> Counter[str]:
     (leased or pinned: kept). Node counters: ``evictions_<tier>`` and
     ``evictions_<tier>_orphan``."""
     c: Counter[str] = Counter()
-    protected = node.evictor.protected
+    st = node.state  # leases, pins, dirty keys and the node's counters
     on_disk: list[bytes] = []
     for k in keys:
         if not stored(node, k):
             continue
-        if protected(k):
+        if st.protected(k):
             c["held"] += 1
             continue
         for t in node.memory:
             if t.remove(k, evicted=True):
-                node.counters[f"evictions_{t.name}"] += 1
-                node.counters[f"evictions_{t.name}_orphan"] += 1
-        node.dirty.discard(k)
+                st.counters[f"evictions_{t.name}"] += 1
+                st.counters[f"evictions_{t.name}_orphan"] += 1
+        st.dirty.discard(k)
         if node.disk is not None and k in node.disk:
             on_disk.append(k)
         c["dropped"] += 1
     if on_disk:
         gone = sum(await node.disk.delete(on_disk))
-        node.counters["evictions_disk_orphan"] += gone
+        st.counters["evictions_disk_orphan"] += gone
     return c

@@ -5,52 +5,48 @@ placement (``place``, see kvstore.node.store). Same threading rules as the node.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from kvstore.block import BlockHeader, checksum
 from kvstore.node.depth_order import commit_order
-from kvstore.node.leases import LeaseTable, Reservation
-from kvstore.node.tiers.base import SlotTier, Tier
+from kvstore.node.leases import Reservation
+from kvstore.node.placement import Placement
+from kvstore.node.state import NodeState
+from kvstore.node.tiers.stack import TierStack
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.results import PutResult, Status
 
 
 class Writer:
-    """Writes into the ``memory`` tiers (a reservation names its tier) or, for private
-    buffers, into ``disk``. ``place(header, lazy)``: the node's placement, a reservation (not
-    yet recorded) or None when nothing can take the block; ``where(key)``: the highest tier
-    holding a visible key; ``doomed``: keys deleted while held (a write to one is BUSY). With
-    ``write_back`` a memory block is acknowledged at once and marked ``dirty`` (it reaches
-    disk when evicted or at :meth:`flush`); otherwise it is written through to disk before
-    the result. ``unhold``: the node's release of a hold taken here. ``finishing``: the
-    node's tracker of work left finishing by cancelled callers (its own when not given)."""
+    """Writes into the memory tiers of ``tiers`` (a reservation names its tier) or, for
+    private buffers, into the disk, where ``placement`` puts each block; holds, reservations,
+    doomed keys (a write to one is BUSY) and tombstones (a key stored again is alive) are
+    ``state``'s. With ``write_back`` a memory block is acknowledged at once and marked dirty
+    (it reaches disk when evicted or at :meth:`flush`); otherwise it is written through to
+    disk before the result. ``finishing``: the node's tracker of work left finishing by
+    cancelled callers (its own when not given). An uncommitted reservation is given back by
+    :meth:`NodeState.abort`."""
 
     def __init__(
         self,
-        memory: list[SlotTier],
-        disk: Tier | None,
-        leases: LeaseTable,
-        place: Callable[[BlockHeader, bool, bool], Awaitable[Reservation | None]],
-        where: Callable[[bytes], Tier | None],
-        doomed: set[bytes],
-        dirty: set[bytes],
+        tiers: TierStack,
+        state: NodeState,
+        placement: Placement,
         write_back: bool,
-        unhold: Callable[[bytes], None],
-        counters: Counter[str],
         finishing: Finishing | None = None,
     ) -> None:
-        self._tiers = memory
-        self._memory = {t.name: t for t in memory}
-        self._disk = disk
-        self._leases = leases
-        self._place = place
-        self._where = where
-        self._doomed = doomed
-        self._dirty = dirty
+        self._tiers = tiers.memory
+        self._memory = tiers.by_name
+        self._disk = tiers.disk
+        self._state = state
+        self._leases = state.leases
+        self._place = placement.place
+        self._where = state.where
+        self._doomed = state.doomed
+        self._dirty = state.dirty
         self._write_back = write_back
-        self._unhold = unhold
-        self._counters = counters
+        self._unhold = state.unhold
+        self._counters = state.counters
         self._finishing = finishing if finishing is not None else Finishing()
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:
@@ -95,7 +91,8 @@ class Writer:
         Without ``make_room`` nothing is evicted (a RESERVE whose bytes may never come: room
         is made when they arrive, by the PUT that carries them). With ``sees``, a key stored
         in a namespace it refuses is BUSY (another tenant's block: the answer for a key being
-        written, never EXISTS). The caller sweeps expired reservations first."""
+        written, never EXISTS). Expired reservations are swept first."""
+        self._state.sweep()
         out: list[Reservation | Status] = []
         for h in headers:
             key = h.key.raw
@@ -116,10 +113,10 @@ class Writer:
             elif key in self._doomed:
                 # written, leased and deleted by others while we made room: still held (and
                 # indexed) until its last release, so BUSY as before the wait
-                self.free(r)
+                self._state.free(r)
                 out.append(Status.BUSY)
             elif (t := self._where(key)) is not None or key in self._leases.reserved_keys:
-                self.free(r)  # another writer won the race while we made room
+                self._state.free(r)  # another writer won the race while we made room
                 foreign = t is not None and sees is not None and not sees(t.namespace(key))
                 out.append(Status.BUSY if foreign else Status.EXISTS)
             else:
@@ -130,7 +127,8 @@ class Writer:
     async def commit(self, reservations: Sequence[Reservation]) -> list[PutResult]:
         """Verify each reservation's payload against its header checksum, index it, and
         (write-through) store it on disk in one transaction. INVALID for a reservation that
-        is no longer live or whose bytes do not match; durable when synced to disk."""
+        is no longer live or whose bytes do not match; durable when synced to disk. A key
+        stored again is alive: its tombstone ends."""
         results: list[PutResult] = [None] * len(reservations)  # type: ignore[list-item]
         to_disk: list[tuple[int, Reservation]] = []
         # deepest first (kvstore/node/depth_order.py): the same tie-break on every node
@@ -144,7 +142,7 @@ class Writer:
                 results[i] = PutResult(Status.INVALID)  # expired or already done
                 continue
             if checksum(r.view) != r.header.checksum:
-                self.free(r)
+                self._state.free(r)
                 self._counters["put_invalid"] += 1
                 results[i] = PutResult(Status.INVALID)
                 continue
@@ -163,6 +161,11 @@ class Writer:
             to_disk.append((i, r))
         if to_disk:
             await self._write_through(to_disk, results)
+        dead = self._state.tombstones
+        if len(dead):
+            dead.discard(
+                [r.header.key.raw for r, x in zip(reservations, results) if x.status is Status.STORED]
+            )
         return results
 
     async def _write_through(self, to_disk: list[tuple[int, Reservation]], results: list[PutResult]) -> None:
@@ -201,17 +204,6 @@ class Writer:
         finally:
             for k in keys:
                 self._unhold(k)
-
-    def abort(self, reservations: Sequence[Reservation]) -> None:
-        """Give back uncommitted reservations (idempotent)."""
-        for r in reservations:
-            if self._leases.pop_reservation(r):
-                self.free(r)
-
-    def free(self, r: Reservation) -> None:
-        """Give back a reservation's slot (nothing for a private buffer)."""
-        if r.tier is not None:
-            self._memory[r.tier].abandon(r.slots)
 
     def attach_payload(self, r: Reservation, payload: bytearray) -> None:
         """Give a lazy reservation (see :meth:`reserve`) its received payload buffer.

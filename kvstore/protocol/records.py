@@ -78,6 +78,14 @@ class ReserveEntry:
 PUT_TIERS: tuple[str | None, ...] = (None, *TIER_NAMES)
 _PUT_TIER_CODE = {None: ABSENT, **TIER_CODES}
 _STATUSES = frozenset(int(s) for s in Status)
+# every (status, tier, durable) byte triple's result, made once: a reply of n blocks becomes
+# its results by one C-level map over its three byte strings, not n constructions
+_PUT_RESULT_OF = {
+    (int(st), t, d): PutResult(st, PUT_TIERS[t], bool(d))
+    for st in Status
+    for t in range(len(PUT_TIERS))
+    for d in (0, 1)
+}
 
 
 def put_results_to_wire(results: tuple[PutResult, ...]) -> dict[str, bytes]:
@@ -103,4 +111,4 @@ def put_results_from_wire(h: dict, n: int) -> tuple[PutResult, ...]:
             raise bad(f"{name}[{v.index(min(bad_codes))}]: unknown code {min(bad_codes)}")
         cols.append(v)
     st, tier, dur = cols
-    return tuple(PutResult(Status(a), PUT_TIERS[b], bool(c)) for a, b, c in zip(st, tier, dur))
+    return tuple(map(_PUT_RESULT_OF.__getitem__, zip(st, tier, dur)))

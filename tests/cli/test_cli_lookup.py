@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from kvstore.block import make_header
+from storeutil import make_blocks
 
 TEXT = "The quick brown fox jumps over the lazy dog; tierkv caches the KV of prompts like this one."
 
@@ -38,23 +37,7 @@ def test_cli_tokens_namespace_and_keys_equal_the_engines(cli, cli_model, start_d
 
 
 def _put_prefix(put_blocks, addr: str, ns, tokens: list[int], n_blocks: int) -> None:
-    bt = ns.block_tokens
-    keys = ns.block_keys(tokens)
-    out, parent = [], ns.id
-    for i in range(n_blocks):
-        payload = bytes(range(256)) * 16
-        h = make_header(
-            key=keys[i],
-            parent=parent,
-            namespace=ns.id,
-            tokens=tokens[i * bt : (i + 1) * bt],
-            dtype="uint8",
-            shape=[len(payload)],
-            payload=payload,
-        )
-        out.append((h, payload))
-        parent = keys[i]
-    put_blocks(addr, out, ns)
+    put_blocks(addr, make_blocks(n_blocks, 4096, ns=ns, tokens=tokens), ns)
 
 
 def test_lookup_partial_hit_table_and_json(cli, cli_model, start_daemon, put_blocks, tmp_path):

@@ -7,11 +7,11 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 from cluster.etcd_tls import TlsFiles
+from polling import until
 
 ETCD_MISSING = "etcd is not installed (Debian: etcd-server; `make test` installs it when run as root)"
 
@@ -44,7 +44,7 @@ class Etcd:
     def url(self, cluster: str) -> str:
         return f"etcd://{self.endpoint}/{cluster}"
 
-    def start(self, timeout_s: float = 15.0) -> None:
+    def start(self, timeout_s: float = 30.0) -> None:
         exe = shutil.which("etcd")
         if exe is None:
             raise RuntimeError(ETCD_MISSING)  # callers skip first (etcd_missing)
@@ -77,18 +77,22 @@ class Etcd:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+
+        def healthy() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {(self.workdir / 'etcd.log').read_text(errors='replace')}")
             try:
                 with urllib.request.urlopen(f"{c}/health", timeout=1, context=self.ssl_context()) as r:
-                    if b"true" in r.read():
-                        return
+                    return b"true" in r.read()
             except OSError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"etcd did not start: {(self.workdir / 'etcd.log').read_text(errors='replace')}")
+                return False
+
+        try:
+            until(healthy, timeout_s, "etcd healthy")
+        except AssertionError as exc:
+            raise RuntimeError(
+                f"etcd did not start ({exc}): {(self.workdir / 'etcd.log').read_text(errors='replace')}"
+            ) from None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A client context for the test itself (CA + client certificate), None without TLS."""

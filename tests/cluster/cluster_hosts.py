@@ -7,17 +7,15 @@ bridge). Clients in the test process reach the hosts over the bridge.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from cluster.cluster_etcd import Etcd, etcd_missing
 from cluster.cluster_netns import Host, Net
-from daemonutil import REPO, Daemon, _toml
+from daemonutil import REPO, Daemon, _toml, wait_serving
 
 from kvstore.client.node import ClientConfig
 from kvstore.keys import Namespace
@@ -89,14 +87,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        end = time.monotonic() + 30
-        port_file = wd / "ports.json"
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > end:
-                proc.kill()
-                raise RuntimeError(f"daemon did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        d = NsDaemon(host, proc, json.loads(port_file.read_text()), wd, log)
+        d = NsDaemon(host, proc, wait_serving(proc, wd / "ports.json", log), wd, log)
         self.daemons.append(d)
         return d
 

@@ -4,9 +4,9 @@ byte back, a killed node, and membership through etcd (registration by ``--join`
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
+from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -85,26 +85,34 @@ async def test_cluster_etcd_join_leave_and_ttl(etcd, start_daemon):
     m = EtcdMembership(url)
     await m.start()
     assert m.members == ()
-    join = {"join": url, "lease_ttl_s": 2}
-    a = start_daemon(use_disk=False, cluster=join, node={"zone": "z1"})
-    b = start_daemon(use_disk=False, cluster=join, node={"zone": "z2"})
+    # a's lease is short (it must run out after a kill -9); b's is far longer than any wait
+    # below, so b gone within them can only be its revoke, however loaded the host
+    a = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2}, node={"zone": "z1"})
+    b = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 60}, node={"zone": "z2"})
 
-    async def until(pred, timeout_s=5.0):
-        end = time.monotonic() + timeout_s
-        while not pred():
-            assert time.monotonic() < end, f"membership is {m.members}"
-            await m.wait_changed(m.version, 0.2)
+    def members() -> set[str]:
+        return {x.addr for x in m.members}
 
-    await until(lambda: {x.addr for x in m.members} == {a.addr, b.addr})
+    def changed(pause_s: float):
+        return m.wait_changed(m.version, pause_s)
+
+    await until_async(
+        members,
+        15.0,
+        "a and b registered",
+        ok=lambda got: got == {a.addr, b.addr},
+        interval_s=0.2,
+        wait=changed,
+    )
     assert {x.zone for x in m.members} == {"z1", "z2"} and all(x.capacity > 0 for x in m.members)
-    b.stop()  # SIGTERM revokes the lease: gone at once
-    t0 = time.monotonic()
-    await until(lambda: {x.addr for x in m.members} == {a.addr}, 2.0)
-    assert time.monotonic() - t0 < 1.5
-    a.kill9()  # no revoke: gone when the lease runs out
-    t0 = time.monotonic()
-    await until(lambda: not m.members, 6.0)
-    assert time.monotonic() - t0 < 4.5
+    b.stop()  # SIGTERM revokes the lease: gone long before its 60 s run out
+    await until_async(
+        members, 20.0, "b's record revoked", ok=lambda got: got == {a.addr}, interval_s=0.2, wait=changed
+    )
+    a.kill9()  # no revoke: gone when the 2 s lease runs out, long before b's would have
+    await until_async(
+        members, 10.0, "a's lease run out", ok=lambda got: not got, interval_s=0.2, wait=changed
+    )
     await m.close()
 
 
@@ -112,11 +120,12 @@ async def test_cluster_etcd_client_survives_etcd_restart(etcd, start_daemon):
     url = etcd.url("t2")
     ds = [start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 3}) for _ in range(3)]
     c = ClusterClient.etcd(url, FAST, CFG)
-    end = time.monotonic() + 5
-    while len(c.live_addrs()) < 3:
+
+    async def started() -> list[str]:
         await c.start()
-        assert time.monotonic() < end
-        await asyncio.sleep(0.1)
+        return c.live_addrs()
+
+    await until_async(started, 15.0, "three live members", ok=lambda live: len(live) == 3, interval_s=0.1)
     blocks = make_blocks(30, NBYTES, seed=31, ns=NS)
     assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     etcd.stop()
@@ -170,10 +179,7 @@ async def test_cluster_read_repair_keeps_hits_across_two_joins(start_daemon):
     assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
     m.set([d.addr for d in ds[:3]])  # about 1/3 of the blocks now belong to node 3
     assert (await read_all(c, blocks))[0] == len(blocks)  # found one rank further
-    end = time.monotonic() + 5
-    while c.repairer.in_flight:
-        assert time.monotonic() < end
-        await asyncio.sleep(0.05)
+    await until_async(lambda: c.repairer.in_flight, 15.0, "the read repairs done", ok=lambda n: not n)
     assert 20 < c.counters["repaired"] < 70, c.counters
     m.set([d.addr for d in ds])  # a second join: without the repair some blocks would be two ranks away
     assert (await read_all(c, blocks))[0] == len(blocks)
@@ -185,23 +191,29 @@ async def test_cluster_nodes_reregister_when_etcd_loses_its_data(etcd, start_dae
     d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
     m = EtcdMembership(url)
     await m.start()
-    end = time.monotonic() + 5
-    while [x.addr for x in m.members] != [d.addr]:
-        assert time.monotonic() < end, m.members
-        await m.wait_changed(m.version, 0.2)
+    await until_async(
+        lambda: [x.addr for x in m.members],
+        15.0,
+        "the node registered",
+        ok=lambda got: got == [d.addr],
+        interval_s=0.2,
+        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
+    )
     etcd.stop()
     import shutil
 
     shutil.rmtree(etcd.workdir / "etcd-data")  # a new, empty etcd: the lease is gone
     etcd.start()
     assert [x.addr for x in m.members] == [d.addr]  # the last known view held meanwhile
-    end = time.monotonic() + 8
-    while True:  # the watcher re-lists the empty store, the node's keepalive finds no lease and re-registers
+
+    async def registered() -> tuple[bool, list[str]]:
         kvs, _ = await m.client.range_prefix(m.target.prefix)
-        if kvs and [x.addr for x in m.members] == [d.addr]:
-            break
-        assert time.monotonic() < end, "the node did not register again"
-        await asyncio.sleep(0.2)
+        return bool(kvs), [x.addr for x in m.members]
+
+    # the watcher re-lists the empty store, the node's keepalive finds no lease and re-registers
+    await until_async(
+        registered, 15.0, "the node registered again", ok=lambda got: got == (True, [d.addr]), interval_s=0.2
+    )
     await m.close()
 
 
@@ -212,10 +224,14 @@ async def test_cluster_idle_watch_is_renewed_and_still_sees_joins(etcd, start_da
     await asyncio.sleep(1.0)  # nothing happens: the watch is reopened after a fresh list
     assert m.counters["watch_renewals"] >= 2 and m.counters["etcd_errors"] == 0
     d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
-    end = time.monotonic() + 5
-    while [x.addr for x in m.members] != [d.addr]:
-        assert time.monotonic() < end, m.members
-        await m.wait_changed(m.version, 0.2)
+    await until_async(
+        lambda: [x.addr for x in m.members],
+        15.0,
+        "the node registered",
+        ok=lambda got: got == [d.addr],
+        interval_s=0.2,
+        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
+    )
     await m.close()
 
 

@@ -5,6 +5,7 @@ killed so that a write is under-replicated and a node ejected."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
+from scraping import Scrape
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -26,8 +27,8 @@ async def test_ejections_and_under_replicated_writes_show_as_prometheus_counters
     r = await c.put(make_blocks(4, 4096, seed=3, ns=NS), 2.0)
     r = await c.put(make_blocks(4, 4096, seed=4, ns=NS), 2.0)
     assert r.under_replicated == 4 and r.dropped == 0
-    text = generate_latest(reg).decode()
+    m = Scrape(generate_latest(reg).decode())
     await c.close()
-    assert "tierkv_store_client_ejected_down_total 1.0" in text
-    assert "tierkv_store_client_blocks_under_replicated_total 8.0" in text
-    assert "tierkv_store_client_puts_under_replicated_total 2.0" in text
+    assert m.value("tierkv_store_client_ejected_down_total") == 1
+    assert m.value("tierkv_store_client_blocks_under_replicated_total") == 8
+    assert m.value("tierkv_store_client_puts_under_replicated_total") == 2

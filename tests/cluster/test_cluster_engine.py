@@ -4,21 +4,18 @@ first stored, even with one node killed, and its output equals the no-cache refe
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 import torch
 from connutil import make_engine, reference, run
+from polling import until_async
 
 pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from engine.convert import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama-gqa4")
+def model_dir(tiny_model_dir):
+    """The suite's tiny model with grouped KV heads (tests/conftest.py's ``tiny_model_dir``)."""
+    return tiny_model_dir("llama-gqa4")
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -60,10 +57,9 @@ async def test_cluster_engine_etcd_url(model_dir, start_daemon, etcd):
 
     m = EtcdMembership(join)
     await m.start()
-    end = time.monotonic() + 10
-    while len(m.members) < len(ds):
-        assert time.monotonic() < end, m.members
-        await asyncio.sleep(0.1)
+    await until_async(
+        lambda: m.members, 15.0, "every node a member", ok=lambda got: len(got) == len(ds), interval_s=0.1
+    )
     await m.close()
     url = f"{join}?replicas=2&policy=always&lookup_deadline_s=5"
     assert await _store_then_hit(model_dir, url, _prompt(150, 4)) == 144

@@ -12,9 +12,9 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 from cluster.cluster_etcd import free_port
+from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -82,10 +82,9 @@ async def test_a_namespace_evicted_while_a_node_was_down_stays_evicted_when_it_r
     assert await held(addrs[:2], keys) == 0
 
     ds[2] = node(2)  # back, with its disk (and the evicted blocks on it)
-    end = time.monotonic() + 30
-    while (left := await held(addrs, keys)) != 0:
-        assert time.monotonic() < end, f"{left} evicted copies are back"
-        await asyncio.sleep(0.25)
+    await until_async(
+        lambda: held(addrs, keys), 30.0, "no evicted copy back", ok=lambda left: left == 0, interval_s=0.25
+    )
     await asyncio.sleep(1.5)  # three more repair passes: nothing comes back
     assert await held(addrs, keys) == 0
     assert await held(addrs, kept_keys) == 32  # the other namespace kept both copies

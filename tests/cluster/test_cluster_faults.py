@@ -10,6 +10,7 @@ import time
 
 import pytest
 from cluster.cluster_hosts import TENANT_NS
+from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -66,14 +67,6 @@ class Load:
     def reset(self) -> None:
         self.hits = self.wanted = 0
         self.slowest = 0.0
-
-
-async def until(pred, timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - t0
 
 
 async def copies_on(addr: str, cfg, prompt_list) -> int:
@@ -142,8 +135,11 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
     assert first <= deadline + 0.3, first  # the lookup's deadline, then the read skips it
     # A lookup answered by the other replicas returns early; the victim's call goes on in the
     # background and marks it down when its deadline passes (measured from the request).
-    await until(
-        lambda: victim.addr not in c.live_addrs(), max(0.2, deadline + 1.0 - first), "the victim down"
+    await until_async(
+        c.live_addrs,
+        max(0.2, deadline + 1.0 - first),
+        "the victim down",
+        ok=lambda live: victim.addr not in live,
     )
     load.reset()
     for p in stored:
@@ -151,7 +147,9 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
     assert load.slowest < deadline / 2, load.slowest  # skipped: no more waiting on it
     assert not load.failed
     hosts.net.heal(victim.host)
-    await until(lambda: victim.addr in c.live_addrs(), 10.0, "the healed node to be used again")
+    await until_async(
+        c.live_addrs, 10.0, "the healed node to be used again", ok=lambda live: victim.addr in live
+    )
     new = prompts(12, 300)
     for p in new:
         assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
@@ -164,21 +162,29 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
 
 async def test_cluster_slow_node_is_down_for_reads(hosts):
     ds = [hosts.start_node() for _ in range(3)]
-    deadline = 0.3
+    # a deadline a loaded host keeps for its fast nodes: a read's hedge waits for part of it
+    # (half before there are estimates, longer while this loop lags: kvstore/client/reads.py),
+    # and the fast replica must answer in the rest
+    deadline = 2.0
     cfg = hosts.client_cfg(op_timeout_s=deadline)
-    c = ClusterClient.static([d.addr for d in ds], cfg, ClusterConfig(replicas=2, probe_interval_s=0.1))
+    # the writes before the test keep their nodes: a write past its chunk deadline (0.5 s by
+    # default) on a loaded host would mark a fast node down (marked_up below) and redirect it
+    scene = ClusterConfig(replicas=2, probe_interval_s=0.1, write_floor_s=30.0)
+    c = ClusterClient.static([d.addr for d in ds], cfg, scene)
     stored = prompts(12, 400)
     for p in stored:
         assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     slow = ds[2]
-    kind = hosts.net.slow(slow.host, 400)  # each packet towards it waits longer than the deadline
+    kind = hosts.net.slow(slow.host, int(1500 * deadline))  # each packet waits over a deadline
     print(f"slow node made with tc {kind}")
     load = Load(c, deadline)
     for p in stored:
         assert await load.read(p) == BLOCKS
     # One late answer never ejects (issue 23: a busy node is not a broken one); a few lookups
     # past their deadline while its peers answer at once do, as soon as they time out
-    await until(lambda: slow.addr not in c.live_addrs(), 3 * deadline + 1.0, "the slow node out")
+    await until_async(
+        c.live_addrs, 3 * deadline + 1.0, "the slow node out", ok=lambda live: slow.addr not in live
+    )
     out_after = []
     for _ in range(2):
         for p in stored:
@@ -190,9 +196,9 @@ async def test_cluster_slow_node_is_down_for_reads(hosts):
     assert c.counters["marked_up"] == 0
     assert not load.failed
     print(f"slowest request with a slow node: {load.slowest:.3f} s (deadline {deadline} s)")
-    assert load.slowest <= deadline + 0.3, load.slowest  # one deadline, once
+    assert load.slowest <= 1.5 * deadline, load.slowest  # one deadline, once (two would be 2x)
     hosts.net.heal(slow.host)
-    await until(lambda: slow.addr in c.live_addrs(), 10.0, "the node to be fast again")
+    await until_async(c.live_addrs, 10.0, "the node to be fast again", ok=lambda live: slow.addr in live)
     await c.close()
 
 
@@ -201,16 +207,21 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
     url = etcd.url("faults")
     ds = [hosts.start_node(join=url) for _ in range(3)]
     cfg = hosts.client_cfg(op_timeout_s=1.0)
-    c = ClusterClient.etcd(url, cfg, ClusterConfig(replicas=2))
+    # placement is under test, not health: on a loaded host a node slower than its peers would
+    # be ejected (or, past a 0.5 s write floor, marked down) and miss its share of the writes
+    steady = ClusterConfig(replicas=2, outlier_factor=1e6, late_eject_count=10**6, write_floor_s=30.0)
+    c = ClusterClient.etcd(url, cfg, steady)
     await c.start()
-    await until(lambda: len(c.live_addrs()) == 3, 10.0, "three members")
+    await until_async(c.live_addrs, 10.0, "three members", ok=lambda live: len(live) == 3)
     old = prompts(25, 500)
     for p in old:
         assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
     load = Load(c, 1.0)
 
     d4 = hosts.start_node(join=url)
-    seen = await until(lambda: d4.addr in c.live_addrs(), 5.0, "the joined node")
+    t0 = time.monotonic()
+    await until_async(c.live_addrs, 5.0, "the joined node", ok=lambda live: d4.addr in live)
+    seen = time.monotonic() - t0
     assert seen < 3.0
     for p in old:  # owners changed for some blocks: found one rank further (lookahead)
         assert await load.read(p) == BLOCKS

@@ -53,8 +53,8 @@ async def test_load_and_save_use_the_lookups_keys_and_tiers(tiny_model, tmp_path
         # save: the record's keys, extended by hashing only the blocks past them
         short = PromptLookup(rec.namespace, rec.keys[:3])
         req = ConnectorRequest("r", tuple(prompt), tuple(pages), 0, short)
-        assert conn._keys_for(req, 9) == conn.ns.key_batch(prompt[:144])
-        assert conn._keys_for(req, 2) == rec.keys[:2]
+        assert conn.keys_for(req, 9) == conn.ns.key_batch(prompt[:144])
+        assert conn.keys_for(req, 2) == rec.keys[:2]
         a.check_integrity()
     finally:
         await a.stop()

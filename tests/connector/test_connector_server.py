@@ -16,6 +16,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from scraping import scrape_async
 
 MAX_TOKENS = 4
 
@@ -43,7 +44,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[int]]):
     """Start a server with ``connector``, send ``prompts`` 8 at a time. Returns
-    ([(text, cached_tokens)], the server's /metrics text at the end)."""
+    ([(text, cached_tokens)], the server's /metrics at the end: tests/scraping.py's Scrape)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model_dir, "--port", str(port),
            "--device", "cpu", "--num-pages", "512", "--no-prefix-cache", "--kv-connector", connector,
@@ -85,8 +86,7 @@ async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[in
                         return j["choices"][0]["text"], j["usage"]["prompt_tokens_details"]["cached_tokens"]
 
             results = await asyncio.gather(*(one(p) for p in prompts))
-            async with http.get(base + "/metrics") as r:
-                return results, await r.text()
+            return results, await scrape_async(base)
     finally:
         proc.terminate()
         try:
@@ -112,9 +112,4 @@ async def test_200_random_prompts_through_the_server(tiny_model, start_daemon):
     hits = sum(c for _, c in got)
     assert hits > 16 * 200, f"too few store hits to mean anything ({hits} tokens)"
     # the connector's metrics are on the server's /metrics, and agree with the usage counts
-    line = next(
-        x
-        for x in metrics.splitlines()
-        if x.startswith('tierkv_connector_hit_tokens_total{tier="remote:dram"}')
-    )
-    assert float(line.split()[-1]) == hits
+    assert metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == hits

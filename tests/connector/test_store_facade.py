@@ -1,7 +1,7 @@
 """``kvstore.client.open``: the store client behind the connector, for each URL scheme.
 
-``local://``: a real in-process node under tmp_path (DRAM + LMDB); reads are lease, copy,
-release and writes reserve, copy, commit, so no lease or reservation is left behind.
+``local://``: a real in-process node under tmp_path (DRAM + LMDB); the one read leases and
+lends (``get_into`` copies out before the release), writes reserve, copy, commit, so no lease or reservation is left behind.
 ``kvstore://``: a real daemon. Bad URLs and options are ConfigErrors naming them."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ NS = Namespace("facade-test", "uint8", 4)
 
 def held(client) -> tuple[int, int]:
     """The node's live leases and reservations."""
-    n = client.node.stats()["node"]
+    n = client.node.inspector.stats()["node"]
     return n["leases_active"], n["reservations_active"]
 
 
@@ -51,14 +51,22 @@ async def test_local_store_reads_and_writes_through_the_nodes_two_phase_sequence
     assert [r.status for r in res] == [Status.MISMATCH, Status.BUF_TOO_SMALL, Status.MISS]
     assert held(c) == (0, 0)
     assert c.counters["hits"] == 6 and c.counters["misses"] == 3 and c.counters["stored"] == 8
-    # zero-copy views stay valid until released
-    views = await c.get_views(keys[:2], [Expect(None, None)] * 2, 5.0)
-    assert views is not None
-    res, vs, release = views
-    assert [r.status for r in res] == [Status.HIT] * 2 and bytes(vs[0]) == blocks[0][1]
-    assert held(c) == (2, 0)
-    release()
+    # the one read lends the slots in place (zero copy) until it is released
+    bufs = [bytearray(4096) for _ in range(2)]
+    async with c.read(keys[:2], bufs, [Expect(None, None)] * 2, 5.0) as r:
+        assert [x.status for x in r.results] == [Status.HIT] * 2 and bytes(r.views[0]) == blocks[0][1]
+        assert r.lent == [True, True] and bufs == [bytearray(4096)] * 2  # lent: nothing copied
+        assert held(c) == (2, 0)
     assert held(c) == (0, 0)
+    r = await c.read(keys[:1], [bytearray(4096)])  # awaited: the caller releases
+    assert held(c) == (1, 0)
+    r.release()
+    r.release()  # idempotent
+    assert held(c) == (0, 0)
+    with pytest.raises(ValueError, match="read: 2 keys but 1 buffers"):
+        c.read(keys[:2], [bytearray(4096)])
+    with pytest.raises(ValueError, match="read: 1 keys but 1 buffers and 2 expectations"):
+        await c.get_into(keys[:1], [bytearray(4096)], [None, None])
     assert await c.delete(keys[:1]) == [True]
     assert await c.exists(keys[:1]) == [None]
     assert await c.tenant_namespace(NS) == NS
@@ -77,7 +85,10 @@ async def test_local_store_reopens_and_reads_from_disk(tmp_path):
     b = kvstore.client.open(url, dram_capacity=1 << 26)
     keys = [h.key for h, _ in blocks]
     assert await b.exists(keys) == ["disk"] * 3
-    assert await b.get_views(keys, [Expect()] * 3, 5.0) is None  # disk: read into the caller's buffers
+    bufs = [bytearray(4096) for _ in blocks]
+    async with b.read(keys, bufs, [Expect()] * 3, 5.0) as r:  # disk: read into the caller's buffers
+        assert [x.status for x in r.results] == [Status.HIT] * 3 and r.lent == [False] * 3
+        assert [bytes(v) for v in r.views] == [p for _, p in blocks] == [bytes(x) for x in bufs]
     bufs = [bytearray(4096) for _ in blocks]
     assert [g.status for g in await b.get_into(keys, bufs)] == [Status.HIT] * 3
     assert bufs == [bytearray(p) for _, p in blocks] and held(b) == (0, 0)
@@ -104,6 +115,15 @@ async def test_daemons_through_the_facade_with_options_in_the_query(start_daemon
     bufs = [bytearray(4096) for _ in blocks]
     assert [g.status for g in await c.get_into(keys, bufs, None, 5.0)] == [Status.HIT] * 4
     assert bufs == [bytearray(p) for _, p in blocks]
+    # the one read fills the caller's buffers: the views are theirs, nothing is lent
+    absent = [h.key for h, _ in make_blocks(2, 4096, seed=6, ns=NS)]
+    bufs = [bytearray(4096) for _ in range(6)]
+    async with c.read(keys + absent, bufs, None, 5.0) as r:
+        assert [x.status for x in r.results] == [Status.HIT] * 4 + [Status.MISS] * 2
+        assert r.lent == [False] * 6 and r.views[4:] == [None, None]
+        assert [bytes(v) for v in r.views[:4]] == [p for _, p in blocks[:4]] == [bytes(x) for x in bufs[:4]]
+    with pytest.raises(ValueError, match="read: 4 keys but 5 buffers and no expectations"):
+        c.read(keys, bufs[:5])
     assert await c.tenant_namespace(NS, 5.0) == NS  # no auth: unsalted
     stats = await c.stats(5.0)
     assert list(stats) == [d.addr] and stats[d.addr]["node"]["puts"] == 4

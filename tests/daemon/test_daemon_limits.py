@@ -11,18 +11,21 @@ import time
 import aiohttp
 import pytest
 from daemonutil import RawPeer, frame
+from polling import until, until_async
+from scraping import scrape, scrape_value_async
 
 from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"
+OP = "tok-operator1"
 
 
 @pytest.fixture
 def limited(start_daemon, tmp_path):
     f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\ntok-operator1 *\n")
+    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n{OP} *\n")
 
     def start(use_disk: bool = True, **limits):
         return start_daemon(use_disk=use_disk, auth={"token_file": str(f)}, limits=limits)
@@ -34,16 +37,6 @@ def client(d, ns, token=TOK_A, **kw) -> NodeClient:
     cfg = dict(token=token, namespaces=(ns,), op_timeout_s=5, probe_interval_s=60)
     cfg.update(kw)
     return NodeClient(d.addr, ClientConfig(**cfg))
-
-
-def until(what, deadline_s: float = 20.0) -> bool:
-    """Poll ``what()`` until true or the deadline (a generous bound, not a timing assert)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if what():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def read_all(port: int, n: int) -> bool:
@@ -70,13 +63,18 @@ def test_a_connection_that_never_says_hello_is_closed(limited):
     trickle.send(frame({"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": TOK_A, "ns": []})[:3])
     assert silent.closed_by_peer()
     assert trickle.closed_by_peer()
-    assert 'tierkv_timeouts_total{kind="hello"} 2.0' in _metrics(d)
+    assert scrape(d.admin, OP).value("tierkv_timeouts_total", kind="hello") == 2
 
 
 def test_connections_before_hello_are_capped_and_healthz_answers(limited, ns, blocks_of):
     d = limited(max_unauthenticated=4, hello_timeout_s=5.0)
     flood = [RawPeer(d.data_port, timeout=10) for _ in range(12)]
-    assert until(lambda: 'tierkv_refused_connections_total{why="unauthenticated"} 8.0' in _metrics(d))
+    until(
+        lambda: scrape(d.admin, OP).value("tierkv_refused_connections_total", 0.0, why="unauthenticated"),
+        20.0,
+        "8 connections before HELLO refused",
+        ok=lambda n: n == 8,
+    )
     # capped now (the 8 oldest were dropped for newcomers, the newest 4 wait out the HELLO
     # deadline): the probes still answer
     assert _get(d, "/healthz") == (200, {"ok": True})
@@ -99,7 +97,12 @@ def test_an_idle_connection_is_closed_and_the_client_reconnects(limited, ns, blo
         [(h, p)] = blocks_of(ns.with_tenant("alpha"), 1, 1000)
         assert [r.status for r in await c.put([(h, p)])] == [Status.STORED]
         # the node closes the pooled connection at its idle deadline
-        assert await asyncio.to_thread(until, lambda: "tierkv_connections 0.0" in _metrics(d))
+        await until_async(
+            lambda: scrape_value_async(d.admin, "tierkv_connections", OP),
+            20.0,
+            "the pooled connection closed",
+            ok=lambda n: n == 0,
+        )
         buf = bytearray(1000)
         assert [g.status for g in await c.get_into([h.key], [buf])] == [Status.HIT]
         assert c.counters["node_down"] == 0 and c.counters["stale_connections"] >= 1
@@ -132,13 +135,13 @@ def test_a_payload_costs_memory_only_as_its_bytes_come_and_has_a_deadline(limite
         peers.append(p)
     # measured once the daemon has read every byte sent (headers and the 1 KiB), so any buffer
     # it makes for them exists by now
-    assert until(lambda: read_all(d.data_port, 3))
+    until(lambda: read_all(d.data_port, 3), 20.0, "3 connections read to the end")
     grown = rss_bytes(d.proc.pid) - before
     assert grown < 40 << 20, f"the daemon grew by {grown >> 20} MiB for 3 KiB of payload"
     t0 = time.monotonic()
     assert all(p.closed_by_peer() for p in peers)
     assert time.monotonic() - t0 < 9  # closed by the daemon, not by the test's socket timeout
-    assert 'tierkv_timeouts_total{kind="transfer"} 3.0' in _metrics(d)
+    assert scrape(d.admin, OP).value("tierkv_timeouts_total", kind="transfer") == 3
 
 
 def test_connections_per_tenant_are_capped(limited, ns):
@@ -161,7 +164,12 @@ def test_connections_per_tenant_are_capped(limited, ns):
     b = RawPeer(d.data_port)
     assert b.hello(TOK_B, ns)["ok"]  # another tenant's share is its own
     a[0].close()
-    assert until(lambda: "tierkv_connections 2.0" in _metrics(d))  # a[1] and b
+    until(
+        lambda: scrape(d.admin, OP).value("tierkv_connections"),
+        20.0,
+        "2 connections (a[1] and b)",
+        ok=lambda n: n == 2,
+    )
     again = RawPeer(d.data_port)
     assert again.hello(TOK_A, ns)["ok"]
 
@@ -203,14 +211,5 @@ def _get(d, path: str) -> tuple[int, dict]:
         async with aiohttp.ClientSession(d.admin) as s:
             r = await s.get(path)
             return r.status, await r.json()
-
-    return asyncio.run(get())
-
-
-def _metrics(d) -> str:
-    async def get():
-        async with aiohttp.ClientSession(d.admin) as s:
-            r = await s.get("/metrics", headers={"Authorization": "Bearer tok-operator1"})
-            return await r.text()
 
     return asyncio.run(get())

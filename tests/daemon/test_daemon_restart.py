@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from polling import until_async
+
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.results import Status
 
@@ -59,9 +61,13 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
     d.kill9()  # returns once the process is gone
     t0 = time.monotonic()
     n = len(outcomes)
-    while len(outcomes) < n + 4:
-        await asyncio.sleep(0.01)
-        assert time.monotonic() - t0 < 10, "readers hung after kill -9"
+    await until_async(
+        lambda: len(outcomes),
+        10.0,
+        "4 more reads done after kill -9",
+        ok=lambda k: k >= n + 4,
+        interval_s=0.01,
+    )
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     # a GET that began before the kill may still finish with hits (its bytes had arrived);
@@ -73,11 +79,7 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
 
     # the node comes back on the same port; the background probe notices and reads hit again
     d2 = start_daemon(workdir=wd, server={"data_port": d.data_port})
-    for _ in range(100):
-        if c.up:
-            break
-        await asyncio.sleep(0.05)
-    assert c.up
+    await until_async(lambda: c.up, 15.0, "the client's probe to find the node up")
     bufs = [bytearray(2 * MiB) for _ in keys]
     got = await c.get_into(keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 16

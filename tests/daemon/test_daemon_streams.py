@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
-import aiohttp
 import pytest
 from daemonutil import RawPeer, frame
+from polling import until_async
+from scraping import scrape_value_async
 
 from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
@@ -36,23 +36,6 @@ def daemon(start_daemon, tmp_path):
         )
 
     return start
-
-
-async def metrics(d) -> str:
-    async with aiohttp.ClientSession(d.admin) as s:
-        r = await s.get("/metrics", headers={"Authorization": f"Bearer {OP}"})
-        return await r.text()
-
-
-async def until_metric(d, line: str, deadline_s: float = 30.0) -> bool:
-    """Poll the daemon's metrics until ``line`` is there or the deadline (no timed assert: the
-    bound is generous)."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if line in await metrics(d):
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 def client(d, ns, **kw) -> NodeClient:
@@ -92,7 +75,12 @@ async def test_a_reader_that_stalls_mid_stream_costs_only_its_connection(daemon,
     assert [e[0] for e in rep["res"]] == [int(Status.HIT)] * 8
     stalled.exact(100 << 10)  # then it stops reading, inside the first block
     await _served(c, blocks)  # another connection is served while the stream is stuck
-    assert await until_metric(d, 'tierkv_timeouts_total{kind="transfer"} 1.0')
+    await until_async(
+        lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
+        30.0,
+        "one transfer timeout counted",
+        ok=lambda n: n == 1,
+    )
     assert await asyncio.get_running_loop().run_in_executor(None, stalled.closed_by_peer)
     # its leases went with the connection: the blocks delete, and their room takes new ones
     assert await c.delete([h.key for h, _ in blocks]) == [True] * 8
@@ -161,8 +149,18 @@ async def test_a_pipelined_get_flood_whose_replies_are_never_read_is_closed(daem
 
     threading.Thread(target=push, daemon=True).start()
     await _served(c, [(h, p)])
-    assert await until_metric(d, 'tierkv_timeouts_total{kind="transfer"} 1.0')
-    assert await until_metric(d, "tierkv_connections 1.0")  # c's own connection stays
+    await until_async(
+        lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
+        30.0,
+        "one transfer timeout counted",
+        ok=lambda n: n == 1,
+    )
+    await until_async(
+        lambda: scrape_value_async(d.admin, "tierkv_connections", OP),
+        30.0,
+        "only c's own connection left",
+        ok=lambda n: n == 1,
+    )
     flood.close()
     await _served(c, [(h, p)])
     await c.close()

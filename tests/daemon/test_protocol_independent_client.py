@@ -46,7 +46,7 @@ async def main(addr, n):
     c = NodeClient(addr, ClientConfig(namespaces=(ns,), transport="tcp"))
     try:
         res = await c.put(blocks)
-        assert all(r.status.name == "STORED" for r in res), res
+        assert len(res) == len(blocks) and all(r.status.name == "STORED" for r in res), res
     finally:
         await c.close()
     print(json.dumps([k.hex for k in keys]))

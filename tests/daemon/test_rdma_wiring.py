@@ -8,14 +8,13 @@ end-to-end RDMA test at the bottom needs a device and is skipped here."""
 from __future__ import annotations
 
 import ctypes
-import re
 import subprocess
 import sys
 from collections import Counter
 
-import aiohttp
 import numpy as np
 import pytest
+from scraping import scrape_async
 
 from kvstore import protocol as P
 from kvstore.client.cluster import ClusterClient
@@ -53,13 +52,6 @@ async def call(ch: SocketChannel, header: dict) -> dict:
     if reply.get("plen"):
         await ch.discard(reply["plen"])
     return reply
-
-
-async def metric(d, name: str) -> float:
-    async with aiohttp.ClientSession() as s, s.get(f"{d.admin}/metrics") as r:
-        text = await r.text()
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
 
 
 # ---------------------------------------------------------------- HELLO's rdma field
@@ -110,8 +102,9 @@ async def test_offer_to_a_node_without_rdma_is_answered_nil_and_tcp_serves(start
     assert await conn.transport().read([(b, x[3]) for b, x in zip(bufs, leased)]) == [True, True]
     assert bufs == [bytearray(p) for _, p in blocks]
     conn.close()
-    assert await metric(d, 'tierkv_hellos_total{transport="tcp"}') == 1
-    assert await metric(d, 'tierkv_hellos_total{transport="rdma"}') == 0
+    hellos = await scrape_async(d.admin)
+    assert hellos.value("tierkv_hellos_total", transport="tcp") == 1
+    assert hellos.value("tierkv_hellos_total", 0.0, transport="rdma") == 0
 
 
 async def test_one_sided_descriptors_on_a_tcp_connection_are_refused(start_daemon, ns, blocks_of):
@@ -313,31 +306,31 @@ async def test_slab_descriptors_address_the_real_dram_bytes(tmp_path, ns, blocks
     base, length = buffer_address(node.dram_buffer)
     slab = Region(base, length, rkey=0x5EED)
     blocks = blocks_of(ns, 3, 50_000, seed=4)
-    await node.put(blocks[:2])
-    leases = await node.lease([h.key for h, _ in blocks[:2]])
+    await node.writer.put(blocks[:2])
+    leases = await node.leaser.lease([h.key for h, _ in blocks[:2]])
     for i, lease in enumerate(leases):
         desc = slab_descriptor(slab, 100 + i, lease)
         assert desc.handle == 100 + i and desc.rkey == 0x5EED and slab.holds(desc)
         assert ctypes.string_at(desc.addr, desc.length) == blocks[i][1]
-    node.release(leases)
+    node.state.release(leases)
     (h, payload) = blocks[2]
-    [r] = await node.reserve([h])
+    [r] = await node.writer.reserve([h])
     desc = slab_descriptor(slab, 9, r)
     assert slab.holds(desc) and desc.length == len(payload)
     ctypes.memmove(desc.addr, payload, len(payload))  # the one-sided write
-    [pr] = await node.commit([r])
+    [pr] = await node.writer.commit([r])
     assert pr.status is Status.STORED
     out = bytearray(len(payload))
-    [g] = await node.get_into([h.key], [out])
+    [g] = await node.reader.get_into([h.key], [out])
     assert g.status is Status.HIT and out == payload
     await node.close()
 
     # a block outside the DRAM slab (a private copy of a disk block) has no slab descriptor
     disk_only = await NodeStore.open(cfg(**{"dram.capacity": 0, "disk.path": str(tmp_path / "disk2")}))
-    await disk_only.put(blocks[:1])
-    [lease] = await disk_only.lease([blocks[0][0].key])
+    await disk_only.writer.put(blocks[:1])
+    [lease] = await disk_only.leaser.lease([blocks[0][0].key])
     assert lease.offset is None and slab_descriptor(slab, 1, lease) is None
-    disk_only.release([lease])
+    disk_only.state.release([lease])
     await disk_only.close()
 
 
@@ -360,5 +353,5 @@ async def test_rdma_end_to_end(start_daemon, ns, blocks_of):  # pragma: no cover
     assert [g.status for g in got] == [Status.HIT] * 4
     assert all(staging[i].tobytes() == p for i, (_, p) in enumerate(blocks))
     assert c.counters["rdma_failures"] == 0
-    assert await metric(d, 'tierkv_hellos_total{transport="rdma"}') >= 1
+    assert (await scrape_async(d.admin)).value("tierkv_hellos_total", transport="rdma") >= 1
     await c.close()

@@ -15,7 +15,7 @@ import xxhash
 from kvstore.protocol import PROTOCOL_VERSION
 
 LEN = struct.Struct(">I")
-STORED, EXISTS, HIT, MISS, BUF_TOO_SMALL = 5, 6, 0, 1, 4
+STORED, EXISTS, HIT, MISS, MISMATCH, BUF_TOO_SMALL = 5, 6, 0, 1, 3, 4
 DRAM = 2  # a PUT reply's tier code
 
 
@@ -113,4 +113,38 @@ def test_an_independent_client_streams_put_and_get_batches(start_daemon):
 
     rep = w.reply()
     assert rep["rid"] == 4 and rep["st"] == bytes([EXISTS])
+    w.s.close()
+
+
+def test_the_daemon_judges_each_blocks_expectation_itself(start_daemon):
+    """A GET's ``exp`` (per key ``[parent, tokens]``) is checked by the daemon against the
+    stored header: a block whose parent or token ids differ is MISMATCH and its payload is not
+    sent; nil fields are not checked."""
+    d = start_daemon(use_disk=False, dram={"capacity": "64MiB", "slab_size": "2MiB"})
+    w = Wire(d.data_port)
+    ns = {
+        "model": "exp",
+        "dtype": "uint8",
+        "block_tokens": 4,
+        "layout": "",
+        "tp": [1, 0],
+        "hash": "xxh3_128",
+        "v": 1,
+    }
+    w.s.sendall(w.frame({"op": "HELLO", "rid": 0, "v": PROTOCOL_VERSION, "token": "", "ns": [ns]}))
+    hello = w.reply()
+    assert hello["ok"], hello
+    [ns_id] = hello["ns"]
+    payloads = [os.urandom(4096) for _ in range(4)]
+    keys = [os.urandom(16) for _ in payloads]
+    hdrs = [header(k, ns_id, p) for k, p in zip(keys, payloads)]
+    w.s.sendall(w.frame({"op": "PUT", "rid": 1, "hdrs": hdrs}, b"".join(payloads)))
+    assert w.reply()["st"] == bytes([STORED] * 4)
+    tokens = struct.pack("<4i", 1, 2, 3, 4)
+    exp = [[ns_id, tokens], [os.urandom(16), None], [None, struct.pack("<4i", 9, 9, 9, 9)], [None, None]]
+    w.s.sendall(w.frame({"op": "GET", "rid": 2, "keys": b"".join(keys), "exp": exp}))
+    rep = w.reply()
+    assert [e[0] for e in rep["res"]] == [HIT, MISMATCH, MISMATCH, HIT]
+    assert rep["plen"] == 2 * 4096
+    assert w.exact(4096) == payloads[0] and w.exact(4096) == payloads[3]
     w.s.close()

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 import torch
+from polling import until_async
 
 from engine.async_engine import AsyncEngine
 from engine.block_manager import PoolIntegrityError
@@ -161,11 +162,7 @@ async def test_engine_abort_releases_pages(tiny_model_dir):
         async for _ in gen:
             break
         await gen.aclose()
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if not aeng.engine.has_work():
-                break
-        assert not aeng.engine.has_work()
+        await until_async(lambda: aeng.engine.has_work(), 10.0, "the engine idle", ok=lambda busy: not busy)
         aeng.check_integrity()
         assert aeng.engine.bm.num_used == 0
     finally:
@@ -180,11 +177,12 @@ async def test_engine_saves_even_when_the_request_ends_at_prefill(tiny_model_dir
     try:
         prompt = list(range(10, 80))  # 2 whole blocks of 32
         await run(aeng, prompt, SamplingParams(max_tokens=1, temperature=0))
-        for _ in range(50):
-            if aeng.connector.saved_blocks == 2 and not aeng._held:
-                break
-            await asyncio.sleep(0.01)
-        assert aeng.connector.saved_blocks == 2
+        await until_async(
+            lambda: (aeng.connector.saved_blocks, bool(aeng._held)),
+            10.0,
+            "2 blocks saved and no pages held",
+            ok=lambda got: got == (2, False),
+        )
         aeng.check_integrity()
         assert aeng.engine.bm.num_used == 0  # the save's references are gone
         _, cached, _ = await run(aeng, prompt, SamplingParams(max_tokens=1, temperature=0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from prometheus_client import generate_latest
+from scraping import Scrape
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -75,8 +76,8 @@ async def test_layer_timeline_of_a_hit_has_one_entry_per_group(tiny_model_dir, t
     assert len(tl.layer_steps()) == len(cold) + 1
     for kind in ("load_wait", "compute"):
         assert [tl.group_count(kind, i) for i in range(3)] == [len(cold) + 1, 1, 0]
-    text = generate_latest(Metrics(aeng).registry).decode()
-    assert 'tierkv_engine_layer_group_seconds_count{group="1",kind="compute"} 1.0' in text
+    m = Scrape(generate_latest(Metrics(aeng).registry).decode())
+    assert m.value("tierkv_engine_layer_group_seconds_count", group="1", kind="compute") == 1
 
 
 async def test_layer_timeline_off_records_nothing(tiny_model_dir, tmp_path):
@@ -85,8 +86,8 @@ async def test_layer_timeline_off_records_nothing(tiny_model_dir, tmp_path):
     assert aeng.engine.runner.layer_timer is None  # off: no hook in the step at all
     assert tl.layer_steps() == [] and tl.layer_steps("hit") == []
     assert tl.group_count("compute", 0) == 0 and tl.group_count("load_wait", 0) == 0
-    text = generate_latest(Metrics(aeng).registry).decode()
-    assert "tierkv_engine_layer_group_seconds_count" not in text
+    m = Scrape(generate_latest(Metrics(aeng).registry).decode())
+    assert not m.of("tierkv_engine_layer_group_seconds_count")
     assert tl.count("compute") > 0  # the per-step phases still are
 
 

@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from polling import until
+from scraping import scrape
 
 
 def free_port() -> int:
@@ -157,16 +159,14 @@ def test_engine_server_curl(server):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == 5 and chunks[-1]["choices"][0]["finish_reason"] == "length"
-    metrics = subprocess.run(
-        ["curl", "-s", server + "/metrics"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
+    metrics = scrape(server)
     for name in (
         "tierkv_engine_time_to_first_token_seconds_bucket",
         "tierkv_engine_inter_token_seconds_bucket",
         "tierkv_engine_prefix_cache_hit_tokens_total",
         "tierkv_engine_pages_used",
     ):
-        assert name in metrics
+        assert metrics.of(name), f"no {name} on /metrics"
     health = subprocess.run(
         ["curl", "-sf", server + "/health"], capture_output=True, text=True, timeout=30, check=True
     )
@@ -197,14 +197,12 @@ async def test_engine_server_concurrent_streams_match_sequential(server):
 
 def _wait_saved(base: str, deadline_s: float = 30.0) -> None:
     """Until the engine holds no pages: a save keeps its pages referenced until it returned."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        if "\ntierkv_engine_pages_used 0.0\n" in text:
-            return
-        time.sleep(0.05)
-    pytest.fail("the background save did not finish")
+    until(
+        lambda: scrape(base).value("tierkv_engine_pages_used"),
+        deadline_s,
+        "the background save done (no page used)",
+        ok=lambda n: n == 0,
+    )
 
 
 def test_engine_server_with_memory_connector(tiny_model_dir):
@@ -274,14 +272,7 @@ def test_engine_cli_bad_connector_option_is_one_line_and_status_2(tiny_model_dir
 
 
 def _phase_counts(base: str) -> dict[str, float]:
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith('tierkv_engine_phase_seconds_count{phase="'):
-            name = line.split('"')[1]
-            out[name] = float(line.rsplit(" ", 1)[1])
-    return out
+    return scrape(base).by("tierkv_engine_phase_seconds_count", "phase")
 
 
 def test_engine_server_exports_the_request_timeline(client, server):

@@ -5,11 +5,11 @@ and the Triton backend reading fp8 pages like the torch one."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 
 import pytest
 import torch
+from polling import until_async
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -103,11 +103,8 @@ async def test_connector_hit_equals_cold_fp8(tiny_model_dir):
         async for out in aeng.generate(prompt, GREEDY):
             toks.append(out.token_id)
         assert toks == ref
-        for _ in range(500):  # the save runs behind the request: wait for it, bounded
-            if aeng.connector.saved_blocks == 3:
-                break
-            await asyncio.sleep(0.01)
-        assert aeng.connector.saved_blocks == 3
+        # the save runs behind the request: wait for it
+        await until_async(lambda: aeng.connector.saved_blocks, 15.0, "3 blocks saved", ok=lambda n: n == 3)
         toks, cached = [], 0
         async for out in aeng.generate(prompt, GREEDY):
             toks.append(out.token_id)

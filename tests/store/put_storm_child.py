@@ -22,7 +22,7 @@ async def main(root: str, n: int) -> None:
     async def writer(part):
         for i in range(0, len(part), 3):
             batch = part[i : i + 3]
-            for (h, _), r in zip(batch, await node.put(batch)):
+            for (h, _), r in zip(batch, await node.writer.put(batch)):
                 if r.durable:
                     print(h.key.hex, flush=True)
 

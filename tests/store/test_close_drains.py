@@ -23,7 +23,7 @@ MiB = 1 << 20
 
 async def _cancel_when_held(tasks: list[asyncio.Task], node: NodeStore, keys: list[bytes]) -> None:
     """Cancel ``tasks`` once every key is held: each write is committed and bound for disk."""
-    while not all(node.leases.held(k) for k in keys) and not all(t.done() for t in tasks):
+    while not all(node.state.leases.held(k) for k in keys) and not all(t.done() for t in tasks):
         await asyncio.sleep(0)
     for t in tasks:
         t.cancel()
@@ -48,7 +48,7 @@ async def _close_and_reopen(node: NodeStore, cfg, caplog) -> NodeStore:
 
 async def _reads_back(node: NodeStore, blocks) -> list[bool]:
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
-    res = await node.get_into([h.key for h, _ in blocks], bufs)
+    res = await node.reader.get_into([h.key for h, _ in blocks], bufs)
     return [r.status is Status.HIT and bytes(b) == p for r, b, (_, p) in zip(res, bufs, blocks)]
 
 
@@ -57,11 +57,11 @@ async def test_close_waits_for_cancelled_puts_to_disk(cfg_factory, caplog):
     node = await NodeStore.open(cfg)
     blocks = make_blocks(3, nbytes=32 * MiB, seed=3)
     # one put writes while the others wait for the disk's writer: all cancelled, all finish
-    puts = [asyncio.create_task(node.put([b])) for b in blocks]
+    puts = [asyncio.create_task(node.writer.put([b])) for b in blocks]
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in blocks])
     again = await _close_and_reopen(node, cfg, caplog)
     try:
-        st = again.stats()["tiers"]["disk"]
+        st = again.inspector.stats()["tiers"]["disk"]
         assert st["blocks"] == 3 and st["payload_bytes"] == 3 * 32 * MiB
         assert await _reads_back(again, blocks) == [True] * 3
     finally:
@@ -72,8 +72,8 @@ async def test_close_waits_for_the_deletes_that_follow_cancelled_write_throughs(
     cfg = cfg_factory(dram__capacity="256MiB", dram__slab_size="32MiB", disk__capacity="1GiB")
     node = await NodeStore.open(cfg)
     kept, *gone = make_blocks(4, nbytes=16 * MiB, seed=4)
-    assert [r.status for r in await node.put([kept])] == [Status.STORED]
-    puts = [asyncio.create_task(node.put([b])) for b in gone]
+    assert [r.status for r in await node.writer.put([kept])] == [Status.STORED]
+    puts = [asyncio.create_task(node.writer.put([b])) for b in gone]
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in gone])
     # deleted while their disk writes run: hidden now, each disk copy dropped once written
     assert await node.delete([h.key for h, _ in gone]) == [True] * 3
@@ -90,9 +90,9 @@ async def test_close_waits_for_a_cancelled_delete_and_the_puts_behind_it(cfg_fac
     cfg = cfg_factory(dram__capacity=0, disk__capacity="1GiB")
     node = await NodeStore.open(cfg)
     old, *new = make_blocks(4, nbytes=32 * MiB, seed=5)
-    await node.put([old])
+    await node.writer.put([old])
     delete = asyncio.create_task(node.delete([old[0].key]))
-    puts = [asyncio.create_task(node.put([b])) for b in new]
+    puts = [asyncio.create_task(node.writer.put([b])) for b in new]
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in new])
     delete.cancel()
     await asyncio.gather(delete, return_exceptions=True)

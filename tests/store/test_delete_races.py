@@ -24,7 +24,7 @@ def _big_cfg(cfg_factory, **kw):
 
 async def _on_disk_only(cfg, blocks) -> NodeStore:
     node = await NodeStore.open(cfg)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     node = await NodeStore.open(cfg)  # DRAM starts empty: every block is on disk only
     assert await node.contains([h.key for h, _ in blocks]) == ["disk"] * len(blocks)
@@ -38,14 +38,14 @@ async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory
     try:
         for h, p in blocks:
             buf = bytearray(len(p))
-            get = asyncio.create_task(node.get_into([h.key], [buf]))
+            get = asyncio.create_task(node.reader.get_into([h.key], [buf]))
             await asyncio.sleep(0)  # the read is under way
             assert await node.delete([h.key]) == [True]
             [r] = await get
             if r.status is Status.HIT:  # read before the delete: the bytes, but not kept
                 assert bytes(buf) == p
             assert await node.contains([h.key]) == [None], "a deleted block came back"
-        assert node.stats()["tiers"]["dram"]["blocks"] == 0
+        assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
         node.check()
     finally:
         await node.close()
@@ -60,14 +60,14 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
     node = await _on_disk_only(cfg, blocks)
     try:
         for h, p in blocks:
-            get = asyncio.create_task(node.get_into([h.key], [bytearray(len(p))]))
+            get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
             assert await node.delete([h.key]) == [True]
-            [res] = await node.reserve([h])
+            [res] = await node.writer.reserve([h])
             assert not isinstance(res, Status), f"the deleted key is not free to write: {res}"
             res.view[:] = p
             await get
-            [pr] = await node.commit([res])
+            [pr] = await node.writer.commit([res])
             assert pr.status is Status.STORED
         node.check()
     finally:
@@ -79,7 +79,7 @@ async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
     node = await NodeStore.open(cfg)
     try:
         for h, p in make_blocks(4, nbytes=8 * MiB, seed=3):
-            put = asyncio.create_task(node.put([(h, p)]))
+            put = asyncio.create_task(node.writer.put([(h, p)]))
             while await node.contains([h.key]) == [None]:  # committed to DRAM, disk write under way
                 await asyncio.sleep(0)
             assert await node.delete([h.key]) == [True]
@@ -87,7 +87,7 @@ async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
             assert pr.status is Status.STORED
             assert await node.contains([h.key]) == [None], "the disk write brought it back"
         node.check()
-        assert node.stats()["tiers"]["disk"]["blocks"] == 0
+        assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
     finally:
         await node.close()
 
@@ -100,10 +100,10 @@ async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factor
     node = await NodeStore.open(cfg)
     try:
         blocks = make_blocks(6, nbytes=8 * MiB, seed=4)
-        await node.put(blocks[:2])  # DRAM full, nothing on disk
+        await node.writer.put(blocks[:2])  # DRAM full, nothing on disk
         for (old, _), new in zip(blocks, blocks[2:]):
-            put = asyncio.create_task(node.put([new]))
-            while not node.leases.held(old.key.raw):  # the eviction is copying it down
+            put = asyncio.create_task(node.writer.put([new]))
+            while not node.state.leases.held(old.key.raw):  # the eviction is copying it down
                 await asyncio.sleep(0)
             assert await node.delete([old.key]) == [True]
             await put
@@ -117,9 +117,9 @@ async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(c
     cfg = cfg_factory(disk__write_mode="write-back", disk__sync=True)
     node = await NodeStore.open(cfg)
     blocks = make_blocks(2)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     key = blocks[0][0].key
-    [lease] = await node.lease([key])
+    [lease] = await node.leaser.lease([key])
     assert await node.delete([key]) == [True]
     await node.close()  # the lease is still out: the block is deleted but still in DRAM
     node = await NodeStore.open(cfg)
@@ -137,11 +137,11 @@ async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
         for h, _ in blocks:
             delete = asyncio.create_task(node.delete([h.key]))
             await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
-            await node.pin([h.key])  # pinned before the delete ends: the delete unpins it
+            node.state.pin([h.key])  # pinned before the delete ends: the delete unpins it
             assert await delete == [True]
             assert await node.contains([h.key]) == [None]
             node.check()  # no pin on a block that is gone
-        assert node.stats()["node"]["pinned"] == 0
+        assert node.inspector.stats()["node"]["pinned"] == 0
     finally:
         await node.close()
 
@@ -154,11 +154,11 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
     node = await _on_disk_only(cfg, blocks)
     try:
         for h, p in blocks:
-            get = asyncio.create_task(node.get_into([h.key], [bytearray(len(p))]))
+            get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
             delete = asyncio.create_task(node.delete([h.key]))
             await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
-            await node.pin([h.key])
+            node.state.pin([h.key])
             delete.cancel()
             await asyncio.gather(get, delete, return_exceptions=True)
             await asyncio.sleep(0.3)  # the disk delete ends

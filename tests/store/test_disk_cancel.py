@@ -24,7 +24,7 @@ async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory)
     try:
         blocks = make_blocks(10, nbytes=16 * MiB)
         for i, (h, p) in enumerate(blocks):
-            put = asyncio.create_task(node.put([(h, p)]))
+            put = asyncio.create_task(node.writer.put([(h, p)]))
             for _ in range(i % 4 + 1):
                 await asyncio.sleep(0)
             put.cancel()
@@ -40,7 +40,7 @@ async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory)
             await asyncio.gather(delete, return_exceptions=True)
             await _settle(node)
             node.check()
-        st = node.stats()["tiers"]["disk"]
+        st = node.inspector.stats()["tiers"]["disk"]
         stored = await node.contains([h.key for h, _ in blocks])
         assert st["blocks"] == sum(t is not None for t in stored)
         assert st["payload_bytes"] == 16 * MiB * st["blocks"]

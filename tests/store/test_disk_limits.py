@@ -27,13 +27,13 @@ async def test_a_header_too_long_for_the_index_is_refused(cfg_factory):
             dtype="uint8", shape=[len(p)], payload=p,
         )  # fmt: skip
         assert len(long.encode()) > MAX_HEADER_LEN
-        [pr] = await node.put([(long, p)])
+        [pr] = await node.writer.put([(long, p)])
         assert pr.status is Status.NO_SPACE
         assert await node.contains([h.key]) == [None]
-        [pr] = await node.put([(h, p)])  # an ordinary header still goes in
+        [pr] = await node.writer.put([(h, p)])  # an ordinary header still goes in
         assert pr.status is Status.STORED
         assert await node.delete([h.key]) == [True]
-        st = node.stats()["tiers"]["disk"]
+        st = node.inspector.stats()["tiers"]["disk"]
         assert st["used_bytes"] == 0 and st["payload_bytes"] == 0 and st["blocks"] == 0
         node.check()
     finally:

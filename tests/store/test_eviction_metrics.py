@@ -8,6 +8,7 @@ import asyncio
 import json
 import urllib.request
 
+from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
@@ -23,14 +24,6 @@ def _get(url: str) -> str:
         return r.read().decode()
 
 
-def _metric(text: str, name: str, **labels) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))  # rendered sorted
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(f"{name} ")):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name}{{{want}}} not on /metrics")
-
-
 def test_eviction_counters_on_metrics_and_stats(start_daemon):
     # 1 MiB of DRAM in slabs of 64 KiB: 16 blocks; no disk, so evictions drop blocks
     d = start_daemon(use_disk=False, dram={"capacity": "1MiB", "slab_size": "64KiB"})
@@ -43,7 +36,7 @@ def test_eviction_counters_on_metrics_and_stats(start_daemon):
             for i in range(0, 12, 4):
                 await c.put(chain[i : i + 4])
             got = await c.get_into([h.key for h, _ in chain[:3]], [bytearray(BLOCK) for _ in range(3)])
-            assert all(g.status.ok for g in got)
+            assert len(got) == 3 and all(g.status.ok for g in got), got
             for i in range(0, 12, 4):  # 12 one-block prompts: 8 blocks must go, the chain's tail
                 await c.put(singles[i : i + 4])
             # the chain's 13th block: its parent was evicted here, so it is an orphan
@@ -52,13 +45,13 @@ def test_eviction_counters_on_metrics_and_stats(start_daemon):
             await c.close()
 
     asyncio.run(go())
-    text = _get(d.admin + "/metrics")
-    assert _metric(text, "tierkv_hit_tokens_total", tier="dram") == 3 * NS.block_tokens
-    assert _metric(text, "tierkv_tier_evictions_by_reason_total", tier="dram", reason="write") == 9
-    assert _metric(text, "tierkv_admission_rejections_total", tier="dram", why="share") == 0
-    orphan = _metric(text, "tierkv_tier_orphan_bytes", tier="dram")
+    m = scrape(d.admin)
+    assert m.value("tierkv_hit_tokens_total", tier="dram") == 3 * NS.block_tokens
+    assert m.value("tierkv_tier_evictions_by_reason_total", tier="dram", reason="write") == 9
+    assert m.value("tierkv_admission_rejections_total", tier="dram", why="share") == 0
+    orphan = m.value("tierkv_tier_orphan_bytes", tier="dram")
     assert BLOCK < orphan < 2 * BLOCK, orphan
-    ns_bytes = _metric(text, "tierkv_tier_namespace_bytes", tier="dram", namespace=NS.id.hex)
+    ns_bytes = m.value("tierkv_tier_namespace_bytes", tier="dram", namespace=NS.id.hex)
     assert ns_bytes >= 16 * BLOCK
 
     s = summarize(d.admin, json.loads(_get(d.admin + "/v1/stats")))

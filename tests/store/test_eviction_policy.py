@@ -25,12 +25,14 @@ def _dram_only(cfg_factory, policy: str, **kw):
 
 async def _put_in_batches(node: NodeStore, blocks, batch: int = 4) -> None:
     for i in range(0, len(blocks), batch):
-        res = await node.put(blocks[i : i + batch])
-        assert all(r.status is Status.STORED for r in res), res
+        res = await node.writer.put(blocks[i : i + batch])
+        assert len(res) == len(blocks[i : i + batch]) and all(r.status is Status.STORED for r in res), res
 
 
 async def _stored(node: NodeStore, blocks) -> list[bool]:
-    return [t is not None for t in await node.contains([h.key for h, _ in blocks])]
+    tiers = await node.contains([h.key for h, _ in blocks])
+    assert len(tiers) == len(blocks), tiers  # one answer per key: all() over them means something
+    return [t is not None for t in tiers]
 
 
 def _is_prefix(flags: list[bool]) -> bool:
@@ -74,7 +76,7 @@ async def test_a_block_whose_parent_was_evicted_goes_first(cfg_factory, policy):
         [other] = make_blocks(1, nbytes=BLOCK, seed=4)
         await _put_in_batches(node, [other])
         assert await _stored(node, a) == [True] * 31 + [False] * 9, "the orphan goes first"
-        assert node.stats()["tiers"]["dram"]["orphans_stored"] >= 1
+        assert node.inspector.stats()["tiers"]["dram"]["orphans_stored"] >= 1
     finally:
         await node.close()
 
@@ -90,8 +92,8 @@ async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
             await _put_in_batches(node, hot)
             bufs = [bytearray(BLOCK) for _ in hot]
             for _ in range(2):
-                got = await node.get_into([h.key for h, _ in hot], bufs)
-                assert all(g.status is Status.HIT for g in got)
+                got = await node.reader.get_into([h.key for h, _ in hot], bufs)
+                assert len(got) == len(hot) and all(g.status is Status.HIT for g in got)
             for seed in range(60):  # one-block prompts, each its own chain
                 await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=1000 + seed))
             assert all(await _stored(node, hot)) is kept, pol
@@ -113,8 +115,8 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
         tiers = await node.contains([h.key for h, _ in a])
         in_dram = [t == "dram" for t in tiers]
         assert _is_prefix(in_dram) and sum(in_dram) == 12, tiers
-        assert all(t == "disk" for t in tiers[12:])
-        assert node.counters["demotions"] == 8
+        assert len(tiers) == len(a) and all(t == "disk" for t in tiers[12:]), tiers
+        assert node.state.counters["demotions"] == 8
     finally:
         await node.close()
 
@@ -130,15 +132,15 @@ async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_d
     try:
         a = make_blocks(11, nbytes=BLOCK, seed=12)
         await _put_in_batches(node, a[:10])
-        got = await node.get_into([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
+        got = await node.reader.get_into([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
         assert all(g.status is Status.HIT for g in got)
         for seed in range(12):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=6000 + seed))
-        disk = node.stats()["tiers"]["disk"]
+        disk = node.inspector.stats()["tiers"]["disk"]
         assert disk["blocks"] <= 16 and (await node.contains([a[9][0].key])) == ["dram"], disk
         await _put_in_batches(node, a[10:])
-        assert node.stats()["tiers"]["disk"]["orphans_stored"] == 0
-        assert node.stats()["tiers"]["dram"]["orphans_stored"] == 0
+        assert node.inspector.stats()["tiers"]["disk"]["orphans_stored"] == 0
+        assert node.inspector.stats()["tiers"]["dram"]["orphans_stored"] == 0
     finally:
         await node.close()
 
@@ -151,13 +153,13 @@ async def test_leased_and_pinned_blocks_are_never_evicted(cfg_factory, policy):
     try:
         leased, pinned = make_blocks(1, nbytes=BLOCK, seed=8), make_blocks(1, nbytes=BLOCK, seed=9)
         await _put_in_batches(node, leased + pinned)
-        [lease] = await node.lease([leased[0][0].key], ttl_s=300)
-        assert await node.pin([pinned[0][0].key]) == [True]
+        [lease] = await node.leaser.lease([leased[0][0].key], ttl_s=300)
+        assert node.state.pin([pinned[0][0].key]) == [True]
         for seed in range(96):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=2000 + seed))
         assert await _stored(node, leased + pinned) == [True, True]
         assert bytes(lease.view) == leased[0][1]
-        node.release([lease])
+        node.state.release([lease])
         node.check()
     finally:
         await node.close()
@@ -173,15 +175,15 @@ async def test_a_block_in_flight_stays_past_its_lease_ttl(cfg_factory, policy):
     try:
         blk = make_blocks(1, nbytes=BLOCK, seed=10)
         await _put_in_batches(node, blk)
-        [lease] = await node.lease([blk[0][0].key], ttl_s=0.05)
-        assert node.begin_transfer([lease]) == [True]
+        [lease] = await node.leaser.lease([blk[0][0].key], ttl_s=0.05)
+        assert node.state.begin_transfer([lease]) == [True]
         await asyncio.sleep(0.1)  # past the TTL: only the transfer keeps it
         for seed in range(96):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=3000 + seed))
         assert bytes(lease.view) == blk[0][1], "the slot was reused under a transfer"
         assert await _stored(node, blk) == [True]
-        node.end_transfer([lease])
-        node.release([lease])
+        node.state.end_transfer([lease])
+        node.state.release([lease])
     finally:
         await node.close()
 
@@ -200,7 +202,7 @@ async def test_one_tenants_scan_keeps_off_another_tenants_share(cfg_factory, sha
         for seed in range(100):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=4000 + seed, ns=ns_b))
         assert all(await _stored(node, a)) is (share > 0)
-        dram = node.stats()["tiers"]["dram"]
+        dram = node.inspector.stats()["tiers"]["dram"]
         assert (dram["share_refusals"] > 0) is (share > 0)
     finally:
         await node.close()

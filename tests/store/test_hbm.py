@@ -33,11 +33,11 @@ async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
         assert [t.name for t in node.tiers] == ["hbm", "dram", "disk"]
         blocks = make_blocks(12)
         for b in blocks:
-            assert (await node.put([b]))[0].status is Status.STORED
+            assert (await node.writer.put([b]))[0].status is Status.STORED
         where = await node.contains([h.key for h, _ in blocks])
         assert where[-1] == "hbm" and "dram" in where
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
-        got = await node.get_into([h.key for h, _ in blocks], bufs)
+        got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
         assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
         node.check()

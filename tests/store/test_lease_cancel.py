@@ -34,28 +34,28 @@ async def test_a_cancelled_lease_does_not_free_its_slot_under_the_disk_read(cfg_
     olds = make_blocks(200, nbytes=256 * KiB, seed=1)
     news = make_blocks(200, nbytes=256 * KiB, seed=2)
     node = await NodeStore.open(cfg)
-    await node.put(olds)
+    await node.writer.put(olds)
     await node.close()
     node = await NodeStore.open(cfg)  # DRAM empty: the old blocks are on disk only
     overwritten = []
     try:
         filler = make_blocks(1, nbytes=256 * KiB, seed=3)
-        await node.put(filler)
-        await node.pin([filler[0][0].key])  # DRAM's one other slot stays taken
+        await node.writer.put(filler)
+        node.state.pin([filler[0][0].key])  # DRAM's one other slot stays taken
         for (old, _), (new, new_p) in zip(olds, news):
-            lease = asyncio.create_task(node.lease([old.key]))
+            lease = asyncio.create_task(node.leaser.lease([old.key]))
             used = node.dram.used_bytes
             while node.dram.used_bytes == used and not lease.done():
                 await asyncio.sleep(0)  # until the slot is reserved: the read into it is under way
             lease.cancel()
             await asyncio.gather(lease, return_exceptions=True)
-            [res] = await node.reserve([new])
+            [res] = await node.writer.reserve([new])
             assert not isinstance(res, Status), res
             res.view[:] = new_p
-            [pr] = await node.commit([res])
+            [pr] = await node.writer.commit([res])
             await asyncio.sleep(0.02)  # whatever the old read still had to copy is copied
             buf = bytearray(len(new_p))
-            [got] = await node.get_into([new.key], [buf])
+            [got] = await node.reader.get_into([new.key], [buf])
             if pr.status is not Status.STORED or got.status is not Status.HIT or buf != new_p:
                 overwritten.append((pr.status, got.status, got.tier))
             await node.delete([new.key])

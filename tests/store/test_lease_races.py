@@ -32,34 +32,35 @@ async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten
     big = make_blocks(4, nbytes=32 * MiB, seed=1)  # over the slab size: disk only
     rounds = make_blocks(6, nbytes=512 * KiB, seed=3)
     node = await NodeStore.open(cfg)
-    await node.put(big + rounds)
+    await node.writer.put(big + rounds)
     await node.close()
     node = await NodeStore.open(cfg)  # DRAM empty: every block on disk only
     try:
         for n, (h, _) in enumerate(rounds):
             h2, p2 = _rewrite(h, 256 * KiB, seed=100 + n)
             filler = make_blocks(2, nbytes=1 * MiB, seed=200 + n)  # fills DRAM (whatever it held)
-            assert [r.tier for r in await node.put(filler)] == ["dram", "dram"]
+            assert [r.tier for r in await node.writer.put(filler)] == ["dram", "dram"]
             hogs = [
-                asyncio.create_task(node.get_into([b.key], [bytearray(b.payload_len)])) for b, _ in big * 2
+                asyncio.create_task(node.reader.get_into([b.key], [bytearray(b.payload_len)]))
+                for b, _ in big * 2
             ]
-            lease_task = asyncio.create_task(node.lease([h.key]))
+            lease_task = asyncio.create_task(node.leaser.lease([h.key]))
             await asyncio.sleep(0)  # the lease has taken the old length; its read waits
-            await node.pin([f.key for f, _ in filler])  # nothing to evict: the rewrite goes to disk
+            node.state.pin([f.key for f, _ in filler])  # nothing to evict: the rewrite goes to disk
             assert await node.delete([h.key]) == [True]
-            [pr] = await node.put([(h2, p2)])
+            [pr] = await node.writer.put([(h2, p2)])
             assert pr.tier == "disk"
-            await node.unpin([f.key for f, _ in filler])
+            node.state.unpin([f.key for f, _ in filler])
             [lease] = await lease_task
             await asyncio.gather(*hogs)
             if lease is not None:
                 assert lease.view.nbytes == lease.header.payload_len, "view and header disagree"
                 assert checksum(lease.view) == lease.header.checksum, "bytes of another copy"
-                node.release([lease])
+                node.state.release([lease])
             node.check()
-            rep = await node.verify()
+            rep = await node.inspector.verify()
             assert rep["corrupt"] == [], rep
-            got = await node.describe(h.key)
+            got = await node.inspector.describe(h.key)
             assert got is not None and got[0] == h2, "the new copy stays"
     finally:
         await node.close()

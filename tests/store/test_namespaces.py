@@ -28,7 +28,7 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     blocks = mine + other + tenant
     missing = make_blocks(1, seed=99)[0][0].key
     try:
-        await node.put(blocks)
+        await node.writer.put(blocks)
         keys = [h.key for h, _ in blocks] + [missing]
         got = await node.namespaces(keys)
         assert got == [_decoded_ns(node.dram, h.key.raw) for h, _ in blocks] + [None]
@@ -46,21 +46,21 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
 
 async def test_deleted_and_leased_then_deleted_blocks_have_no_namespace(node):
     blocks = make_blocks(3)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     keys = [h.key for h, _ in blocks]
-    [lease] = await node.lease(keys[:1])
+    [lease] = await node.leaser.lease(keys[:1])
     assert await node.delete(keys[:2]) == [True, True]
     # the leased one is still in DRAM (freed at release) but deleted: no namespace
     assert await node.namespaces(keys) == [None, None, blocks[2][0].namespace.raw]
-    node.release([lease])
+    node.state.release([lease])
     assert await node.namespaces(keys[:1]) == [None]
 
 
 async def test_a_namespace_id_freed_by_deletes_serves_the_next_namespace(node):
     a, b = make_blocks(4), make_blocks(4, ns=OTHER, seed=6)
-    await node.put(a)
+    await node.writer.put(a)
     await node.delete([h.key for h, _ in a])
-    await node.put(b)
+    await node.writer.put(b)
     assert await node.namespaces([h.key for h, _ in b]) == [OTHER.id.raw] * 4
     assert await node.namespaces([h.key for h, _ in a]) == [None] * 4
 
@@ -69,7 +69,7 @@ async def test_corrupt_disk_header_is_dropped_at_open_and_has_no_namespace(cfg_f
     cfg = cfg_factory(dram__capacity=0, disk__sync=True)
     node = await NodeStore.open(cfg)
     blocks = make_blocks(3, nbytes=64 * KiB)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     enc = blocks[1][0].encode()
     with open(f"{cfg.disk.path}/data.mdb", "r+b") as f:
@@ -106,7 +106,7 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
     mine, other = make_blocks(3, seed=6), make_blocks(2, ns=OTHER, seed=7)
     missing = make_blocks(1, seed=98)[0][0].key
     try:
-        await node.put(mine + other)
+        await node.writer.put(mine + other)
         keys = KeyBatch.of([h.key for h, _ in mine + other] + [missing])
         mine_ns = mine[0][0].namespace.raw
         assert (
@@ -129,14 +129,14 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
     node = await NodeStore.open(cfg)
     old = make_blocks(3, seed=11) + make_blocks(2, ns=OTHER, seed=12) + make_blocks(2, ns=TENANT, seed=13)
     try:
-        await node.put(old)
+        await node.writer.put(old)
     finally:
         await node.close()
     node = await NodeStore.open(cfg)  # the old blocks are on disk only now
     new = make_blocks(2, seed=14) + make_blocks(2, ns=OTHER, seed=15)
     missing = [h.key for h, _ in make_blocks(2, seed=97)]
     try:
-        await node.put(new)
+        await node.writer.put(new)
         order = [h.key for h, _ in new + old] + missing
         order = order[1::2] + order[::2]  # tiers and namespaces interleaved
         keys = KeyBatch.of(order)
@@ -150,11 +150,11 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
             assert len(got) == len(order)
             assert tier_names(got) == want, accept
         held = order[0]
-        [lease] = await node.lease([held])
+        [lease] = await node.leaser.lease([held])
         assert lease is not None
         await node.delete([held])
         got = tier_names(await node.visible_tiers(keys, lambda ns: True))
         assert got[0] is None and got[1:] == [t for t in tiers[1:]]
-        node.release([lease])
+        node.state.release([lease])
     finally:
         await node.close()

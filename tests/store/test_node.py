@@ -26,16 +26,16 @@ def _keys(blocks):
 async def _read_all(node, blocks, expect=True):
     bufs = _bufs(blocks)
     exp = [Expect(h.parent, h.token_bytes) for h, _ in blocks] if expect else None
-    res = await node.get_into(_keys(blocks), bufs, exp)
+    res = await node.reader.get_into(_keys(blocks), bufs, exp)
     return res, bufs
 
 
 async def test_roundtrip_and_exists(node):
     blocks = make_blocks(6)
-    res = await node.put(blocks)
+    res = await node.writer.put(blocks)
     assert [r.status for r in res] == [Status.STORED] * 6
     assert all(r.tier == "dram" for r in res)
-    assert [r.status for r in await node.put(blocks[:2])] == [Status.EXISTS] * 2
+    assert [r.status for r in await node.writer.put(blocks[:2])] == [Status.EXISTS] * 2
     got, bufs = await _read_all(node, blocks)
     assert [g.status for g in got] == [Status.HIT] * 6
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
@@ -46,20 +46,22 @@ async def test_invalid_payload_is_refused(node):
     ((h, p),) = make_blocks(1)
     bad = bytearray(p)
     bad[5] ^= 1
-    assert (await node.put([(h, bad)]))[0].status is Status.INVALID
-    assert (await node.put([(h, p[:-1])]))[0].status is Status.INVALID
+    assert (await node.writer.put([(h, bad)]))[0].status is Status.INVALID
+    assert (await node.writer.put([(h, p[:-1])]))[0].status is Status.INVALID
     assert await node.contains([h.key]) == [None]
 
 
 async def test_mismatch_and_small_buffer(node):
     blocks = make_blocks(2)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     (h0, _), (h1, _) = blocks
-    res = await node.get_into([h1.key], [bytearray(h1.payload_len)], [Expect(parent=h1.key)])
+    res = await node.reader.get_into([h1.key], [bytearray(h1.payload_len)], [Expect(parent=h1.key)])
     assert res[0].status is Status.MISMATCH, "wrong parent must be a miss"
-    res = await node.get_into([h1.key], [bytearray(h1.payload_len)], [Expect(token_bytes=h0.token_bytes)])
+    res = await node.reader.get_into(
+        [h1.key], [bytearray(h1.payload_len)], [Expect(token_bytes=h0.token_bytes)]
+    )
     assert res[0].status is Status.MISMATCH, "wrong tokens must be a miss"
-    res = await node.get_into([h1.key], [bytearray(10)])
+    res = await node.reader.get_into([h1.key], [bytearray(10)])
     assert res[0].status is Status.BUF_TOO_SMALL
 
 
@@ -72,20 +74,20 @@ async def test_lru_eviction_moves_down_then_drops(cfg_factory):
     try:
         blocks = make_blocks(40)
         for h, p in blocks:  # one at a time: a clear LRU order
-            assert (await node.put([(h, p)]))[0].status is Status.STORED
+            assert (await node.writer.put([(h, p)]))[0].status is Status.STORED
         where = await node.contains(_keys(blocks))
         assert where[-1] == "dram" and where[0] is None, where
         # LRU order: dropped < disk < dram, never interleaved
         rank = {None: 0, "disk": 1, "dram": 2}
         assert [rank[w] for w in where] == sorted(rank[w] for w in where)
-        st = node.stats()["tiers"]
+        st = node.inspector.stats()["tiers"]
         assert st["dram"]["used_bytes"] <= st["dram"]["capacity_bytes"]
         assert st["disk"]["used_bytes"] <= st["disk"]["capacity_bytes"]
         assert st["disk"]["evictions"] > 0
         # touching an old DRAM block protects it from the next evictions
         oldest_dram = where.index("dram")
-        await node.get_into([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
-        await node.put(make_blocks(3, seed=9))
+        await node.reader.get_into([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
+        await node.writer.put(make_blocks(3, seed=9))
         assert (await node.contains([blocks[oldest_dram][0].key]))[0] == "dram"
         node.check()
     finally:
@@ -96,23 +98,23 @@ async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
     node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False))
     try:
         blocks = make_blocks(4)
-        await node.put(blocks)  # 256 KiB payloads: 4 fill the payload slab, headers take the other
-        leases = await node.lease([blocks[0][0].key])
+        await node.writer.put(blocks)  # 256 KiB payloads: 4 fill the payload slab, headers take the other
+        leases = await node.leaser.lease([blocks[0][0].key])
         view = leases[0].view
         before = bytes(view)
         assert leases[0].tier == "dram" and leases[0].offset is not None
         # a storm of new blocks cannot evict the leased one
         for h, p in make_blocks(10, seed=3):
-            await node.put([(h, p)])
+            await node.writer.put([(h, p)])
         assert (await node.contains([blocks[0][0].key]))[0] == "dram"
         assert bytes(view) == before == blocks[0][1]
         # deleting it hides it at once but frees the slot only at release
         assert await node.delete([blocks[0][0].key]) == [True]
         assert await node.contains([blocks[0][0].key]) == [None]
         assert bytes(view) == before
-        node.release(leases)
+        node.state.release(leases)
         node.check()
-        assert node.stats()["node"]["leases_active"] == 0
+        assert node.inspector.stats()["node"]["leases_active"] == 0
     finally:
         await node.close()
 
@@ -124,13 +126,13 @@ async def test_all_pinned_means_no_space(cfg_factory):
     )
     try:
         blocks = make_blocks(8)  # 2 MiB of 256 KiB payloads (headers live beside the index)
-        await node.put(blocks)
-        assert await node.pin(_keys(blocks)) == [True] * 8
-        res = await node.put(make_blocks(1, seed=5))
+        await node.writer.put(blocks)
+        assert node.state.pin(_keys(blocks)) == [True] * 8
+        res = await node.writer.put(make_blocks(1, seed=5))
         assert res[0].status is Status.NO_SPACE
         assert await node.contains(_keys(blocks)) == ["dram"] * 8
-        await node.unpin(_keys(blocks[:1]))
-        res = await node.put(make_blocks(1, seed=5))
+        node.state.unpin(_keys(blocks[:1]))
+        res = await node.writer.put(make_blocks(1, seed=5))
         assert res[0].status is Status.STORED
         assert await node.contains(_keys(blocks)) == [None] + ["dram"] * 7
     finally:
@@ -141,37 +143,37 @@ async def test_lease_expires(cfg_factory):
     node = await NodeStore.open(cfg_factory(node__lease_ttl_s=0.05))
     try:
         blocks = make_blocks(1)
-        await node.put(blocks)
-        await node.lease(_keys(blocks))
-        assert node.leases.held(blocks[0][0].key.raw)
+        await node.writer.put(blocks)
+        await node.leaser.lease(_keys(blocks))
+        assert node.state.leases.held(blocks[0][0].key.raw)
         await asyncio.sleep(0.1)
-        await node.lease([])  # any call sweeps
-        assert not node.leases.held(blocks[0][0].key.raw)
-        assert node.stats()["node"]["leases_expired"] == 1
+        await node.leaser.lease([])  # any call sweeps
+        assert not node.state.leases.held(blocks[0][0].key.raw)
+        assert node.inspector.stats()["node"]["leases_expired"] == 1
     finally:
         await node.close()
 
 
 async def test_two_phase_write(node):
     ((h, p),) = make_blocks(1)
-    [r] = await node.reserve([h])
+    [r] = await node.writer.reserve([h])
     assert await node.contains([h.key]) == [None], "a reservation is invisible"
-    assert (await node.reserve([h]))[0] is Status.BUSY
+    assert (await node.writer.reserve([h]))[0] is Status.BUSY
     r.view[:] = p
-    [res] = await node.commit([r])
+    [res] = await node.writer.commit([r])
     assert res.status is Status.STORED and res.durable is False  # sync off in the fixture
-    assert (await node.commit([r]))[0].status is Status.INVALID, "a second commit is refused"
+    assert (await node.writer.commit([r]))[0].status is Status.INVALID, "a second commit is refused"
     # a reservation whose bytes do not match its checksum is refused and freed
     ((h2, p2),) = make_blocks(1, seed=7)
-    [r2] = await node.reserve([h2])
+    [r2] = await node.writer.reserve([h2])
     r2.view[:] = bytes(len(p2))
-    assert (await node.commit([r2]))[0].status is Status.INVALID
+    assert (await node.writer.commit([r2]))[0].status is Status.INVALID
     assert await node.contains([h2.key]) == [None]
     # abort gives the slot back
-    [r3] = await node.reserve([h2])
-    node.abort([r3])
-    node.abort([r3])
-    assert node.stats()["node"]["reservations_active"] == 0
+    [r3] = await node.writer.reserve([h2])
+    node.state.abort([r3])
+    node.state.abort([r3])
+    assert node.inspector.stats()["node"]["reservations_active"] == 0
 
 
 @pytest.mark.parametrize("mode", ["write-through", "write-back"])
@@ -179,7 +181,7 @@ async def test_restart_keeps_blocks(cfg_factory, mode):
     cfg = cfg_factory(disk__write_mode=mode, disk__sync=True)
     node = await NodeStore.open(cfg)
     blocks = make_blocks(8)
-    res = await node.put(blocks)
+    res = await node.writer.put(blocks)
     assert [r.durable for r in res] == [mode == "write-through"] * len(blocks)
     await node.close()  # write-back flushes here
     node = await NodeStore.open(cfg)
@@ -198,9 +200,9 @@ async def test_write_back_reaches_disk_on_eviction(cfg_factory):
     try:
         blocks = make_blocks(14)  # DRAM holds 8
         for b in blocks:
-            await node.put([b])
+            await node.writer.put([b])
         assert len(node.disk) >= 6  # evicted blocks were written down, not lost
-        assert node.stats()["node"].get("dropped", 0) == 0
+        assert node.inspector.stats()["node"].get("dropped", 0) == 0
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
@@ -212,7 +214,7 @@ async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
     cfg = cfg_factory(dram__capacity=0, disk__sync=True)
     node = await NodeStore.open(cfg)
     blocks = make_blocks(3, nbytes=64 * KiB)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     flip_byte_in_file(f"{cfg.disk.path}/data.mdb", blocks[1][1][:4096])
     node = await NodeStore.open(cfg)
@@ -220,8 +222,8 @@ async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT, Status.CORRUPT, Status.HIT]
         assert await node.contains(_keys(blocks)) == ["disk", None, "disk"], "bad copy dropped"
-        assert node.stats()["node"]["checksum_failures"] == 1
-        assert node.stats()["tiers"]["disk"]["checksum_failures"] == 1
+        assert node.inspector.stats()["node"]["checksum_failures"] == 1
+        assert node.inspector.stats()["tiers"]["disk"]["checksum_failures"] == 1
         node.check()
     finally:
         await node.close()
@@ -231,17 +233,17 @@ async def test_verify_and_repair(cfg_factory):
     cfg = cfg_factory(dram__capacity=0, disk__sync=True)
     node = await NodeStore.open(cfg)
     blocks = make_blocks(4, nbytes=64 * KiB)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     flip_byte_in_file(f"{cfg.disk.path}/data.mdb", blocks[2][1][:4096])
     node = await NodeStore.open(cfg)
     try:
-        rep = await node.verify()
+        rep = await node.inspector.verify()
         assert (
             rep["checked"] == 4 and rep["corrupt"] == [f"{blocks[2][0].key.hex}@disk"] and rep["dropped"] == 0
         )
         assert (await node.contains([blocks[2][0].key]))[0] == "disk", "verify alone changes nothing"
-        rep = await node.verify(repair=True)
+        rep = await node.inspector.verify(repair=True)
         assert rep["dropped"] == 1
         assert (await node.contains([blocks[2][0].key]))[0] is None
     finally:
@@ -254,26 +256,26 @@ async def test_listing_and_describe(node):
 
     other = Namespace("other-model", "float16", 4)
     b = make_blocks(2, ns=other, seed=4)
-    await node.put(a + b)
-    listed = await node.list_blocks()
+    await node.writer.put(a + b)
+    listed = await node.inspector.list_blocks()
     assert len(listed) == 5 and [i.key.raw for i in listed] == sorted(i.key.raw for i in listed)
-    only = await node.list_blocks(namespace=other.id)
+    only = await node.inspector.list_blocks(namespace=other.id)
     assert {i.key for i in only} == {h.key for h, _ in b}
-    page1 = await node.list_blocks(limit=2)
-    page2 = await node.list_blocks(after=page1[-1].key, limit=10)
+    page1 = await node.inspector.list_blocks(limit=2)
+    page2 = await node.inspector.list_blocks(after=page1[-1].key, limit=10)
     assert [i.key for i in page1 + page2] == [i.key for i in listed]
-    h, info = await node.describe(a[0][0].key)
+    h, info = await node.inspector.describe(a[0][0].key)
     assert h == a[0][0] and info.tiers == ("dram", "disk") and info.num_tokens == 4
     with pytest.raises(ValueError, match="tier 'tape'"):
-        await node.list_blocks(tier="tape")
+        await node.inspector.list_blocks(tier="tape")
 
 
 async def test_blocks_bigger_than_a_slab_go_to_disk(node):
     big = 2 * MiB  # slab is 1 MiB in the fixture
     ((h, p),) = make_blocks(1, nbytes=big)
-    res = await node.put([(h, p)])
+    res = await node.writer.put([(h, p)])
     assert res[0].status is Status.STORED and res[0].tier == "disk"
-    got = await node.get_into([h.key], [bytearray(big)])
+    got = await node.reader.get_into([h.key], [bytearray(big)])
     assert got[0].status is Status.HIT
 
 
@@ -282,7 +284,7 @@ async def test_concurrent_writers_and_readers(node):
 
     async def writer(part):
         for b in part:
-            r = await node.put([b])
+            r = await node.writer.put([b])
             assert r[0].status in (Status.STORED, Status.EXISTS)
 
     await asyncio.gather(*(writer(blocks[i::4]) for i in range(4)), writer(blocks))
@@ -303,6 +305,6 @@ async def test_header_of_other_block_under_key_is_mismatch(node):
         shape=[len(p)],
         payload=p,
     )
-    await node.put([(forged, p)])
-    res = await node.get_into([h.key], [bytearray(len(p))], [Expect(h.parent, h.token_bytes)])
+    await node.writer.put([(forged, p)])
+    res = await node.reader.get_into([h.key], [bytearray(len(p))], [Expect(h.parent, h.token_bytes)])
     assert res[0].status is Status.MISMATCH

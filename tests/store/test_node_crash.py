@@ -54,11 +54,11 @@ async def test_kill_9_mid_storm_keeps_every_durable_ack(tmp_path, kill_after):
         for hexkey in acked:
             h, p = blocks[hexkey]
             buf = bytearray(len(p))
-            [r] = await node.get_into([h.key], [buf], [Expect(h.parent, h.token_bytes)])
+            [r] = await node.reader.get_into([h.key], [buf], [Expect(h.parent, h.token_bytes)])
             assert r.status is Status.HIT, hexkey
             assert bytes(buf) == p
         # whatever else made it to disk is whole: no block fails its checksum
-        report = await node.verify()
+        report = await node.inspector.verify()
         assert report["corrupt"] == []
         assert report["checked"] >= len(acked)
         node.check()

@@ -7,15 +7,16 @@ finds a bad DRAM copy through the tier protocol."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 
 from storeutil import make_blocks
 
 from kvstore.node.eviction import Evictor
-from kvstore.node.leases import LeaseTable
+from kvstore.node.state import NodeState
 from kvstore.node.tiers.arena import HostArena
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.memory import MemoryTier
+from kvstore.node.tiers.stack import TierStack
+from kvstore.node.tombstones import Tombstones
 from kvstore.results import Status
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -30,15 +31,17 @@ async def _filled_dram(n: int):
     return tier, blocks
 
 
-def _evictor(tier, disk=None, **kw):
-    parts = dict(leases=LeaseTable(30.0), pinned=set(), dirty=set(), doomed=set(), counters=Counter())
-    parts.update(kw)
-    unhold = parts["leases"].unhold
-    ev = Evictor(
-        [tier], disk, parts["leases"], parts["pinned"], parts["dirty"], parts["doomed"], unhold,
-        parts["counters"],
-    )  # fmt: skip
-    return ev, parts
+def _evictor(tier, disk=None):
+    tiers = TierStack([tier], disk)
+    state = NodeState(tiers, 30.0, Tombstones())
+    parts = dict(
+        leases=state.leases,
+        pinned=state.pinned,
+        dirty=state.dirty,
+        doomed=state.doomed,
+        counters=state.counters,
+    )
+    return Evictor(tiers, state), parts
 
 
 async def test_evictor_spares_held_and_pinned_blocks():
@@ -102,18 +105,18 @@ async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
     cfg = cfg_factory(disk__sync=True)
     node = await NodeStore_open(cfg)
     blocks = make_blocks(2)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     node = await NodeStore_open(cfg)
     try:
         assert await node.contains([blocks[0][0].key]) == ["disk"]
-        [lease] = await node.lease([blocks[0][0].key])
+        [lease] = await node.leaser.lease([blocks[0][0].key])
         assert lease.tier == "dram" and lease.offset is not None, "leased from its new DRAM slot"
         assert bytes(lease.view) == blocks[0][1]
-        st = node.stats()["node"]
+        st = node.inspector.stats()["node"]
         assert st["promotions"] == 1 and st["hits_disk"] == 1 and st["get_hit"] == 1
         assert await node.contains([blocks[0][0].key]) == ["dram"]
-        node.release([lease])
+        node.state.release([lease])
         node.check()
     finally:
         await node.close()
@@ -123,34 +126,34 @@ async def test_a_block_deleted_while_its_lease_reads_disk_is_not_resurrected(cfg
     cfg = cfg_factory(disk__sync=True)
     node = await NodeStore_open(cfg)
     blocks = make_blocks(6)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     await node.close()
     node = await NodeStore_open(cfg)
     try:
         for h, p in blocks:
-            lease, deleted = await asyncio.gather(node.lease([h.key]), node.delete([h.key]))
+            lease, deleted = await asyncio.gather(node.leaser.lease([h.key]), node.delete([h.key]))
             assert deleted == [True]
             if lease[0] is not None:  # read before the delete: the bytes, but not kept
                 assert bytes(lease[0].view) == p
-                node.release(lease)
+                node.state.release(lease)
             assert await node.contains([h.key]) == [None], "a deleted block came back"
         node.check()
-        assert node.stats()["tiers"]["dram"]["blocks"] == 0
+        assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
     finally:
         await node.close()
 
 
 async def test_verify_finds_and_repairs_a_bad_dram_copy(node):
     blocks = make_blocks(3)
-    await node.put(blocks)
+    await node.writer.put(blocks)
     key = blocks[1][0].key
     node.dram.payload_host(key.raw)[7] ^= 0xFF  # flip a byte of the copy in place
-    rep = await node.verify()
+    rep = await node.inspector.verify()
     assert rep["corrupt"] == [f"{key.hex}@dram"] and rep["checked"] == 6  # dram + disk copies
-    rep = await node.verify([key], repair=True)
+    rep = await node.inspector.verify([key], repair=True)
     assert rep["dropped"] == 1
     assert await node.contains([key]) == ["disk"], "the disk copy is intact and stays"
-    got = await node.get_into([key], [bytearray(blocks[1][0].payload_len)])
+    got = await node.reader.get_into([key], [bytearray(blocks[1][0].payload_len)])
     assert got[0].status is Status.HIT
 
 

@@ -21,32 +21,32 @@ async def test_a_reservation_waiting_for_room_sees_the_key_deleted_while_held(cf
     node = await NodeStore.open(cfg)
     try:
         big = make_blocks(3, nbytes=1 * MiB, seed=1)  # dirty, one slab each
-        await node.put(big)
+        await node.writer.put(big)
         # + a 64 KiB class slab, newer than the big blocks (one PUT would index it first: it
         # is a run of its own, and a PUT's last run goes in first, kvstore/node/depth_order.py)
-        await node.put(make_blocks(1, nbytes=64 * KiB, seed=2))
+        await node.writer.put(make_blocks(1, nbytes=64 * KiB, seed=2))
         [(h, p)] = make_blocks(1, nbytes=1 * MiB, seed=3)
         small = b"s" * (64 * KiB)
         h_small = make_header(
             key=h.key, parent=h.parent, namespace=h.namespace, tokens=h.token_bytes,
             dtype="uint8", shape=[len(small)], payload=small,
         )  # fmt: skip
-        waiting = asyncio.create_task(node.reserve([h]))  # evicts a dirty block: a disk write
-        while not any(node.leases.held(b.key.raw) for b, _ in big):
+        waiting = asyncio.create_task(node.writer.reserve([h]))  # evicts a dirty block: a disk write
+        while not any(node.state.leases.held(b.key.raw) for b, _ in big):
             await asyncio.sleep(0)
         # meanwhile the key is written (a free 64 KiB slot: no wait), leased and deleted
-        [pr] = await node.put([(h_small, small)])
+        [pr] = await node.writer.put([(h_small, small)])
         assert pr.status is Status.STORED and pr.tier == "dram"
-        [lease] = await node.lease([h.key])
+        [lease] = await node.leaser.lease([h.key])
         assert await node.delete([h.key]) == [True]
         [res] = await waiting
         if not isinstance(res, Status):  # a slot: its commit must not fail
             res.view[:] = p
-            [pr] = await node.commit([res])
+            [pr] = await node.writer.commit([res])
             assert pr.status is Status.STORED
         else:
             assert res is Status.BUSY
-        node.release([lease])
+        node.state.release([lease])
         node.check()
     finally:
         await node.close()

@@ -46,13 +46,13 @@ async def test_dram_fills_under_mixed_block_sizes(cfg_factory):
         fills = []
         for phase, sizes in enumerate(PHASES):  # each phase writes 2x the capacity
             for h, p in _mixed_blocks(64 * MiB, phase + 1, sizes):
-                [r] = await node.put([(h, p)])
+                [r] = await node.writer.put([(h, p)])
                 assert r.status is Status.STORED, r
             node.check()
             fills.append(dram.payload_bytes / dram.capacity_bytes)
         assert min(fills) >= 0.9, fills
         assert dram.slab_moves > 0, "the mix changed: slabs must have moved between classes"
-        st = node.stats()["tiers"]["dram"]
+        st = node.inspector.stats()["tiers"]["dram"]
         assert st["waste_bytes"] == st["used_bytes"] - st["payload_bytes"] + st["free_slot_bytes"]
         assert st["used_bytes"] <= st["capacity_bytes"]
     finally:
@@ -95,26 +95,26 @@ async def test_spans_with_held_slots_never_move(cfg_factory):
     )
     try:
         small = make_blocks(7, nbytes=64 * KiB, seed=1)  # the reservation below shares a span
-        await node.put(small)
-        [lease] = await node.lease([small[0][0].key])
+        await node.writer.put(small)
+        [lease] = await node.leaser.lease([small[0][0].key])
         assert lease is not None and lease.tier == "dram"
-        [moving] = await node.lease([small[1][0].key])
-        assert node.begin_transfer([moving]) == [True]
+        [moving] = await node.leaser.lease([small[1][0].key])
+        assert node.state.begin_transfer([moving]) == [True]
         (rh, rp), *_ = make_blocks(1, nbytes=64 * KiB, seed=2)
-        [res] = await node.reserve([rh])
+        [res] = await node.writer.reserve([rh])
         assert not isinstance(res, Status)
         # a flood of another class: every other span must move to it
         big = make_blocks(60, nbytes=128 * KiB, seed=3)
         for b in big:
-            await node.put([b])
+            await node.writer.put([b])
         assert node.dram.slab_moves > 0
         assert bytes(lease.view) == small[0][1], "a leased slot was reused"
         assert bytes(moving.view) == small[1][1], "a slot under transfer was reused"
         res.view[:] = rp
-        [c] = await node.commit([res])
+        [c] = await node.writer.commit([res])
         assert c.status is Status.STORED
-        node.end_transfer([moving])
-        node.release([lease, moving])
+        node.state.end_transfer([moving])
+        node.state.release([lease, moving])
         node.check()
         # every block DRAM holds reads back as committed
         held = [b for b in [*small, (rh, rp), *big] if b[0].key.raw in node.dram]
@@ -128,7 +128,7 @@ async def test_spans_with_held_slots_never_move(cfg_factory):
 
 async def _read(node, blocks):
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
-    return await node.get_into([h.key for h, _ in blocks], bufs), bufs
+    return await node.reader.get_into([h.key for h, _ in blocks], bufs), bufs
 
 
 async def test_lmdb_file_stays_bounded_under_mixed_size_churn(tmp_path):

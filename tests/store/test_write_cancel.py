@@ -15,7 +15,7 @@ MiB = 1 << 20
 
 
 async def _cancel_when_held(task: asyncio.Task, node: NodeStore, key: bytes) -> None:
-    while not node.leases.held(key) and not task.done():
+    while not node.state.leases.held(key) and not task.done():
         await asyncio.sleep(0)  # the disk write (with its hold) is under way
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -26,13 +26,13 @@ async def test_a_cancelled_write_through_keeps_its_hold_until_the_disk_write_end
     node = await NodeStore.open(cfg)
     try:
         for h, p in make_blocks(6, nbytes=16 * MiB, seed=1):
-            put = asyncio.create_task(node.put([(h, p)]))
+            put = asyncio.create_task(node.writer.put([(h, p)]))
             await _cancel_when_held(put, node, h.key.raw)
             assert await node.delete([h.key]) == [True]
             await asyncio.sleep(0.3)  # the disk write ends
             assert await node.contains([h.key]) == [None], "the deleted block landed on disk"
         node.check()
-        assert node.stats()["tiers"]["disk"]["blocks"] == 0
+        assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
     finally:
         await node.close()
 
@@ -44,14 +44,14 @@ async def test_a_cancelled_write_back_eviction_keeps_its_hold_until_the_disk_wri
     node = await NodeStore.open(cfg)
     try:
         blocks = make_blocks(8, nbytes=16 * MiB, seed=2)
-        await node.put(blocks[:2])  # DRAM full of dirty blocks
+        await node.writer.put(blocks[:2])  # DRAM full of dirty blocks
         for (old, _), new in zip(blocks, blocks[2:]):
-            put = asyncio.create_task(node.put([new]))  # evicts ``old``: a disk write
+            put = asyncio.create_task(node.writer.put([new]))  # evicts ``old``: a disk write
             await _cancel_when_held(put, node, old.key.raw)
             assert await node.delete([old.key]) == [True]
             await asyncio.sleep(0.3)
             assert await node.contains([old.key]) == [None], "the deleted block landed on disk"
-            await node.put([new])  # the cancelled put did not store it
+            await node.writer.put([new])  # the cancelled put did not store it
         node.check()
     finally:
         await node.close()
