@@ -37,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO / "tests"))  # tests/daemonutil.py imports its neighbours by name
 
 from trace_sim import BLOCK_TOKENS, ChainKeys, load_trace, simulate, trace_namespace  # noqa: E402
 
@@ -114,7 +115,7 @@ def _launch(
 ):
     """One daemon; with ``peers`` (more than one node) a static cluster member whose orphan
     pass runs only when asked (no repair: one copy, every block on its owner)."""
-    from tests.daemonutil import launch_daemon
+    from daemonutil import launch_daemon
 
     blocks = per_node if tiers == "dram" else max(per_node // 4, 1)
     dram = {"capacity": max(blocks, 2) * payload, "slab_size": payload}
