@@ -183,10 +183,15 @@ class OrphansSection:
     interval_s: float = 5.0  # a pass this often (the orphans it bounds are what forms between two)
     batch_keys: int = 1024  # parents per EXISTS to one owner
     deadline_s: float = 5.0  # each call to a peer
+    # ranks past a parent's owners also asked: the clients' lookahead (their lookups find a
+    # block there, e.g. one written past a down owner), which a node cannot derive
+    lookahead: int = 1
 
     def __post_init__(self) -> None:
         if self.batch_keys < 1:
             raise ConfigError(f"orphans.batch_keys: must be >= 1, got {self.batch_keys}")
+        if self.lookahead < 0:
+            raise ConfigError(f"orphans.lookahead: must be >= 0, got {self.lookahead}")
         for name in ("interval_s", "deadline_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"orphans.{name}: must be > 0, got {getattr(self, name)}")

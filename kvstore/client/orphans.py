@@ -9,12 +9,15 @@ Contract: :class:`OrphanPass` runs inside a daemon that is a cluster member (sta
 ``cluster.peers`` or etcd), every ``orphans.interval_s`` and when asked (:meth:`sweep`, the
 admin route ``POST /v1/orphans/pass``; one pass at a time). A pass reads the parent of each
 block the node holds (its header's ``parent``; a chain's first block names its namespace and
-is never an orphan), asks each parent's owners (rendezvous over the current members,
-``repair.replicas`` of them, as clients place it) with one batched EXISTS per owner and
-batch, and evicts (kvstore/node/orphans.py: no tombstone; held and pinned blocks stay) every
-block whose parent is on none of them nor on this node, and with it every block of this node
-below it in its chain. A parent whose owner does not answer counts as present (an
-unreachable node is not an empty one). The orphans of another node's blocks dropped in the
+is never an orphan), asks the nodes a client's lookup would find each parent on (rendezvous
+over the current members: its ``repair.replicas`` owners, as clients place it, and the
+``orphans.lookahead`` nodes after them, where a write past a down owner lands) with one
+batched EXISTS per node and batch, and evicts (kvstore/node/orphans.py: no
+tombstone; held and pinned blocks stay) every block whose parent is on none of them nor on
+this node, and with it every block of this node below it in its chain. A parent whose node
+does not answer counts as present (an unreachable node is not an empty one). A periodic pass
+waits until the view has been unchanged ``repair.settle_s`` (right after a join or leave a
+parent may still sit on a former owner). The orphans of another node's blocks dropped in the
 same pass go in that node's next pass: each pass removes one node-hop of an orphaned chain,
 so what a pass bounds is what forms between two passes (bench/trace.py measures it).
 
@@ -48,7 +51,8 @@ PEER_TENANT = "*"
 class OrphanPass:
     """Bound to the daemon's event loop. ``node``: the daemon's NodeStore; ``self_addr``: this
     node's member address; ``replicas``: the copies clients keep of each block; ``token``:
-    the operator token ("" without auth)."""
+    the operator token ("" without auth); ``settle_s``: how long the view must stay unchanged
+    before a periodic pass (the repair's ``repair.settle_s``)."""
 
     def __init__(
         self,
@@ -58,12 +62,15 @@ class OrphanPass:
         cfg: OrphansSection,
         replicas: int,
         token: str = "",
+        *,
+        settle_s: float,
     ) -> None:
         self.node = node
         self.self_addr = self_addr
         self.membership = membership
         self.cfg = cfg
         self.replicas = replicas
+        self.settle_s = settle_s
         self.peer_cfg = ClientConfig(
             token=token, tenant=PEER_TENANT, pool_size=1, op_timeout_s=cfg.deadline_s, connect_timeout_s=1.0
         )
@@ -95,8 +102,16 @@ class OrphanPass:
         await self.membership.close()
 
     async def _run(self) -> None:
+        seen, changed_at = -1, time.monotonic()
         while not self._closed:
             await asyncio.sleep(self.cfg.interval_s)
+            if self.membership.version != seen:  # the first view counts as a change
+                seen, changed_at = self.membership.version, time.monotonic()
+            if time.monotonic() - changed_at < self.settle_s:
+                # right after a join or leave a parent may still sit on a former owner, and
+                # the repair has not moved it yet: no pass until the view settled
+                self.counters["passes_skipped_settling"] += 1
+                continue
             try:
                 await self.sweep()
             except Exception as exc:  # a pass must never take the daemon down
@@ -159,11 +174,14 @@ class OrphanPass:
     async def _present_elsewhere(
         self, parents: list[bytes], view: list[Node], done: Counter[str]
     ) -> set[bytes]:
-        """The ``parents`` some owner other than this node holds, or that cannot be told
-        (an owner that does not answer: present, so nothing is dropped on its silence)."""
+        """The ``parents`` some node other than this one holds among the ranks a client's
+        lookup asks (the owners and the ``orphans.lookahead`` nodes after them), or that
+        cannot be told (a node that does not answer: present, so nothing is dropped on its
+        silence)."""
         ask: dict[str, list[bytes]] = defaultdict(list)
+        width = self.replicas + self.cfg.lookahead
         for p, order in zip(parents, rank_many(parents, view, self.replicas)):
-            for a in order[: self.replicas]:
+            for a in order[:width]:
                 if a != self.self_addr:
                     ask[a].append(p)
         present: set[bytes] = set()
@@ -224,6 +242,7 @@ class _OrphanCollector:
         "orphans_dropped",
         "orphans_held",
         "owners_unreachable",
+        "passes_skipped_settling",
     )
 
     def __init__(self, op: OrphanPass) -> None:

@@ -83,8 +83,9 @@ async def serve_member(cfg: StoreConfig) -> None:
             from kvstore.client.orphans import OrphanPass
 
             orphans = OrphanPass(
-                daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.orphans, cfg.repair.replicas, token
-            )
+                daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.orphans, cfg.repair.replicas, token,
+                settle_s=cfg.repair.settle_s,
+            )  # fmt: skip
             orphans.register_metrics(daemon.metrics.registry)
             await orphans.start()
             daemon.orphans = orphans  # the admin route POST /v1/orphans/pass

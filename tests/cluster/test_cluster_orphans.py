@@ -10,6 +10,7 @@ import sys
 import urllib.request
 
 from cluster.cluster_etcd import free_port
+from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
@@ -30,6 +31,14 @@ def _post(admin: str, path: str) -> dict:
 def _metrics(admin: str) -> str:
     with urllib.request.urlopen(admin + "/metrics", timeout=30) as r:
         return r.read().decode()
+
+
+def _counter(admin: str, name: str) -> float:
+    """``tierkv_orphans_<name>_total`` on ``admin``'s /metrics (AssertionError when absent)."""
+    line = f"tierkv_orphans_{name}_total "
+    got = [float(x[len(line) :]) for x in _metrics(admin).splitlines() if x.startswith(line)]
+    assert len(got) == 1, (name, got)
+    return got[0]
 
 
 async def _held(addr: str, keys) -> list[bool]:
@@ -131,3 +140,68 @@ async def test_cluster_orphans_a_parent_whose_owner_does_not_answer_counts_as_pr
     got = _post(d.admin, "/v1/orphans/pass")
     assert got["orphans_found"] == 0 and got["owners_unreachable"] >= 1, got
     assert await _held(d.addr, [h.key for h, _ in mine]) == [True] * len(mine)
+
+
+def _three_members(start_daemon, tmp_path, orphans: dict, settle_s: float = 2.0):
+    ports = [free_port() for _ in range(3)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    repair = {"enabled": False, "replicas": 1, "settle_s": settle_s}  # the pass reuses settle_s
+    member = {"cluster": {"peers": addrs}, "repair": repair, "orphans": orphans}
+    ds = [
+        start_daemon(
+            use_disk=False,
+            workdir=tmp_path / f"n{i}",
+            server={"data_port": p},
+            dram={"capacity": 256 * PAYLOAD, "slab_size": PAYLOAD},
+            **member,
+        )  # fmt: skip
+        for i, p in enumerate(ports)
+    ]
+    return ds, [Node(x) for x in addrs]
+
+
+def _parent_on_lookahead_node(view, chain):
+    """Index ``i`` of a block whose parent (block ``i - 1``) has its owner, its lookahead node
+    (rank 2: where a write goes while the owner is down) and the child's owner all distinct."""
+    for i in range(1, len(chain)):
+        p_order = [n.id for n in rank(chain[i - 1][0].key.raw, view, 1)]
+        c_owner = rank(chain[i][0].key.raw, view, 1)[0].id
+        if c_owner not in p_order[:2]:
+            return i, p_order[1], c_owner
+    raise AssertionError("no such block in the chain")
+
+
+async def test_cluster_orphans_a_parent_on_its_lookahead_node_keeps_its_child(start_daemon, tmp_path):
+    # one copy: the parent's owner was down when it was written, so it sits on the next-ranked
+    # node, where a client's lookup (lookahead 1) still finds it
+    ds, view = _three_members(start_daemon, tmp_path, {"interval_s": 3600.0})
+    by_addr = {d.addr: d for d in ds}
+    chain = make_blocks(24, PAYLOAD, seed=7, ns=NS)
+    i, p_node, c_node = _parent_on_lookahead_node(view, chain)
+    for j in range(i - 1):  # the ancestors on their owners
+        await _put(rank(chain[j][0].key.raw, view, 1)[0].id, [chain[j]])
+    await _put(p_node, [chain[i - 1]])
+    await _put(c_node, [chain[i]])
+    got = _post(by_addr[c_node].admin, "/v1/orphans/pass")
+    assert got["blocks_checked"] >= 1 and got["orphans_found"] == 0, got
+    assert await _held(c_node, [chain[i][0].key]) == [True]
+
+
+async def test_cluster_orphans_no_periodic_pass_before_the_view_settled(start_daemon, tmp_path):
+    # passes every 0.2 s, but the view (which changed at start) must stay unchanged an hour first
+    ds, view = _three_members(start_daemon, tmp_path, {"interval_s": 0.2}, settle_s=3600.0)
+    chain = make_blocks(8, PAYLOAD, seed=8, ns=NS)
+    owner = [rank(h.key.raw, view, 1)[0].id for h, _ in chain]
+    orphan = next(j for j in range(1, len(chain)) if owner[j] != owner[j - 1])
+    await _put(owner[orphan], [chain[orphan]])  # its parent was never written: an orphan
+    d = next(d for d in ds if d.addr == owner[orphan])
+    await until_async(
+        lambda: _counter(d.admin, "passes_skipped_settling"),
+        60.0,
+        "three passes skipped",
+        ok=lambda n: n >= 3,
+    )
+    assert _counter(d.admin, "passes") == 0
+    assert await _held(d.addr, [chain[orphan][0].key]) == [True]
+    # asked, it runs now (the admin route is the operator's call) and drops the orphan
+    assert _post(d.admin, "/v1/orphans/pass")["orphans_dropped"] == 1
