@@ -12,7 +12,8 @@ block the node holds (its header's ``parent``; a chain's first block names its n
 is never an orphan), asks the nodes a client's lookup would find each parent on (rendezvous
 over the current members: its ``repair.replicas`` owners, as clients place it, and the
 ``orphans.lookahead`` nodes after them, where a write past a down owner lands) with one
-batched EXISTS per node and batch, and evicts (kvstore/node/orphans.py: no
+batched EXISTS per node and batch, asks the parents found absent once more right before the
+drop (one written again meanwhile saves its chain), and evicts (kvstore/node/orphans.py: no
 tombstone; held and pinned blocks stay) every block whose parent is on none of them nor on
 this node, and with it every block of this node below it in its chain. A parent whose node
 does not answer counts as present (an unreachable node is not an empty one). A periodic pass
@@ -155,6 +156,12 @@ class OrphanPass:
         remote = sorted({p for p in parent_of.values() if not node_orphans.stored(self.node, p)})
         present = await self._present_elsewhere(remote, view, done)
         lost = [k for k, p in parent_of.items() if p not in present and not node_orphans.stored(self.node, p)]
+        if lost:  # a parent written again since its batch was asked saves its chain
+            again = sorted({parent_of[k] for k in lost})
+            back = await self._present_elsewhere(again, view, done)
+            back.update(p for p in again if node_orphans.stored(self.node, p))
+            done["orphans_parent_back"] = sum(1 for k in lost if parent_of[k] in back)
+            lost = [k for k in lost if parent_of[k] not in back]
         doomed = _with_descendants(lost, parent_of)
         found = node_orphans.orphan_bytes(self.node, doomed)
         c = await node_orphans.drop(self.node, doomed)
@@ -242,6 +249,7 @@ class _OrphanCollector:
         "orphans_dropped",
         "orphans_held",
         "owners_unreachable",
+        "orphans_parent_back",
         "passes_skipped_settling",
     )
 
