@@ -14,8 +14,10 @@ import asyncio
 import pytest
 from storeutil import flip_byte_in_file, make_blocks
 
+from kvstore.client.local import LocalClient
 from kvstore.keys import KeyBatch
 from kvstore.node.store import NodeStore
+from kvstore.results import Status
 
 MiB = 1 << 20
 
@@ -106,3 +108,40 @@ async def test_a_lease_cancelled_during_a_disk_read_releases_its_memory_leases(c
         node.check()
     finally:
         await node.close()
+
+
+async def test_check_finds_a_hold_no_lease_or_copy_accounts_for(node):
+    blocks = make_blocks(1)
+    await node.writer.put(blocks)
+    k = blocks[0][0].key.raw
+    [lease] = await node.leaser.lease([blocks[0][0].key])
+    node.check()
+    node.state.leases.holds[k] += 1  # a hold left behind: nothing would ever drop it
+    with pytest.raises(AssertionError, match="holds for 1 live leases and 0 copies"):
+        node.check()
+    node.state.leases.holds[k] -= 1
+    node.state.release([lease])
+    node.check()
+    assert not node.state.leases.held(k)
+
+
+async def test_a_local_client_read_past_its_deadline_holds_nothing(tmp_path):
+    client = LocalClient(str(tmp_path), dram_capacity=128 * MiB, disk_capacity=256 * MiB, disk_sync=True)
+    [a] = make_blocks(1, nbytes=8 * MiB, seed=11)
+    [b] = make_blocks(1, nbytes=64 * 1024, seed=12)
+    node = await NodeStore.open(client.store_cfg)
+    await node.writer.put([a])
+    await node.close()
+    await client.start()  # DRAM empty: ``a`` is on disk only
+    try:
+        node = client.node
+        await node.writer.put([b])
+        bufs = [bytearray(len(b[1])), bytearray(len(a[1]))]
+        r = await client.read([b[0].key, a[0].key], bufs, deadline_s=1e-4)  # past it in the disk read
+        assert [x.status for x in r.results] == [Status.ERROR, Status.ERROR]
+        r.release()
+        assert not node.state.leases.held(b[0].key.raw), "a read past its deadline left its DRAM lease held"
+        await asyncio.sleep(0.3)
+        node.check()
+    finally:
+        await client.close()
