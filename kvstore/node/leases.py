@@ -95,6 +95,9 @@ class LeaseTable:
         self._due: list[tuple[float, int]] = []  # (expires, id) heap; ended ids are skipped
         self._overdue_moving: set[int] = set()  # came due while in transfer: due again at its end
         self.disk_bytes: Counter[str] = Counter()  # per owner: bytes of live from_disk leases
+        # per key: the holds of copies under way (a demotion, a write-through), not a lease's:
+        # each hold is a live lease's or one of these (NodeState.check)
+        self.copying: Counter[bytes] = Counter()
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -103,10 +106,19 @@ class LeaseTable:
         return time.monotonic() + (self.default_ttl_s if ttl_s is None else ttl_s)
 
     def hold(self, key: bytes) -> None:
+        """Hold ``key`` for a copy under way (its slot stays put); a lease's hold is taken as
+        the lease is recorded. Dropped by ``unhold(key, copy=True)``."""
         self.holds[key] += 1
+        self.copying[key] += 1
 
-    def unhold(self, key: bytes) -> bool:
-        """Drop one hold; True when the key is no longer held."""
+    def unhold(self, key: bytes, copy: bool = False) -> bool:
+        """Drop one hold (a copy's: :meth:`hold`); True when the key is no longer held."""
+        if copy:
+            c = self.copying[key] - 1
+            if c <= 0:
+                del self.copying[key]
+            else:
+                self.copying[key] = c
         n = self.holds[key] - 1
         if n <= 0:
             del self.holds[key]
@@ -119,7 +131,7 @@ class LeaseTable:
 
     def add_lease(self, lease: Lease) -> None:
         self.leases[lease.id] = lease
-        self.hold(lease.key.raw)
+        self.holds[lease.key.raw] += 1
         self._due_at(lease)
 
     def add_packed(self, lease: PackedLease) -> None:

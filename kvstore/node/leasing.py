@@ -67,10 +67,30 @@ class Leaser:
         owner: str | None = None,
     ) -> list[Lease | Status]:
         """:meth:`lease`, with the reason in place of each None: MISS (absent, another
-        tenant's, over ``max_read_bytes``) or the disk read's status (CORRUPT, MISMATCH)."""
+        tenant's, over ``max_read_bytes``) or the disk read's status (CORRUPT, MISMATCH).
+        Cancelled (or failed) during a disk read, it releases the leases it took before
+        raising: its caller never sees them, so nobody else would end them before their TTL."""
         self._state.sweep()
-        where = self._state.where
         out: list[Lease | Status] = []
+        try:
+            await self._claim_into(out, keys, ttl_s, max_read_bytes, sees, owner)
+        except BaseException:
+            self._state.release([x for x in out if isinstance(x, Lease)])
+            raise
+        return out
+
+    async def _claim_into(
+        self,
+        out: list[Lease | Status],
+        keys: Sequence[BlockKey],
+        ttl_s: float | None,
+        max_read_bytes: int | None,
+        sees: Callable[[bytes | None], bool] | None,
+        owner: str | None,
+    ) -> None:
+        """:meth:`claim`'s loop, appending to ``out`` as it goes (so that what it took is
+        there to release when it is cancelled)."""
+        where = self._state.where
         read = 0
         for key in keys:
             t = where(key.raw)
@@ -96,7 +116,6 @@ class Leaser:
             self._counters[f"hits_{t.name}"] += 1
             self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
             out.append(lease)
-        return out
 
     async def lease_packed(
         self,
@@ -120,6 +139,10 @@ class Leaser:
         mem: list[int] = []  # which of them are read from memory (a disk read counts itself)
         read = 0
         for i, k in enumerate(keys.raws()):
+            if not lt.live(p):
+                # lapsed (and swept) during a disk read -- one that failed, too: it takes no
+                # more holds, for nothing would ever drop them (its release finds it gone)
+                break
             t = where(k)
             if t is None or (sees is not None and not sees(t.namespace(k))):
                 continue  # absent, or another tenant's: answered before any work on it

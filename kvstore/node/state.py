@@ -60,9 +60,10 @@ class NodeState:
             t.remove(key)
         self.dirty.discard(key)
 
-    def unhold(self, key: bytes) -> None:
-        """Drop one hold on ``key``; at its last, a key deleted while held (doomed) is freed."""
-        if self.leases.unhold(key) and key in self.doomed:
+    def unhold(self, key: bytes, copy: bool = True) -> None:
+        """Drop one hold on ``key``, a copy's (``LeaseTable.hold``) unless ``copy`` is False
+        (:meth:`release`: a lease's); at its last, a key deleted while held (doomed) is freed."""
+        if self.leases.unhold(key, copy) and key in self.doomed:
             self.doomed.discard(key)
             for t in self.tiers.memory:
                 t.remove(key)
@@ -78,9 +79,9 @@ class NodeState:
                 continue
             if isinstance(lease, PackedLease):
                 for k in lease.keys:
-                    unhold(k)
+                    unhold(k, False)
             else:
-                unhold(lease.key.raw)
+                unhold(lease.key.raw, False)
 
     def abort(self, reservations: Sequence[Reservation]) -> None:
         """Give back uncommitted reservations (idempotent)."""
@@ -148,7 +149,9 @@ class NodeState:
     # ------------------------------------------------------------------ invariants
     def check(self) -> None:
         """Assert the invariants of the state (O(state), see the module docstring): holds are
-        positive and cover every live lease; reserved keys and reservations match one to one;
+        positive and each key's are exactly those of its live leases and of its copies under
+        way (a hold no lease accounts for would never be dropped: the block never evictable,
+        deleted it stays doomed); reserved keys and reservations match one to one;
         a doomed key is still held (else its last release would have freed it); a pinned key
         is stored; a dirty key is in memory; a transfer marks only live items; each owner's
         share of leased disk bytes is the sum of its live leases."""
@@ -157,8 +160,10 @@ class NodeState:
         per_key: Counter[bytes] = Counter()
         for x in lt.leases.values():
             per_key.update(x.keys if isinstance(x, PackedLease) else (x.key.raw,))
-        for k, n in per_key.items():
-            assert lt.holds.get(k, 0) >= n, f"key {k.hex()} has {n} leases but fewer holds"
+        assert all(n > 0 for n in lt.copying.values()), "a copy's hold count is not positive"
+        for k in per_key.keys() | lt.holds.keys() | lt.copying.keys():
+            n, c, h = per_key[k], lt.copying[k], lt.holds.get(k, 0)
+            assert h == n + c, f"key {k.hex()} has {h} holds for {n} live leases and {c} copies"
         assert len(lt.reserved_keys) == len(lt.reservations), "reserved keys and reservations differ"
         for r in lt.reservations.values():
             assert lt.reserved_keys.get(r.header.key.raw) == r.id, f"reservation {r.id} not indexed"
