@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
-from kvstore.client.repair import PEER_TENANT  # noqa: E402
+from kvstore.client.peer_sessions import PEER_TENANT  # noqa: E402
 from kvstore.config import parse_size  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 

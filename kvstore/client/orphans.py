@@ -35,18 +35,17 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 from kvstore.client.membership import Membership
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import NodeClient
+from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank_many
 from kvstore.config import OrphansSection
 from kvstore.keys import BlockKey
 from kvstore.node import orphans as node_orphans
 
 log = logging.getLogger("kvstore.client.orphans")
-PEER_TENANT = "*"
 
 
 class OrphanPass:
@@ -72,10 +71,7 @@ class OrphanPass:
         self.cfg = cfg
         self.replicas = replicas
         self.settle_s = settle_s
-        self.peer_cfg = ClientConfig(
-            token=token, tenant=PEER_TENANT, pool_size=1, op_timeout_s=cfg.deadline_s, connect_timeout_s=1.0
-        )
-        self.peers: dict[str, NodeClient] = {}
+        self.peers = PeerSessions(token, pool_size=1, deadline_s=cfg.deadline_s)
         self.counters: Counter[str] = Counter()
         self.last_pass: dict[str, Any] = {}
         # (tier, namespace hex) -> payload bytes of orphans found: by the last pass, in all
@@ -93,13 +89,8 @@ class OrphanPass:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-        await asyncio.gather(*(p.close() for p in self.peers.values()))
+        await stop_task(self._task)
+        await self.peers.close()
         await self.membership.close()
 
     async def _run(self) -> None:
@@ -119,12 +110,6 @@ class OrphanPass:
                 self.counters["passes_failed"] += 1
                 log.exception("event=orphan_pass_failed error=%r", exc)
 
-    def _peer(self, addr: str) -> NodeClient:
-        p = self.peers.get(addr)
-        if p is None:
-            p = self.peers[addr] = NodeClient(addr, self.peer_cfg)
-        return p
-
     # ------------------------------------------------------------ one pass
 
     async def sweep(self) -> dict[str, int]:
@@ -135,8 +120,7 @@ class OrphanPass:
     async def _sweep(self) -> dict[str, int]:
         view = [m.node for m in self.membership.members]
         ids = {n.id for n in view}
-        for gone in set(self.peers) - ids:
-            await self.peers.pop(gone).close()
+        await self.peers.forget_except(ids)
         done: Counter[str] = Counter()
         t0 = time.monotonic()
         if self.self_addr not in ids or len(view) < 2:
@@ -147,7 +131,7 @@ class OrphanPass:
             held.update(t.keys())
         keys = sorted(held)
         parent_of: dict[bytes, bytes] = {}
-        for batch in _batches(keys, self.cfg.batch_keys):
+        for batch in batches(keys, self.cfg.batch_keys):
             for k, (ns, p) in zip(batch, await node_orphans.parents(self.node, batch)):
                 if p is not None and p != ns:  # a chain's first block names its namespace
                     parent_of[k] = p
@@ -193,8 +177,8 @@ class OrphanPass:
                     ask[a].append(p)
         present: set[bytes] = set()
         for addr, ps in ask.items():
-            for batch in _batches(ps, self.cfg.batch_keys):
-                peer = self._peer(addr)
+            for batch in batches(ps, self.cfg.batch_keys):
+                peer = self.peers.get(addr)
                 failed = _failures(peer)
                 tiers = await peer.exists([BlockKey(p) for p in batch], self.cfg.deadline_s)
                 if not peer.up or _failures(peer) != failed or len(tiers) != len(batch):
@@ -279,8 +263,3 @@ class _OrphanCollector:
             last.add_metric([tier, ns], self.op.last_bytes.get((tier, ns), 0))
         yield total
         yield last
-
-
-def _batches(items: list, n: int) -> Iterator[list]:
-    for i in range(0, len(items), n):
-        yield items[i : i + n]

@@ -27,18 +27,16 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from kvstore.client.membership import Membership
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank
 from kvstore.config import RepairSection
 from kvstore.keys import BlockKey
 from kvstore.results import Status
 
 log = logging.getLogger("kvstore.client.repair")
-PEER_TENANT = "*"  # a HELLO asking for a peer session (docs/protocol.md)
 
 
 class Repair:
@@ -52,10 +50,7 @@ class Repair:
         self.self_addr = self_addr
         self.membership = membership
         self.cfg = cfg
-        self.peer_cfg = ClientConfig(
-            token=token, tenant=PEER_TENANT, pool_size=2, op_timeout_s=cfg.deadline_s, connect_timeout_s=1.0
-        )
-        self.peers: dict[str, NodeClient] = {}
+        self.peers = PeerSessions(token, pool_size=2, deadline_s=cfg.deadline_s)
         self.counters: Counter[str] = Counter()
         self.last_pass: dict[str, float] = {}
         self._task: asyncio.Task | None = None
@@ -70,13 +65,8 @@ class Repair:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-        await asyncio.gather(*(p.close() for p in self.peers.values()))
+        await stop_task(self._task)
+        await self.peers.close()
         await self.membership.close()
 
     async def _run(self) -> None:
@@ -102,24 +92,17 @@ class Repair:
             keys.update(t.keys())
         return sorted(keys)
 
-    def _peer(self, addr: str) -> NodeClient:
-        p = self.peers.get(addr)
-        if p is None:
-            p = self.peers[addr] = NodeClient(addr, self.peer_cfg)
-        return p
-
     async def sweep(self) -> dict[str, int]:
         """One full pass over this node's blocks; returns this pass's counts."""
         view = [m.node for m in self.membership.members]
         ids = {n.id for n in view}
-        for gone in set(self.peers) - ids:
-            await self.peers.pop(gone).close()
+        await self.peers.forget_except(ids)
         done: Counter[str] = Counter()
         t0 = time.monotonic()
         if self.self_addr not in ids or len(view) < 2:
             self.counters["passes_skipped"] += 1
             return dict(done)
-        for batch in _batches(self._keys(), self.cfg.batch_keys):
+        for batch in batches(self._keys(), self.cfg.batch_keys):
             if self._closed:
                 break
             done.update(await self._repair_batch(batch, view))
@@ -140,11 +123,14 @@ class Repair:
                 if a != self.self_addr:
                     ask.setdefault(a, []).append(k)
         answers = await asyncio.gather(
-            *(self._peer(a).exists([BlockKey(k) for k in ks], self.cfg.deadline_s) for a, ks in ask.items())
+            *(
+                self.peers.get(a).exists([BlockKey(k) for k in ks], self.cfg.deadline_s)
+                for a, ks in ask.items()
+            )
         )
         held: dict[tuple[str, bytes], bool] = {}
         for (a, ks), tiers in zip(ask.items(), answers):
-            up = self._peer(a).up
+            up = self.peers.get(a).up
             for k, t in zip(ks, tiers):
                 held[(a, k)] = t is not None if up else None  # None: unknown (unreachable)
         pushes: dict[str, list[bytes]] = {}
@@ -172,10 +158,10 @@ class Repair:
         finally:
             self.node.state.release([x for x in leases if x is not None])
         c["copies_vanished"] += len(keys) - len(blocks)  # evicted or deleted since the walk
-        for part in _batches(blocks, 16):
+        for part in batches(blocks, 16):
             nbytes = sum(h.payload_len for h, _ in part)
             await self._pace(nbytes)
-            res = await self._peer(addr).put(part, self.cfg.deadline_s)
+            res = await self.peers.get(addr).put(part, self.cfg.deadline_s)
             ok = sum(1 for r in res if r.status.ok)
             dead = [h.key for (h, _), r in zip(part, res) if r.status is Status.MISS]
             if dead:  # the owner deleted these while this node was away: so does this node
@@ -241,8 +227,3 @@ class _RepairCollector:
         )
         g.add_metric([], self.repair.last_pass.get("copies_missing", 0))
         yield g
-
-
-def _batches(items: list, n: int) -> Iterator[list]:
-    for i in range(0, len(items), n):
-        yield items[i : i + n]

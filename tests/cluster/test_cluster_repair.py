@@ -19,7 +19,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
-from kvstore.client.repair import PEER_TENANT
+from kvstore.client.peer_sessions import PEER_TENANT
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
