@@ -75,6 +75,9 @@ class Conn:
         self.hello = hello
         self.welcome = P.HelloReply.from_wire(hello)
         self.max_frame = self.welcome.max_frame
+        # keys per EXISTS: what the node takes, never more than this client sends (a node
+        # that says more is not believed past that; one that does not say takes MAX_BATCH)
+        self.exists_keys = min(self.welcome.exists_keys, P.MAX_EXISTS_KEYS)
         self.peer_rdma = self.welcome.rdma
         self.verbs: Any = None  # rdma.verbs.VerbsTransport once attached
         self.slab: Region | None = None

@@ -299,7 +299,7 @@ class NodeClient:
         if not len(keys):
             return b""
         self.counters["exists_keys"] += len(keys)  # what a cluster lookup costs each node
-        r = await self._run("EXISTS", lambda c: _packed(keys, P.MAX_BATCH, c.exists), deadline_s)
+        r = await self._run("EXISTS", lambda c: _packed(keys, c.exists_keys, c.exists), deadline_s)
         return bytes(len(keys)) if isinstance(r, Status) else r
 
     async def get_into(

@@ -25,6 +25,7 @@ from kvstore.protocol.fields import (  # noqa: F401
     INTERNAL,
     MAX_BATCH,
     MAX_BLOCKS,
+    MAX_EXISTS_KEYS,
     MAX_HEADER,
     MAX_REPLY_HEADER,
     PROTOCOL_VERSION,

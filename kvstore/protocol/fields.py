@@ -14,6 +14,10 @@ from rdma.transport import RemoteDescriptor, TransportError
 PROTOCOL_VERSION = 2  # 2: EXISTS and DELETE carry packed keys and one code byte per key
 MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
 MAX_BATCH = 4096  # keys (or descriptors, handles) per request
+# keys per EXISTS (one packed bin: 256 KiB of keys, 16 KiB of answers): a 128K-token
+# prompt's share of one node in one request. A node says its own in HELLO (``exists_keys``);
+# a node that does not say it takes MAX_BATCH, as before the field existed.
+MAX_EXISTS_KEYS = 16384
 MAX_BLOCKS = 256  # block headers per GET/PUT frame that clients send; keeps headers under MAX_HEADER
 MAX_REPLY_HEADER = 16 << 20  # what a client accepts from a node
 
@@ -97,13 +101,13 @@ def req_keys(h: dict[str, Any], field: str = "keys") -> list[BlockKey]:
     return out
 
 
-def req_key_batch(h: dict[str, Any], field: str = "keys") -> KeyBatch:
-    """A packed key field: one bin of ``n × 16`` bytes, ``n <= MAX_BATCH`` (one length check)."""
+def req_key_batch(h: dict[str, Any], field: str = "keys", most: int = MAX_BATCH) -> KeyBatch:
+    """A packed key field: one bin of ``n × 16`` bytes, ``n <= most`` (one length check)."""
     v = h.get(field)
     if not isinstance(v, bytes):
         raise bad(f"{field} must be bin (n x {KEY_BYTES} bytes), got {type(v).__name__}")
     try:
-        return KeyBatch(v, max_keys=MAX_BATCH)
+        return KeyBatch(v, max_keys=most)
     except KeyFormatError as exc:
         raise bad(f"{field}: {exc}") from exc
 
@@ -113,7 +117,7 @@ def codes_from_wire(h: dict[str, Any], field: str, n: int, top: int) -> bytes:
     v = h.get(field)
     if not isinstance(v, bytes) or len(v) != n:
         raise bad(f"{field} must be bin of {n} bytes (one per key), got {v!r:.80}")
-    if v and max(v) > top:
+    if v.translate(None, bytes(range(top + 1))):  # one C pass: a byte over ``top`` is left
         at = next(i for i, c in enumerate(v) if c > top)
         raise bad(f"{field}[{at}] is {v[at]}; codes are 0..{top}")
     return v

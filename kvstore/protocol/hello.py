@@ -9,6 +9,8 @@ from kvstore.errors import KeyFormatError
 from kvstore.keys import KEY_BYTES, Namespace
 from kvstore.protocol.fields import (
     BAD_VERSION,
+    MAX_BATCH,
+    MAX_EXISTS_KEYS,
     PROTOCOL_VERSION,
     ProtocolError,
     _items,
@@ -146,7 +148,9 @@ class RdmaReply:
 @dataclass(frozen=True)
 class HelloReply:
     """The node's welcome: the tenant the token names, its salt, the declared namespaces'
-    ids (request order), the node's name and ``max_frame``, and ``rdma`` (None: inline)."""
+    ids (request order), the node's name and ``max_frame``, ``rdma`` (None: inline), and
+    ``exists_keys``: the most keys one EXISTS to it may carry (a node that does not say
+    takes ``MAX_BATCH``; a client never sends more than its own ``MAX_EXISTS_KEYS``)."""
 
     rid: int
     tenant: str
@@ -156,6 +160,7 @@ class HelloReply:
     max_frame: int
     rdma: RdmaReply | None = None
     version: int = PROTOCOL_VERSION
+    exists_keys: int = MAX_EXISTS_KEYS
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -168,6 +173,7 @@ class HelloReply:
             "node": self.node,
             "max_frame": self.max_frame,
             "rdma": self.rdma.to_wire() if self.rdma is not None else None,
+            "exists_keys": self.exists_keys,
         }
 
     @classmethod
@@ -185,6 +191,9 @@ class HelloReply:
         max_frame = h.get("max_frame", 64 << 20)
         if _u64(max_frame, "max_frame") == 0:
             raise bad("max_frame must be positive")
+        exists_keys = h.get("exists_keys", MAX_BATCH)  # a node from before the field: 4096
+        if _u64(exists_keys, "exists_keys") == 0:
+            raise bad("exists_keys must be positive")
         return cls(
             _u64(h.get("rid"), "rid"),
             _str(h.get("tenant"), "tenant"),
@@ -194,6 +203,7 @@ class HelloReply:
             max_frame,
             RdmaReply.from_wire(h.get("rdma")),
             v,
+            exists_keys,
         )
 
 

@@ -8,6 +8,8 @@ from typing import Any, ClassVar, Self
 from kvstore.block import BlockHeader
 from kvstore.keys import KeyBatch
 from kvstore.protocol.fields import (
+    MAX_BATCH,
+    MAX_EXISTS_KEYS,
     UNKNOWN_OP,
     ProtocolError,
     _expect_to_wire,
@@ -33,6 +35,7 @@ class _KeysRequest:
     sent as one bin field of ``n × 16`` bytes."""
 
     OP: ClassVar[str]
+    MOST: ClassVar[int] = MAX_BATCH  # keys one request may carry
     rid: int
     keys: KeyBatch
 
@@ -45,11 +48,12 @@ class _KeysRequest:
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> Self:
-        return cls(_u64(h.get("rid"), "rid"), req_key_batch(h))
+        return cls(_u64(h.get("rid"), "rid"), req_key_batch(h, most=cls.MOST))
 
 
 class ExistsRequest(_KeysRequest):
     OP = "EXISTS"
+    MOST = MAX_EXISTS_KEYS
 
 
 class DeleteRequest(_KeysRequest):

@@ -281,6 +281,7 @@ def test_packed_keys_are_one_bin_field_checked_once(blocks_of, ns):
             cls.from_wire({**wire, "keys": [h.key.raw]})
         with pytest.raises(P.ProtocolError, match="multiple of 16 bytes"):
             cls.from_wire({**wire, "keys": b"x" * 17})
-        with pytest.raises(P.ProtocolError, match=f"at most {P.MAX_BATCH} keys"):
-            cls.from_wire({**wire, "keys": b"x" * 16 * (P.MAX_BATCH + 1)})
-        assert len(cls.from_wire({**wire, "keys": b"x" * 16 * P.MAX_BATCH}).keys) == P.MAX_BATCH
+        most = P.MAX_EXISTS_KEYS if cls is P.ExistsRequest else P.MAX_BATCH  # EXISTS: its own bound
+        with pytest.raises(P.ProtocolError, match=f"at most {most} keys"):
+            cls.from_wire({**wire, "keys": b"x" * 16 * (most + 1)})
+        assert len(cls.from_wire({**wire, "keys": b"x" * 16 * most}).keys) == most

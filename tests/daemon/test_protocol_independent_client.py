@@ -129,6 +129,7 @@ def test_hello_exists_and_delete_as_documented(stored):
         welcome = c.hello()
         assert welcome["ok"] is True and welcome["v"] == VERSION
         assert len(welcome["ns"]) == 1 and len(welcome["ns"][0]) == 16
+        assert welcome["exists_keys"] == 16384  # the most keys one EXISTS may carry
         absent = bytes(16)
         asked = [keys[0], absent, *keys[1:], keys[2]]
         assert c.exists(asked) == bytes([DRAM, ABSENT, *[DRAM] * 5, DRAM])
@@ -136,9 +137,11 @@ def test_hello_exists_and_delete_as_documented(stored):
         assert c.delete([keys[1], absent, keys[1]]) == b"\x01\x00\x00"
         assert c.exists(keys) == bytes([DRAM, ABSENT, *[DRAM] * 4])
         # a malformed packed field is bad_request naming the field; the connection stays
-        for bad in ([keys[0]], keys[0][:15], keys[0] * 4097):
+        for bad in ([keys[0]], keys[0][:15], keys[0] * 16385):
             r = c.call({"op": "EXISTS", "keys": bad})
             assert r["ok"] is False and r["code"] == "bad_request" and "keys" in r["err"], r
+        assert "at most 16384 keys" in r["err"], r  # the bound, named
+        assert c.exists([keys[0]] * 16384) == bytes([DRAM]) * 16384  # the most, in one request
         assert c.exists([keys[0]]) == bytes([DRAM])
     finally:
         c.close()
