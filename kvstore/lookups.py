@@ -43,6 +43,9 @@ def tier_codes(names) -> bytes:
         raise KeyFormatError(f"unknown tier {exc.args[0]!r}; expected one of {TIER_NAMES}") from exc
 
 
+_CODES = bytes(range(MAX_CODE + 1))  # the valid code bytes
+
+
 @dataclass(frozen=True, slots=True)
 class LookupResult:
     """A prompt's keys and, per key, the best tier the store holds it in (one code byte).
@@ -57,7 +60,7 @@ class LookupResult:
     def __post_init__(self) -> None:
         if not isinstance(self.keys, KeyBatch) or not isinstance(self.tiers, bytes):
             raise KeyFormatError("a lookup result holds a KeyBatch and bytes of tier codes")
-        if len(self.tiers) != len(self.keys) or (self.tiers and max(self.tiers) > MAX_CODE):
+        if len(self.tiers) != len(self.keys) or self.tiers.translate(None, _CODES):  # one C pass
             raise KeyFormatError(f"a lookup result has one tier code (0..{MAX_CODE}) per key")
         if self.hit_blocks != self._prefix(self.tiers):
             raise KeyFormatError(f"hit_blocks {self.hit_blocks} is not the held prefix of the codes")

@@ -214,9 +214,10 @@ class ClusterClient:
             if self.health.why_out(a) in SLOW and a in self.nodes and self.nodes[a].up
         ]
 
-    def rank(self, key: BlockKey) -> tuple[str, ...]:
-        """The healthy view's addresses in ``key``'s rendezvous order (owners first), cached."""
-        return self._rank_cache.order(key.raw)
+    def ranks(self, keys: KeyBatch) -> list[tuple[str, ...]]:
+        """Per key, the healthy view's addresses in its rendezvous order (owners first),
+        cached; the whole batch in one probe."""
+        return self._rank_cache.orders_of(keys)
 
     async def timed(self, addr: str, op: str, aw: Awaitable):
         """Await one node call and feed its time (and GET payload bytes) to health; a call that

@@ -5,7 +5,7 @@ returns): per key, the best tier its *owners* (the first ``replicas`` nodes of i
 order over the healthy view) hold it in; for a key no owner holds, the best tier of the next
 ``lookahead`` nodes of that order; ``None`` when none of them has it. Round 1 asks each owner
 about its keys, round 2 asks the lookahead nodes about the keys round 1 left missing. Each
-node's keys of a round go out as one EXISTS per at most ``MAX_BATCH`` keys, all requests of a
+node's keys of a round go out as one EXISTS per at most ``MAX_EXISTS_KEYS`` keys, all requests of a
 round in parallel. A round ends as soon as every key it asked about was found: a node still
 answering cannot turn a hit into a miss, and its call goes on in the background (bounded by
 the deadline) so its time still feeds health. Never raises for a node problem (a node that
@@ -27,16 +27,16 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
 
 import numpy as np
 
 from kvstore.client.config import ClusterConfig
+from kvstore.client.keytable import KeyTable, key_pairs
 from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
 from kvstore.lookups import tier_names
-from kvstore.protocol import MAX_BATCH
+from kvstore.protocol import MAX_EXISTS_KEYS
 
 _NONE = 255  # "not found yet" while merging codes (every real code is smaller)
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -47,38 +47,48 @@ class MissHints:
     starts over). A hinted key is asked of its lookahead nodes in the same round as of its
     owners, which saves the second round trip of a prompt looked up again while partly
     cached; the owners' answer still wins, so a hint changes no result, only what is asked
-    when. A key its owners hold again is dropped from it. Probes are C-level maps."""
+    when. A key its owners hold again is dropped from it. Probes are numpy passes over the
+    packed keys (:class:`~kvstore.client.keytable.KeyTable`). ``keys`` below: a
+    :class:`KeyBatch`, its :func:`key_pairs`, or 16-byte raw keys."""
 
     def __init__(self, max_entries: int = 1 << 16) -> None:
         if max_entries < 1:
             raise ValueError(f"miss hints max_entries must be >= 1, got {max_entries}")
         self._max = max_entries
-        self._keys: set[bytes] = set()
+        self._keys = KeyTable(max_entries)
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def among(self, raws: Sequence[bytes]) -> list[int]:
-        """The (ascending) indices of hinted keys in ``raws``."""
-        return self._among(list(raws)).tolist()
+    def among(self, keys) -> list[int]:
+        """The (ascending) indices of hinted keys in ``keys``."""
+        return self._among(_pairs(keys)).tolist()
 
-    def _among(self, raws: list[bytes]) -> np.ndarray:
-        if not self._keys:
-            return np.zeros(0, dtype=np.int64)
-        have = np.fromiter(map(self._keys.__contains__, raws), dtype=bool, count=len(raws))
-        return np.flatnonzero(have)
+    def _among(self, pairs: np.ndarray) -> np.ndarray:
+        if not len(self._keys):
+            return _EMPTY
+        return np.flatnonzero(self._keys.find(pairs) >= 0)
 
-    def note(self, raws: Sequence[bytes], missed: Sequence[int], found: Sequence[int]) -> None:
-        """``raws[missed]`` no owner held; ``raws[found]`` (hinted ones) an owner held."""
+    def note(self, keys, missed: Sequence[int], found: Sequence[int]) -> None:
+        """``keys[missed]`` no owner held; ``keys[found]`` (hinted ones) an owner held."""
+        pairs = _pairs(keys)
         have = self._keys
         if len(found):
-            have.difference_update(_pick(raws, found))
+            have.remove(pairs[np.asarray(found, dtype=np.int64)])
+        missed = np.asarray(missed, dtype=np.int64)[: self._max]
         if len(have) + len(missed) > self._max:
             have.clear()
-        have.update(_pick(raws, missed[: self._max]))
+        if len(missed):
+            have.insert(pairs[missed], np.zeros(len(missed), dtype=np.int32))
 
     def clear(self) -> None:
         self._keys.clear()
+
+
+def _pairs(keys) -> np.ndarray:
+    if isinstance(keys, np.ndarray):
+        return keys
+    return key_pairs(keys if isinstance(keys, KeyBatch) else KeyBatch(b"".join(keys)))
 
 
 class Lookups:
@@ -110,12 +120,11 @@ class Lookups:
         """Per key, its tier as the module docstring says (``None``: nowhere)."""
         return tier_names(await self.codes(KeyBatch.of(keys), deadline_s))
 
-    def ranking(self, keys: KeyBatch, view: list[Node], raws: list[bytes] | None = None) -> Ranking:
+    def ranking(self, keys: KeyBatch, view: list[Node]) -> Ranking:
         """``keys``' orders over ``view``: from the cache when it ranks over ``view`` (it does
-        right after ``healthy_view``), else computed for this call alone. ``raws``:
-        ``keys.raws()`` when the caller split them already (one split per lookup)."""
+        right after ``healthy_view``), else computed for this call alone."""
         if self.ranks.view == tuple(view):
-            return self.ranks.ranking(keys, raws)
+            return self.ranks.ranking(keys)
         ids, rows = rank_positions(keys, view, self.cfg.replicas)
         uniq, inverse = unique_rows(rows)
         return Ranking(ids, inverse.astype(np.int64), uniq.astype(np.int16))
@@ -131,8 +140,8 @@ class Lookups:
         addrs = [x.id for x in view]
         every = owners >= len(view)  # every node owns every key: no ranking, no second round
         second = not every and hi > owners
-        raws: list[bytes] = [] if every else keys.raws()
-        ranking = None if every else self.ranking(keys, view, raws)  # kept for every round
+        pairs = key_pairs(keys)  # the keys as numpy rows (no copy), for the hint probes
+        ranking = None if every else self.ranking(keys, view)  # kept for every round
         best = np.full(n, _NONE, dtype=np.uint8)
         if every:
             groups = {a: np.arange(n) for a in addrs}
@@ -141,7 +150,7 @@ class Lookups:
         hinted = np.zeros(0, dtype=np.int64)
         ahead: dict[str, np.ndarray] = {}
         if second and self.hints:  # the lookahead round of hinted keys goes out now, too
-            hinted = self.hints._among(raws)
+            hinted = self.hints._among(pairs)
             if len(hinted):
                 ahead = ranking.groups(hinted, owners, hi)
         late = np.full(n, _NONE, dtype=np.uint8) if ahead else None
@@ -150,18 +159,20 @@ class Lookups:
         tasks = self._send(keys, groups, max(end - time.monotonic(), 1e-3), ahead)
         if await self._collect(tasks, best, None, late) or not second:
             if len(hinted):
-                self.hints.note(raws, (), hinted.tolist())  # every one found on its owners
+                self.hints.note(pairs, _EMPTY, hinted)  # every one found on its owners
             return _codes(best)
         pending = np.flatnonzero(best == _NONE)  # no owner has these
         if len(hinted):  # the hints change only where this lookup's answers differ from them
+            was_hinted = np.zeros(n, dtype=bool)
+            was_hinted[hinted] = True
             found_hinted = hinted[best[hinted] != _NONE]
-            fresh = pending[~np.isin(pending, hinted, assume_unique=True)]
+            asked = was_hinted[pending]  # asked ahead already
+            fresh = pending[~asked]
         else:
-            found_hinted, fresh = hinted, pending
+            found_hinted, fresh, asked = hinted, pending, None
         if len(found_hinted) or len(fresh):
-            self.hints.note(raws, fresh.tolist(), found_hinted.tolist())
+            self.hints.note(pairs, fresh, found_hinted)
         if late is not None:  # every request of round 1 answered (or failed): its hinted keys too
-            asked = np.isin(pending, hinted)
             best[pending[asked]] = late[pending[asked]]
             pending = pending[~asked]
         if len(pending):
@@ -186,7 +197,7 @@ class Lookups:
         ahead: dict[str, np.ndarray] | None = None,
     ) -> dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]]:
         """Start the EXISTS of ``groups`` and ``ahead`` (per node, the indices of its keys and
-        of its hinted lookahead keys; at most ``MAX_BATCH`` keys a request, all in parallel);
+        of its hinted lookahead keys; at most ``MAX_EXISTS_KEYS`` keys a request, all in parallel);
         each request's future with the indices it asked about and which of them were asked
         ahead (None: none). A node that left the membership since the lookup began is not
         asked (its keys stay unanswered)."""
@@ -201,7 +212,7 @@ class Lookups:
             idx = np.concatenate((own, more)) if len(more) else own
             flags = np.arange(len(idx)) >= len(own) if len(more) else None
             whole = not len(more) and len(own) == len(keys)  # own: ascending, so all keys in order
-            for lo, hi in _split(len(idx), MAX_BATCH):
+            for lo, hi in _split(len(idx), MAX_EXISTS_KEYS):
                 part = idx[lo:hi]
                 ks = keys if whole and len(part) == len(keys) else keys.take(part)
                 fut = asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))
@@ -254,15 +265,6 @@ class Lookups:
         codes = await self.codes(KeyBatch.of(keys), deadline_s)
         at = codes.find(b"\x00")
         return len(codes) if at < 0 else at
-
-
-def _pick(raws: Sequence[bytes], idx: Sequence[int]) -> Sequence[bytes]:
-    """``raws`` at ``idx`` in one C-level call."""
-    if len(idx) == 0:
-        return ()
-    if len(idx) == 1:
-        return (raws[idx[0]],)
-    return itemgetter(*idx)(raws)
 
 
 def _codes(best: np.ndarray) -> bytes:

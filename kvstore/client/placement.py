@@ -12,7 +12,7 @@ the hash; the argmax is node ``i`` with probability ``w_i / sum(w)``.
 
 :func:`rank_positions` ranks a :class:`~kvstore.keys.KeyBatch` at once (the same orders, in
 numpy; :func:`rank_many` gives them as id tuples); :class:`RankCache` keeps each key's order
-over one view, bounded in entries, for clients that rank the same keys again, and hands a
+over one view, bounded in entries (numpy tables over packed keys), for clients that rank the same keys again, and hands a
 lookup a :class:`Ranking` of its own.
 """
 
@@ -21,12 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
 
 import numpy as np
 import xxhash
 
+from kvstore.client.keytable import KeyTable, key_pairs
 from kvstore.keys import KeyBatch
 
 _TWO64 = float(1 << 64)
@@ -207,19 +206,37 @@ class Ranking:
 
     def groups(self, idx: np.ndarray | None, lo: int, hi: int) -> dict[str, np.ndarray]:
         """Per node, the key indices (``idx``, ascending; None: all keys) whose order ranks
-        ``lo..hi-1`` hold it, ascending. One numpy pass per node (a view has a few)."""
+        ``lo..hi-1`` hold it, ascending. One gather over the keys, then one mask pass per node."""
         m = len(self.ids)
         if not m:
             return {}
-        base = np.arange(len(self.codes)) if idx is None else np.asarray(idx, dtype=np.int64)
-        codes = self.codes if idx is None else self.codes[base]
         band = self.orders[:, lo : min(hi, m)]
-        out: dict[str, np.ndarray] = {}
+        if m > 63:  # too many nodes for one bit each: a pass per node
+            base = np.arange(len(self.codes)) if idx is None else np.asarray(idx, dtype=np.int64)
+            codes = self.codes if idx is None else self.codes[base]
+            out: dict[str, np.ndarray] = {}
+            for j, addr in enumerate(self.ids):
+                mine = base[(band == j).any(axis=1)[codes]]
+                if len(mine):
+                    out[addr] = mine
+            return out
+        # per distinct order (a few), one bit per node it puts in the band; then one gather
+        # per key and one mask test per node, not a gather per node
+        per_order = np.zeros(len(band), dtype=np.uint64)
+        for col in band.T.astype(np.uint64):
+            per_order |= np.left_shift(np.uint64(1), col)
+        if idx is None:
+            base, mask = None, per_order.take(self.codes)
+        else:
+            base = np.asarray(idx, dtype=np.int64)
+            mask = per_order.take(self.codes.take(base))
+        named = int(np.bitwise_or.reduce(per_order)) if len(per_order) else 0
+        out = {}
         for j, addr in enumerate(self.ids):
-            holds = (band == j).any(axis=1)  # per distinct order
-            if not holds.any():
+            if not named >> j & 1:
                 continue
-            mine = base[holds[codes]]
+            at = np.flatnonzero(mask & np.uint64(1 << j))
+            mine = at if base is None else base.take(at)
             if len(mine):
                 out[addr] = mine
         return out
@@ -237,15 +254,17 @@ class RankCache:
     found in the old generation moves to the new one, and when the new one is full the old
     one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping.
     :meth:`reset` with a different view or ``replicas`` empties it (placement changed): it
-    makes new tables, so a :class:`Ranking` made before keeps its own. Probes and inserts are
-    C-level maps over the keys; misses are ranked in one :func:`rank_positions` call."""
+    makes new tables, so a :class:`Ranking` made before keeps its own. Each generation is a
+    :class:`~kvstore.client.keytable.KeyTable`: a batch's probes and inserts are numpy passes
+    over its packed keys (no Python per key); misses are ranked in one
+    :func:`rank_positions` call."""
 
     def __init__(self, max_entries: int = 1 << 17) -> None:
         if max_entries < 2:
             raise ValueError(f"rank cache max_entries must be >= 2, got {max_entries}")
         self._gen = max_entries // 2
-        self._new: dict[bytes, int] = {}
-        self._old: dict[bytes, int] = {}
+        self._new = KeyTable(self._gen)
+        self._old = KeyTable(self._gen)
         self._rows: list[tuple[int, ...]] = []  # per code: positions into _ids
         self._code_of: dict[tuple[int, ...], int] = {}
         self._ids: tuple[str, ...] = ()
@@ -267,41 +286,43 @@ class RankCache:
             return
         self._view, self._replicas = view, replicas
         self._ids = tuple(sorted(n.id for n in view))
-        self._new, self._old = {}, {}
+        self._new, self._old = KeyTable(self._gen), KeyTable(self._gen)
         self._rows, self._code_of, self.orders = [], {}, []
 
-    def ranking(self, keys: KeyBatch, raws: list[bytes] | None = None) -> Ranking:
-        """The orders of ``keys`` over the current view, as a :class:`Ranking` of its own;
-        ``raws``: ``keys.raws()`` when the caller split them already."""
-        codes = self._codes(keys.raws() if raws is None else raws)
+    def ranking(self, keys: KeyBatch) -> Ranking:
+        """The orders of ``keys`` over the current view, as a :class:`Ranking` of its own."""
+        codes = self._codes(key_pairs(keys))
         m = len(self._ids)
         orders = np.array(self._rows, dtype=np.int16).reshape(len(self._rows), m)
         return Ranking(self._ids, codes, orders)
 
     def codes(self, raws: Sequence[bytes]) -> list[int]:
         """Per raw key, the code of its order (``orders[code]``: node ids, owners first)."""
-        return self._codes(list(raws)).tolist()
+        return self._codes(key_pairs(KeyBatch(b"".join(raws)))).tolist()
 
-    def _codes(self, raws: list[bytes]) -> np.ndarray:
-        n = len(raws)
-        codes = np.fromiter(map(self._new.get, raws, repeat(-1, n)), dtype=np.int64, count=n)
+    def orders_of(self, keys: KeyBatch) -> list[tuple[str, ...]]:
+        """Per key of ``keys``, the view's node ids in its order (owners first), in bulk."""
+        return list(map(self.orders.__getitem__, self._codes(key_pairs(keys)).tolist()))
+
+    def _codes(self, pairs: np.ndarray) -> np.ndarray:
+        codes = self._new.find(pairs)
         missed = np.flatnonzero(codes < 0)
         if not len(missed):
             return codes
-        few = raws if len(missed) == n else _pick(raws, missed)
-        if self._old:
-            back = np.fromiter(map(self._old.get, few, repeat(-1, len(few))), dtype=np.int64, count=len(few))
+        few = pairs if len(missed) == len(pairs) else pairs[missed]
+        if len(self._old):
+            back = self._old.find(few)
             hit = back >= 0
             if hit.any():
                 codes[missed[hit]] = back[hit]
-                self._insert(_pick(few, np.flatnonzero(hit)), back[hit])
-                missed, few = missed[~hit], _pick(few, np.flatnonzero(~hit))
+                self._insert(few[hit], back[hit])
+                missed, few = missed[~hit], few[~hit]
         if len(missed):
             if len(missed) == 1:  # one key (reads and writes rank per key): rank() itself
-                order = rank(few[0], self._view, self._replicas)
+                order = rank(few.tobytes(), self._view, self._replicas)
                 got = np.array([self._code(tuple(map(self._ids.index, (x.id for x in order))))])
             else:
-                _, rows = rank_positions(KeyBatch(b"".join(few)), self._view, self._replicas)
+                _, rows = rank_positions(KeyBatch(few.tobytes()), self._view, self._replicas)
                 uniq, inverse = unique_rows(rows)
                 fresh = np.array([self._code(tuple(r)) for r in uniq.tolist()], dtype=np.int64)
                 got = fresh[inverse]
@@ -317,26 +338,14 @@ class RankCache:
             self.orders.append(tuple(self._ids[j] for j in row))
         return c
 
-    def _insert(self, raws: Sequence[bytes], codes: np.ndarray) -> None:
-        if len(raws) > self._gen:
-            raws, codes = raws[-self._gen :], codes[-self._gen :]
-        if len(self._new) + len(raws) > self._gen:
-            self._old, self._new = self._new, {}
-        self._new.update(zip(raws, codes.tolist()))
+    def _insert(self, pairs: np.ndarray, codes: np.ndarray) -> None:
+        if len(pairs) > self._gen:
+            pairs, codes = pairs[-self._gen :], codes[-self._gen :]
+        if len(self._new) + len(pairs) > self._gen:
+            self._old, self._new = self._new, self._old
+            self._new.clear()
+        self._new.insert(pairs, codes)
 
     def order(self, raw: bytes) -> tuple[str, ...]:
-        """The view's node ids in ``raw``'s rendezvous order (owners first): one dict probe
-        when cached (reads and writes ask per key), else ranked as a batch of one."""
-        c = self._new.get(raw)
-        if c is None:
-            c = int(self._codes([raw])[0])
-        return self.orders[c]
-
-
-def _pick(items: Sequence[bytes], idx: np.ndarray) -> list[bytes]:
-    """``items`` at positions ``idx`` in one C-level call."""
-    if len(idx) == 0:
-        return []
-    if len(idx) == 1:
-        return [items[int(idx[0])]]
-    return list(itemgetter(*idx.tolist())(items))
+        """The view's node ids in ``raw``'s rendezvous order (owners first)."""
+        return self.orders[int(self._codes(key_pairs(KeyBatch(raw)))[0])]

@@ -39,7 +39,7 @@ from kvstore.client.node import ClientConfig
 from kvstore.client.read import check_read
 from kvstore.client.readrepair import Repairer
 from kvstore.client.route import Route
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
 from kvstore.results import Expect, GetResult, Status
 
 _PREFER_BELOW = 0.5  # a node whose health weight is under this is read after its co-owner
@@ -76,7 +76,7 @@ class ClusterReads:
         if not keys or not view:
             return out
         width = self.cfg.replicas + self.cfg.lookahead
-        cands = [self.route.rank(k)[:width] for k in keys]
+        cands = [o[:width] for o in self.route.ranks(KeyBatch.of(keys))]
         slow = {n.id for n in view if self.health.weight(n.id) < _PREFER_BELOW}
         if slow:  # a late owner is read after its healthier co-owner (never skipped)
             cands = [_prefer(c, slow, self.cfg.replicas) for c in cands]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from kvstore.client.node import NodeClient
 from kvstore.client.placement import Node
-from kvstore.keys import BlockKey
+from kvstore.keys import KeyBatch
 
 
 class Route(Protocol):
@@ -27,8 +27,8 @@ class Route(Protocol):
         """The healthy members now (loads the first membership view when nobody did)."""
         ...
 
-    def rank(self, key: BlockKey) -> tuple[str, ...]:
-        """The healthy view's addresses in ``key``'s rendezvous order (owners first)."""
+    def ranks(self, keys: KeyBatch) -> list[tuple[str, ...]]:
+        """Per key, the healthy view's addresses in its rendezvous order (owners first)."""
         ...
 
     def standby(self) -> list[Node]:

@@ -38,6 +38,7 @@ from kvstore.client.config import ClusterConfig
 from kvstore.client.node import ClientConfig
 from kvstore.client.placement import rank
 from kvstore.client.route import Route
+from kvstore.keys import KeyBatch
 from kvstore.results import PutResult, Status
 
 # a node that answered these for a block did not store it; the next node in order may
@@ -66,7 +67,7 @@ class ClusterWrites:
         if not blocks or not view:
             self.counters["blocks_stored_nowhere"] += n
             return PutReport(out, copies, wanted)
-        order = [self.route.rank(h.key) for h, _ in blocks]
+        order = self.route.ranks(KeyBatch.of([h.key for h, _ in blocks]))
         spare: frozenset[str] = frozenset()
         if len(view) < wanted:  # too few healthy owners: the next ranked nodes are the slow ones
             standby = self.route.standby()
