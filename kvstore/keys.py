@@ -74,6 +74,14 @@ class BlockKey:
         return f"BlockKey({self.raw.hex()})"
 
 
+def trusted_key(raw: bytes) -> BlockKey:
+    """The BlockKey of ``raw``, which the caller checked is ``bytes`` of ``KEY_BYTES``
+    (a decoder that checked a whole header at once), without checking it again."""
+    k = object.__new__(BlockKey)
+    object.__setattr__(k, "raw", raw)
+    return k
+
+
 class KeyBatch(Sequence[BlockKey]):
     """``n`` block keys as one immutable buffer of ``n × 16`` bytes (key ``i`` at
     ``raw[16 i : 16 i + 16]``). Built from bytes in one check (a bytes object whose length is
