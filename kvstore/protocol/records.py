@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvstore.block import BlockHeader
+from kvstore.errors import BlockFormatError
 from kvstore.lookups import ABSENT, TIER_CODES, TIER_NAMES
 from kvstore.protocol.fields import _desc, _str, bad, decode_header, status_from_wire
 from kvstore.results import PutResult, Status
 from rdma.transport import RemoteDescriptor
+
+_STATUS_BY_CODE = tuple(Status(c) for c in range(max(Status) + 1))  # wire code -> Status
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,36 @@ class GetEntry:
         if status is Status.HIT and block is None:
             raise bad(f"{name}: HIT without a header")
         return cls(status, raw, tier, block)
+
+
+def get_entries_from_wire(items: list, field: str) -> tuple[GetEntry, ...]:
+    """:meth:`GetEntry.from_wire` of each ``[status, header, tier]`` of a GET reply's
+    ``field`` (each a list of 3, checked by the caller), a reply of 2,048 blocks in one pass:
+    the usual entry (a status code, a tier name or nil, header bytes) checked inline and made
+    without the frozen ``__init__`` (no per-field ``object.__setattr__``), every other one by
+    :meth:`GetEntry.from_wire`, which names what is wrong. The same checks, the same records."""
+    out = []
+    new, statuses, decode = object.__new__, _STATUS_BY_CODE, BlockHeader.decode
+    for i, (code, raw, tier) in enumerate(items):
+        if type(code) is not int or not 0 <= code < len(statuses) or not (tier is None or type(tier) is str):
+            out.append(GetEntry.from_wire([code, raw, tier], f"{field}[{i}]"))
+            continue
+        status = statuses[code]
+        if raw is None:
+            if status is Status.HIT:
+                raise bad(f"{field}[{i}]: HIT without a header")
+            block = None
+        elif type(raw) is bytes:
+            try:
+                block = decode(raw)
+            except BlockFormatError as exc:
+                raise bad(f"{field}[{i}] header: {exc}") from exc
+        else:
+            block = decode_header(raw, f"{field}[{i}] header")  # names the type
+        e = new(GetEntry)
+        e.__dict__.update(status=status, header=raw, tier=tier, block=block)
+        out.append(e)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from kvstore.protocol.records import (
     GetEntry,
     LeaseEntry,
     ReserveEntry,
+    get_entries_from_wire,
     put_results_from_wire,
     put_results_to_wire,
 )
@@ -54,8 +55,7 @@ class GetReply:
 
     @classmethod
     def from_wire(cls, h: dict[str, Any], n: int) -> GetReply:
-        res = _items(h, "res", n, 3)
-        entries = tuple(GetEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res))
+        entries = get_entries_from_wire(_items(h, "res", n, 3), "res")
         plen = payload_len(h)
         if plen != sum(e.block.payload_len for e in entries if e.status is Status.HIT):
             raise bad("GET reply payload length does not match its headers")
