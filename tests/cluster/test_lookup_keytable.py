@@ -101,3 +101,19 @@ def test_key_table_survives_many_removals_and_growth():
     assert len(t) == len(live) == 40 * 100
     keys = sorted(live)
     assert t.find(_pairs(keys)).tolist() == [live[k] for k in keys]
+
+
+def test_a_batch_found_as_one_run_and_one_removed_from_its_middle():
+    rnd = random.Random(12)
+    ks = [rnd.randbytes(16) for _ in range(2000)]
+    t = KeyTable(4000)
+    t.insert(_pairs(ks), np.arange(2000))
+    assert t.find(_pairs(ks)).tolist() == list(range(2000))  # the whole batch: one run
+    t.remove(_pairs(ks[700:701]))
+    want = list(range(2000))
+    want[700] = -1
+    assert t.find(_pairs(ks)).tolist() == want
+    assert t.find(_pairs(ks[1:])).tolist() == want[1:]  # shifted: anchors land mid-run
+    t.insert(_pairs(ks[700:701]), np.array([9]))  # back, at the log's end: the run is broken
+    want[700] = 9
+    assert t.find(_pairs(ks)).tolist() == want
