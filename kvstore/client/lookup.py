@@ -195,34 +195,33 @@ class Lookups:
         groups: dict[str, np.ndarray],
         deadline_s: float,
         ahead: dict[str, np.ndarray] | None = None,
-    ) -> dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]]:
+    ) -> dict[asyncio.Future, tuple[np.ndarray, int]]:
         """Start the EXISTS of ``groups`` and ``ahead`` (per node, the indices of its keys and
         of its hinted lookahead keys; at most ``MAX_EXISTS_KEYS`` keys a request, all in parallel);
-        each request's future with the indices it asked about and which of them were asked
-        ahead (None: none). A node that left the membership since the lookup began is not
-        asked (its keys stay unanswered)."""
+        each request's future with the indices it asked about, its owned ones first, and how
+        many of them were owned (the rest were asked ahead). A node that left the membership
+        since the lookup began is not asked (its keys stay unanswered)."""
         nodes, timed = self.route.nodes, self.route.timed
         ahead = ahead or {}
-        tasks: dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]] = {}
+        tasks: dict[asyncio.Future, tuple[np.ndarray, int]] = {}
         for a in (*groups, *(x for x in ahead if x not in groups)):
             node = nodes.get(a)
             if node is None:
                 continue
             own, more = groups.get(a, _EMPTY), ahead.get(a, _EMPTY)
             idx = np.concatenate((own, more)) if len(more) else own
-            flags = np.arange(len(idx)) >= len(own) if len(more) else None
             whole = not len(more) and len(own) == len(keys)  # own: ascending, so all keys in order
             for lo, hi in _split(len(idx), MAX_EXISTS_KEYS):
                 part = idx[lo:hi]
                 ks = keys if whole and len(part) == len(keys) else keys.take(part)
                 fut = asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))
-                tasks[fut] = (part, None if flags is None else flags[lo:hi])
+                tasks[fut] = (part, min(max(len(own) - lo, 0), hi - lo))
             self.counters["lookup_keys_asked"] += len(idx)
         return tasks
 
     async def _collect(
         self,
-        tasks: dict[asyncio.Future, tuple[np.ndarray, np.ndarray | None]],
+        tasks: dict[asyncio.Future, tuple[np.ndarray, int]],
         best: np.ndarray,
         asked: np.ndarray | None,
         late: np.ndarray | None = None,
@@ -237,11 +236,11 @@ class Lookups:
             for t in done:
                 got = np.frombuffer(t.result(), dtype=np.uint8)
                 got = np.where(got == 0, _NONE, got)
-                idx, flags = tasks[t]  # distinct indices within one request
-                if flags is not None:
-                    more = idx[flags]
-                    late[more] = np.minimum(late[more], got[flags])
-                    idx, got = idx[~flags], got[~flags]
+                idx, owned = tasks[t]  # distinct indices within one request, owned ones first
+                if owned < len(idx):  # the rest were asked ahead (hinted): into ``late``
+                    more = idx[owned:]
+                    late[more] = np.minimum(late[more], got[owned:])
+                    idx, got = idx[:owned], got[:owned]
                 best[idx] = np.minimum(best[idx], got)
             left = best if asked is None else best[asked]
             if not (left == _NONE).any():
