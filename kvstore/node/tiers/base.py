@@ -99,9 +99,11 @@ class Tier(Protocol):
         and names ``key``, its payload matches the header's checksum. Drops nothing."""
         ...
 
-    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]], demoted: bool = False) -> list[bool]:
         """Store (key, header, payload) triples; True where stored (or already there), False
-        where there is no room. The caller keeps each payload unchanged until this returns."""
+        where there is no room. The caller keeps each payload unchanged until this returns.
+        ``demoted``: the blocks move down from a tier above (the eviction order's
+        ``add(..., demoted)``), not a client's write."""
         ...
 
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:

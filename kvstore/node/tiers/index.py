@@ -185,14 +185,16 @@ class LruIndex:
         atime: int,
         ns: bytes | None,
         parent: bytes | None = None,
+        demoted: bool = False,
     ) -> None:
         """Index ``key`` (most recently used); ``ns`` and ``parent``: its header's namespace and
-        parent key (see :func:`header_fields`). An entry already there is replaced (its
-        namespace id released: the ids stay counted)."""
+        parent key (see :func:`header_fields`); ``demoted``: moved down from a tier above (see
+        EvictionOrder.add). An entry already there is replaced (its namespace id released: the
+        ids stay counted)."""
         self._index_pop(key)
         ns_id = self._ns_ids.acquire(ns, header_len + payload_len)
         self._index[key] = pack_entry(offset, ns_id, header_len, payload_len, atime)
-        self._order.add(key, parent)
+        self._order.add(key, parent, demoted)
 
     def _index_pop(self, key: bytes) -> int | None:
         e = self._index.pop(key, None)
