@@ -232,11 +232,11 @@ def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, ro
     for k, p in s.parent.items():
         if s.has(k):
             kids.setdefault(p, []).append(k)
-    doomed, todo = set(lost), list(lost)
+    doomed, todo = dict.fromkeys(lost), list(lost)  # a dict: evicted in one order every run
     while todo:
         for c in kids.get(todo.pop(), ()):
             if c not in doomed:
-                doomed.add(c)
+                doomed[c] = None
                 todo.append(c)
     for k in doomed:
         s.dram.remove(k)
