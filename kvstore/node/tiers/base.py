@@ -75,6 +75,10 @@ class Tier(Protocol):
         """Up to ``limit`` eviction candidates, least recently used first (a snapshot)."""
         ...
 
+    def first_victim(self, accept: Callable[[bytes], bool], limit: int) -> bytes | None:
+        """The first of the first ``limit`` eviction candidates ``accept`` takes, or None."""
+        ...
+
     def fits(self, payload_len: int, header_len: int) -> bool:
         """Whether a block of these sizes can ever be stored here (room aside)."""
         ...

@@ -265,6 +265,18 @@ class LruIndex:
         finally:
             it.close()
 
+    def first_victim(self, accept: Callable[[bytes], bool], limit: int) -> bytes | None:
+        """The first key in eviction order (of the first ``limit``) that ``accept`` takes, or
+        None: one step of the order where a snapshot of ``limit`` would pay for all of them."""
+        it = self._order.candidates()
+        try:
+            for k in islice(it, limit):
+                if accept(k):
+                    return k
+            return None
+        finally:
+            it.close()
+
     def eviction_stats(self) -> dict:
         """The order's policy and counters (see kvstore.node.tiers.order), the bytes of its
         orphans, and the bytes each namespace holds (hex id -> bytes: tenant shares)."""

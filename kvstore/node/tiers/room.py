@@ -16,7 +16,7 @@ VICTIM_SCAN = 1024
 # entry (the prefix orders pop and push back a heap entry each), and the first evictable
 # block is nearly always among the first few. bench/store_throughput.py, 2 MiB PUTs past the
 # DRAM capacity, 8 clients: prefix-marginal 0.41 GB/s against LRU's 1.12 with a full scan.
-FIRST_SCAN = 16
+FIRST_SCAN = 16  # (a single victim takes one step of the order: ``first_victim``)
 
 
 def pick_victims(tier, plen: int, hlen: int, evictable: Callable[[bytes], bool]) -> tuple[list[bytes], bool]:
@@ -45,13 +45,11 @@ def pick_victims(tier, plen: int, hlen: int, evictable: Callable[[bytes], bool])
 
     scan: list[bytes] = []
     own = None
+    if single:  # one step of the order, not a snapshot
+        first = tier.first_victim(evictable, VICTIM_SCAN)
+        return ([first] if first is not None else []), False
     for limit in (FIRST_SCAN, VICTIM_SCAN):  # the same answer as one scan of VICTIM_SCAN
         order = list(tier.victims(limit))
-        if single:
-            first = next((k for k in order if ok(k)), None)
-            if first is not None or len(order) < limit:
-                return ([first] if first is not None else []), False
-            continue
         # the evictable blocks older than the class's own oldest one (or all in reach)
         scan, own = [], None
         for k in order:
@@ -63,8 +61,6 @@ def pick_victims(tier, plen: int, hlen: int, evictable: Callable[[bytes], bool])
                 break
         if own is not None or len(order) < limit:
             break
-    if single:
-        return [], False
     pos = {k: i for i, k in enumerate(scan)}
     limit = own if own is not None else len(scan)
     tried: set[int] = set()
