@@ -293,10 +293,13 @@ def main() -> int:
                             n = range(clients)
                             runs: dict[str, list[float]] = {"raw": [], "redis": []}
                             runs.update({f"tierkv:{p}": [] for p in policies})
-                            for _ in range(args.repeat):  # interleaved, so load drift hits all of them
+                            for rep in range(args.repeat):  # interleaved, so load drift hits all of them
                                 raw_args = [(raw_port, size, ops, op) for _ in n]
                                 runs["raw"].append(_measure(_raw_client, raw_args, size, ops))
-                                for p, (_, addr) in daemons.items():
+                                # each run in another order: the first after the raw socket is slower
+                                turn = rep % len(policies)
+                                for p in policies[turn:] + policies[:turn]:
+                                    addr = daemons[p][1]
                                     kv_args = [(addr, size, ops, op, 1000 * clients + i) for i in n]
                                     runs[f"tierkv:{p}"].append(_measure(_tierkv_client, kv_args, size, ops))
                                 if redis_proc:
