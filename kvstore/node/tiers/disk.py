@@ -360,13 +360,12 @@ class DiskTier(LruIndex):
         """The first unprotected keys in eviction order (not in ``skip``) holding ``nbytes``,
         or all of them when there are not that many."""
         out, got = [], 0
-        candidates = self._order.candidates()
+        # each taken key counted as gone for the rest of the pass (a chain's parent follows)
+        candidates = self._order.candidates(lambda k: k not in skip and not self._protected(k))
         try:
             for k in candidates:
                 if got >= nbytes:
                     break
-                if k in skip or self._protected(k):
-                    continue
                 e = self._index[k]
                 out.append(k)
                 got += entry_payload_len(e) + entry_header_len(e)
