@@ -6,10 +6,14 @@ For each block size (2 MiB, 32 MiB) and client count (1, 8) it measures, in the 
           preallocated buffers (every payload checksum-verified by the client)
   redis   redis-server (no persistence) with redis-py SET/GET of the same bytes
 Each client is its own process; GB/s = total payload bytes / wall time of the slowest client.
+``--policies``: one daemon per eviction policy (``[eviction] policy``), measured interleaved in
+each run, the first listed in the ``tierkv`` column and each other as a ratio to it (the
+eviction order's per-op cost: every PUT past the DRAM capacity evicts).
 Prints a table and the load average before and after, and writes both as JSON (--json). Redis
 is skipped (noted) when redis-server is absent.
 
     python bench/store_throughput.py --json .bench/store.json
+    python bench/store_throughput.py --policies prefix-marginal,lru --sizes 2MiB --no-redis
 """
 
 from __future__ import annotations
@@ -209,11 +213,14 @@ def _dram_capacity(slab: int) -> int:
     return max(1024 * MiB, 40 * slab)
 
 
-def _start_daemon(tmp: Path, slab: int) -> tuple[subprocess.Popen, str]:
+def _start_daemon(tmp: Path, slab: int, policy: str) -> tuple[subprocess.Popen, str]:
+    tmp = tmp / policy
+    tmp.mkdir(exist_ok=True)
     cfg = tmp / "node.toml"
     cfg.write_text(
         f'[dram]\ncapacity = "{_dram_capacity(slab) // MiB}MiB"\nslab_size = "{slab // MiB}MiB"\n'
-        f'[disk]\nenabled = false\n[server]\nport_file = "{tmp / "ports.json"}"\nmax_frame = "{2 * slab // MiB + 1}MiB"\n'
+        f'[disk]\nenabled = false\n[eviction]\npolicy = "{policy}"\n'
+        f'[server]\nport_file = "{tmp / "ports.json"}"\nmax_frame = "{2 * slab // MiB + 1}MiB"\n'
     )
     (tmp / "ports.json").unlink(missing_ok=True)
     proc = subprocess.Popen(
@@ -238,12 +245,18 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--repeat", default=3, type=int, help="runs per cell (median reported)")
     ap.add_argument("--bytes-per-client", default=256, type=int, help="MiB moved per client per measurement")
+    ap.add_argument(
+        "--policies", default="", help="eviction policies, one daemon each (default: the default)"
+    )
+    ap.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
     args = ap.parse_args()
-    from kvstore.config import parse_size  # the project's one size parser (its unit table)
+    from kvstore.config import EvictionSection, parse_size  # the project's one size parser (its unit table)
+
+    policies = args.policies.split(",") if args.policies else [EvictionSection().policy]
 
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     clients_list = [int(c) for c in args.clients.split(",")]
-    redis_bin = shutil.which("redis-server")
+    redis_bin = None if args.no_redis else shutil.which("redis-server")
     rows = []
     load_before = os.getloadavg()  # on a shared host the ratios are what count; the load says how shared
     with tempfile.TemporaryDirectory() as td:
@@ -263,9 +276,11 @@ def main() -> int:
                 raw_srv = ctx.Process(target=_raw_server, args=(q, size), daemon=True)
                 raw_srv.start()
                 raw_port = q.get(timeout=30)
-                daemon, addr = _start_daemon(tmp, max(size, 2 * MiB))
+                daemons = {p: _start_daemon(tmp, max(size, 2 * MiB), p) for p in policies}
                 try:
-                    _warm(addr, rport if redis_proc else None, size, _dram_capacity(max(size, 2 * MiB)))
+                    for i, (_, addr) in enumerate(daemons.values()):
+                        warm_redis = rport if redis_proc and i == 0 else None
+                        _warm(addr, warm_redis, size, _dram_capacity(max(size, 2 * MiB)))
                     for clients in clients_list:
                         ops = max(4, args.bytes_per_client * MiB // size)
                         for op in ("put", "get"):
@@ -276,12 +291,17 @@ def main() -> int:
                                 "ops_per_client": ops,
                             }
                             n = range(clients)
-                            runs: dict[str, list[float]] = {"raw": [], "tierkv": [], "redis": []}
-                            for _ in range(args.repeat):  # interleaved, so load drift hits all three
+                            runs: dict[str, list[float]] = {"raw": [], "redis": []}
+                            runs.update({f"tierkv:{p}": [] for p in policies})
+                            for rep in range(args.repeat):  # interleaved, so load drift hits all of them
                                 raw_args = [(raw_port, size, ops, op) for _ in n]
                                 runs["raw"].append(_measure(_raw_client, raw_args, size, ops))
-                                kv_args = [(addr, size, ops, op, 1000 * clients + i) for i in n]
-                                runs["tierkv"].append(_measure(_tierkv_client, kv_args, size, ops))
+                                # each run in another order: the first after the raw socket is slower
+                                turn = rep % len(policies)
+                                for p in policies[turn:] + policies[:turn]:
+                                    addr = daemons[p][1]
+                                    kv_args = [(addr, size, ops, op, 1000 * clients + i) for i in n]
+                                    runs[f"tierkv:{p}"].append(_measure(_tierkv_client, kv_args, size, ops))
                                 if redis_proc:
                                     rargs = [(rport, size, ops, op, i) for i in n]
                                     runs["redis"].append(_measure(_redis_client, rargs, size, ops))
@@ -289,8 +309,15 @@ def main() -> int:
 
                                     redis.Redis(port=rport).flushall()
                             for name, vals in runs.items():
+                                if name.startswith("tierkv:"):
+                                    row.setdefault("policy_gbps", {})[name[7:]] = statistics.median(vals)
+                                    row.setdefault("policy_runs", {})[name[7:]] = vals
+                                    continue
                                 row[f"{name}_gbps"] = statistics.median(vals) if vals else None
                                 row[f"{name}_runs"] = vals
+                            row["policy"] = policies[0]
+                            row["tierkv_gbps"] = row["policy_gbps"][policies[0]]
+                            row["tierkv_runs"] = row["policy_runs"][policies[0]]
                             if redis_proc:
                                 import redis
 
@@ -298,8 +325,9 @@ def main() -> int:
                             rows.append(row)
                             print(_fmt(row), flush=True)
                 finally:
-                    daemon.terminate()
-                    daemon.wait(30)
+                    for daemon, _ in daemons.values():
+                        daemon.terminate()
+                        daemon.wait(30)
                     raw_srv.kill()
         finally:
             if redis_proc:
@@ -318,7 +346,8 @@ def main() -> int:
 
 def _fmt(r: dict) -> str:
     red = f"{r['redis_gbps']:.2f}" if r["redis_gbps"] is not None else "n/a"
-    return f"{r['op']:>3} {r['size_mib']:>2} MiB x{r['clients']}: raw {r['raw_gbps']:.2f}  tierkv {r['tierkv_gbps']:.2f}  redis {red} GB/s"
+    pols = "".join(f"  {p} {g:.2f}" for p, g in r["policy_gbps"].items())
+    return f"{r['op']:>3} {r['size_mib']:>2} MiB x{r['clients']}: raw {r['raw_gbps']:.2f}{pols}  redis {red} GB/s"
 
 
 def _ratio(a: float, b: float | None) -> str:
@@ -326,15 +355,20 @@ def _ratio(a: float, b: float | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
+    others = [p for p in rows[0]["policy_gbps"] if p != rows[0]["policy"]] if rows else []
     out = [
-        "| op | block | clients | raw socket GB/s | tierkv GB/s | Redis GB/s | tierkv / raw | tierkv / Redis |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| op | block | clients | raw socket GB/s | tierkv ({rows[0]['policy'] if rows else ''}) GB/s | "
+        + "".join(f"{p} GB/s | {p} / first | " for p in others)
+        + "Redis GB/s | tierkv / raw | tierkv / Redis |",
+        "|---|---|---|---|---|" + "---|---|" * len(others) + "---|---|---|",
     ]
     for r in rows:
         red = r["redis_gbps"]
+        pg = r["policy_gbps"]
         out.append(
             f"| {r['op'].upper()} | {r['size_mib']} MiB | {r['clients']} | {r['raw_gbps']:.2f} | {r['tierkv_gbps']:.2f} | "
-            f"{f'{red:.2f}' if red else 'n/a'} | {r['tierkv_gbps'] / r['raw_gbps']:.2f}x | "
+            + "".join(f"{pg[p]:.2f} | {pg[p] / r['tierkv_gbps']:.3f}x | " for p in others)
+            + f"{f'{red:.2f}' if red else 'n/a'} | {r['tierkv_gbps'] / r['raw_gbps']:.2f}x | "
             f"{_ratio(r['tierkv_gbps'], red)} |"
         )
     return "\n".join(out)

@@ -97,9 +97,9 @@ class SimTier:
     def full(self) -> bool:
         return self.capacity is not None and len(self.keys) + self.reserved >= self.capacity
 
-    def add(self, key: bytes, parent: bytes) -> None:
+    def add(self, key: bytes, parent: bytes, demoted: bool = False) -> None:
         self.keys.add(key)
-        self.order.add(key, parent)
+        self.order.add(key, parent, demoted)
 
     def remove(self, key: bytes) -> None:
         self.keys.discard(key)
@@ -155,7 +155,7 @@ class SimNode:
                     break
                 self.dram.remove(victim)
                 if self.disk is not None and victim not in self.disk.keys:
-                    self._disk_put([(victim, self.parent[victim])])
+                    self._disk_put([(victim, self.parent[victim])], demoted=True)
                 self._forget_if_gone(victim)
             if self.dram.full():
                 continue  # NO_SPACE
@@ -168,8 +168,9 @@ class SimNode:
         if self.disk is not None and new:
             self._disk_put(new)
 
-    def _disk_put(self, items: list[tuple[bytes, bytes]]) -> None:
-        """One disk put: victims planned from one pass over the order (the tier's plan)."""
+    def _disk_put(self, items: list[tuple[bytes, bytes]], demoted: bool = False) -> None:
+        """One disk put: victims planned from one pass over the order, each counted as gone
+        for the rest of the pass (the tier's plan); ``demoted``: blocks DRAM evicts."""
         disk = self.disk
         assert disk is not None
         held = {k for k, _ in items}
@@ -177,13 +178,12 @@ class SimNode:
         room = None if disk.capacity is None else disk.capacity - len(disk.keys)
         evict: list[bytes] = []
         if room is not None and room < len(todo):
-            it = disk.order.candidates()
+            it = disk.order.candidates(lambda k: k not in held)
             try:
                 for k in it:
-                    if k not in held:
-                        evict.append(k)
-                        if room + len(evict) >= len(todo):
-                            break
+                    evict.append(k)
+                    if room + len(evict) >= len(todo):
+                        break
             finally:
                 it.close()
             todo = todo[: room + len(evict)]
@@ -191,7 +191,7 @@ class SimNode:
             disk.remove(v)
             self._forget_if_gone(v)
         for k, p in todo:
-            disk.add(k, p)
+            disk.add(k, p, demoted)
 
     def _forget_if_gone(self, key: bytes) -> None:
         if not self.has(key):
@@ -232,11 +232,11 @@ def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, ro
     for k, p in s.parent.items():
         if s.has(k):
             kids.setdefault(p, []).append(k)
-    doomed, todo = set(lost), list(lost)
+    doomed, todo = dict.fromkeys(lost), list(lost)  # a dict: evicted in one order every run
     while todo:
         for c in kids.get(todo.pop(), ()):
             if c not in doomed:
-                doomed.add(c)
+                doomed[c] = None
                 todo.append(c)
     for k in doomed:
         s.dram.remove(k)

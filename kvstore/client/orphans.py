@@ -23,7 +23,11 @@ same pass go in that node's next pass: each pass removes one node-hop of an orph
 so what a pass bounds is what forms between two passes (bench/trace.py measures it).
 
 Work is bounded: one EXISTS in flight, ``orphans.batch_keys`` parents per call, every call
-under ``orphans.deadline_s``. Failures are counted, never raised. Peers are reached as peer
+under ``orphans.deadline_s``, and every stage of a pass (listing the node's keys, reading
+their parents, finding the remote ones, ranking them, finding the lost ones and their chains,
+counting and dropping them) does at most ``orphans.batch_keys`` keys' work between two yields
+to the event loop (:attr:`OrphanPass.progress` says where it is), so serving traffic runs
+between steps however many blocks the node holds. Failures are counted, never raised. Peers are reached as peer
 sessions (tenant ``*``: every tenant's blocks are visible, as for the repair).
 Progress: :meth:`stats` and ``tierkv_orphans_*`` on the daemon's registry, with the orphans'
 payload bytes per tier and namespace (``kvstore stats`` shows them).
@@ -77,6 +81,8 @@ class OrphanPass:
         # (tier, namespace hex) -> payload bytes of orphans found: by the last pass, in all
         self.last_bytes: dict[tuple[str, str], int] = {}
         self.found_bytes: Counter[tuple[str, str]] = Counter()
+        # (stage, keys done in it) of the pass under way; ("idle", 0) between passes
+        self.progress: tuple[str, int] = ("idle", 0)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -115,7 +121,20 @@ class OrphanPass:
     async def sweep(self) -> dict[str, int]:
         """One pass over this node's blocks (after the one running, if any); its counts."""
         async with self._lock:
-            return await self._sweep()
+            try:
+                return await self._sweep()
+            finally:
+                self.progress = ("idle", 0)
+
+    async def _steps(self, stage: str, items: list):
+        """``items`` in slices of ``orphans.batch_keys``, a yield to the event loop after each
+        (``progress`` names the stage and the items done)."""
+        n = self.cfg.batch_keys
+        for i in range(0, len(items), n):
+            self.progress = (stage, i)
+            yield items[i : i + n]
+            await asyncio.sleep(0)  # serving traffic runs between steps
+        self.progress = (stage, len(items))
 
     async def _sweep(self) -> dict[str, int]:
         view = [m.node for m in self.membership.members]
@@ -128,27 +147,33 @@ class OrphanPass:
             return dict(done)
         held: set[bytes] = set()
         for t in self.node.tiers:
-            held.update(t.keys())
-        keys = sorted(held)
+            held.update(list(t.keys()))  # one C-level copy of the tier's keys: no await inside
+        keys = sorted(held)  # one order every pass (the simulation's, bench/trace_sim.py)
         parent_of: dict[bytes, bytes] = {}
-        for batch in batches(keys, self.cfg.batch_keys):
+        async for batch in self._steps("parents", keys):
             for k, (ns, p) in zip(batch, await node_orphans.parents(self.node, batch)):
                 if p is not None and p != ns:  # a chain's first block names its namespace
                     parent_of[k] = p
-            await asyncio.sleep(0)  # serving traffic runs between batches
         done["blocks_checked"] = len(keys)
-        remote = sorted({p for p in parent_of.values() if not node_orphans.stored(self.node, p)})
-        present = await self._present_elsewhere(remote, view, done)
-        lost = [k for k, p in parent_of.items() if p not in present and not node_orphans.stored(self.node, p)]
+        remote_set: set[bytes] = set()
+        async for batch in self._steps("remote", list(parent_of.values())):
+            remote_set.update(p for p in batch if not node_orphans.stored(self.node, p))
+        present = await self._present_elsewhere(sorted(remote_set), view, done)
+        lost: list[bytes] = []
+        async for batch in self._steps("lost", list(parent_of.items())):
+            lost.extend(k for k, p in batch if p not in present and not node_orphans.stored(self.node, p))
         if lost:  # a parent written again since its batch was asked saves its chain
             again = sorted({parent_of[k] for k in lost})
             back = await self._present_elsewhere(again, view, done)
             back.update(p for p in again if node_orphans.stored(self.node, p))
             done["orphans_parent_back"] = sum(1 for k in lost if parent_of[k] in back)
             lost = [k for k in lost if parent_of[k] not in back]
-        doomed = _with_descendants(lost, parent_of)
-        found = node_orphans.orphan_bytes(self.node, doomed)
-        c = await node_orphans.drop(self.node, doomed)
+        doomed = await self._with_descendants(lost, parent_of)
+        found: Counter[tuple[str, str]] = Counter()
+        c: Counter[str] = Counter()
+        async for batch in self._steps("drop", doomed):
+            found.update(node_orphans.orphan_bytes(self.node, batch))
+            c.update(await node_orphans.drop(self.node, batch))
         done["orphans_found"] = len(doomed)
         done["orphans_dropped"] = c["dropped"]
         done["orphans_held"] = c["held"]
@@ -171,10 +196,11 @@ class OrphanPass:
         silence)."""
         ask: dict[str, list[bytes]] = defaultdict(list)
         width = self.replicas + self.cfg.lookahead
-        for p, order in zip(parents, rank_many(parents, view, self.replicas)):
-            for a in order[:width]:
-                if a != self.self_addr:
-                    ask[a].append(p)
+        async for batch in self._steps("rank", parents):
+            for p, order in zip(batch, rank_many(batch, view, self.replicas)):
+                for a in order[:width]:
+                    if a != self.self_addr:
+                        ask[a].append(p)
         present: set[bytes] = set()
         for addr, ps in ask.items():
             for batch in batches(ps, self.cfg.batch_keys):
@@ -188,6 +214,29 @@ class OrphanPass:
                 present.update(p for p, t in zip(batch, tiers) if t is not None)
                 await asyncio.sleep(0)  # serving traffic runs between batches
         return present
+
+    async def _with_descendants(self, lost: list[bytes], parent_of: dict[bytes, bytes]) -> list[bytes]:
+        """``lost`` and every key of ``parent_of`` below one of them (their chains on this
+        node), in bounded steps."""
+        if not lost:
+            return []
+        children: dict[bytes, list[bytes]] = defaultdict(list)
+        async for batch in self._steps("chains", list(parent_of.items())):
+            for k, p in batch:
+                children[p].append(k)
+        out, seen, todo = [], set(lost), list(lost)
+        n = self.cfg.batch_keys
+        while todo:
+            k = todo.pop()
+            out.append(k)
+            for c in children.get(k, ()):
+                if c not in seen:
+                    seen.add(c)
+                    todo.append(c)
+            if len(out) % n == 0:
+                self.progress = ("chains", len(out))
+                await asyncio.sleep(0)
+        return out
 
     # ------------------------------------------------------------ progress
 
@@ -207,22 +256,6 @@ def _failures(peer: NodeClient) -> int:
     """The calls ``peer`` failed or skipped so far (an EXISTS that failed answers "absent")."""
     c = peer.counters
     return c["timeouts"] + c["errors"] + c["skipped"]
-
-
-def _with_descendants(lost: list[bytes], parent_of: dict[bytes, bytes]) -> list[bytes]:
-    """``lost`` and every key of ``parent_of`` below one of them (their chains on this node)."""
-    children: dict[bytes, list[bytes]] = defaultdict(list)
-    for k, p in parent_of.items():
-        children[p].append(k)
-    out, seen, todo = [], set(lost), list(lost)
-    while todo:
-        k = todo.pop()
-        out.append(k)
-        for c in children.get(k, ()):
-            if c not in seen:
-                seen.add(c)
-                todo.append(c)
-    return out
 
 
 class _OrphanCollector:

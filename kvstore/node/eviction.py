@@ -141,7 +141,7 @@ class Evictor:
             mem = self._memory[self._memory.index(tier) + 1]  # nxt, as the memory tier it is
             ns = tier.namespace(key)
             if mem.fits(len(payload), len(hdr)) and await self.make_room(mem, len(payload), len(hdr), ns):
-                await mem.put([(key, hdr, payload)])
+                await mem.put([(key, hdr, payload)], demoted=True)
                 self._counters["demotions"] += 1
                 return
             below = below[1:]
@@ -150,7 +150,7 @@ class Evictor:
             nxt = below[0]
             if key in nxt and key not in self._dirty:
                 return  # write-through already put it there
-        ok = await nxt.put([(key, hdr, payload)])
+        ok = await nxt.put([(key, hdr, payload)], demoted=True)
         if ok[0]:
             self._dirty.discard(key)
             self._counters["demotions"] += 1

@@ -75,6 +75,10 @@ class Tier(Protocol):
         """Up to ``limit`` eviction candidates, least recently used first (a snapshot)."""
         ...
 
+    def first_victim(self, accept: Callable[[bytes], bool], limit: int) -> bytes | None:
+        """The first of the first ``limit`` eviction candidates ``accept`` takes, or None."""
+        ...
+
     def fits(self, payload_len: int, header_len: int) -> bool:
         """Whether a block of these sizes can ever be stored here (room aside)."""
         ...
@@ -99,9 +103,11 @@ class Tier(Protocol):
         and names ``key``, its payload matches the header's checksum. Drops nothing."""
         ...
 
-    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]], demoted: bool = False) -> list[bool]:
         """Store (key, header, payload) triples; True where stored (or already there), False
-        where there is no room. The caller keeps each payload unchanged until this returns."""
+        where there is no room. The caller keeps each payload unchanged until this returns.
+        ``demoted``: the blocks move down from a tier above (the eviction order's
+        ``add(..., demoted)``), not a client's write."""
         ...
 
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:

@@ -250,25 +250,32 @@ class DiskTier(LruIndex):
         return st is Status.HIT
 
     # ------------------------------------------------------------------ writes
-    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]], demoted: bool = False) -> list[bool]:
         """Store (key, header, payload) triples in one transaction, evicting least recently
         used unprotected blocks to stay within capacity. True where stored (and synced, if
         configured) on return; False where no room could be made or the write failed. The
         caller keeps each payload buffer unchanged until this returns. Runs to the end when
-        the caller is cancelled (see :func:`kvstore.node.tiers.tasks.to_the_end`)."""
-        return await to_the_end(self._put(items), self._finishing)
+        the caller is cancelled (see :func:`kvstore.node.tiers.tasks.to_the_end`). ``demoted``:
+        see :meth:`Tier.put`."""
+        return await to_the_end(self._put(items, demoted), self._finishing)
 
-    async def _put(self, items) -> list[bool]:
+    async def _put(self, items, demoted: bool) -> list[bool]:
         async with self._write_lock:  # room is computed and spent by one put at a time
-            return await self._put_locked(items)
+            return await self._put_locked(items, demoted)
 
-    async def _put_locked(self, items) -> list[bool]:
+    async def _put_locked(self, items, demoted: bool) -> list[bool]:
         todo, evict, room = [], {}, self._capacity - self._used
         queued: set[bytes] = set()  # a key twice in ``items`` is written and counted once
-        # eviction order; the index does not change before the await
-        candidates = self._order.candidates()
+        writer_ns: list[bytes | None] = [None]  # the namespace of the item the plan makes room for
+
+        def evictable(victim: bytes) -> bool:
+            return not self._protected(victim) and self.shares.allows(self, victim, writer_ns[0])
+
+        # eviction order, the victims counted as gone for the rest of the plan (a chain's
+        # parent follows its children); the index does not change before the await
+        candidates = self._order.candidates(evictable)
         try:
-            self._plan(items, todo, evict, room, queued, candidates)
+            self._plan(items, todo, evict, room, queued, candidates, writer_ns)
         finally:
             candidates.close()
         if todo or evict:
@@ -282,29 +289,28 @@ class DiskTier(LruIndex):
         for key, hdr, payload in todo:
             plen = memoryview(payload).nbytes
             ns, parent = header_fields(hdr)
-            self._index_add(key, self._next_version(), len(hdr), plen, t, ns, parent)
+            self._index_add(key, self._next_version(), len(hdr), plen, t, ns, parent, demoted)
             self.payload_bytes += plen
             self._used += plen + len(hdr)
         return [key in self._index for key, _, _ in items]
 
-    def _plan(self, items, todo: list, evict: dict, room: int, queued: set[bytes], candidates) -> None:
+    def _plan(
+        self, items, todo: list, evict: dict, room: int, queued: set[bytes], candidates, writer_ns: list
+    ) -> None:
         """Which ``items`` to write (into ``todo``) and which unprotected blocks to evict for
-        them (into ``evict``), taken from ``candidates`` in eviction order; ``room``: free
-        bytes now. A block is evicted for a write only where ``shares`` allow it."""
+        them (into ``evict``), taken from ``candidates`` in eviction order (the ones it
+        accepts: unprotected, and where ``shares`` allow it for ``writer_ns[0]``, set here to
+        each item's namespace); ``room``: free bytes now."""
         for key, hdr, payload in items:
             if key in self._index or key in queued or not self.fits(memoryview(payload).nbytes, len(hdr)):
                 continue
             need = memoryview(payload).nbytes + len(hdr)
-            writer_ns = header_fields(hdr)[0]
+            writer_ns[0] = header_fields(hdr)[0]
             while room < need:
                 victim = next(candidates, None)
                 if victim is None:
                     break
-                if (
-                    self._protected(victim)
-                    or victim in evict
-                    or not self.shares.allows(self, victim, writer_ns)
-                ):
+                if victim in evict:
                     continue
                 evict[victim] = None
                 room += entry_payload_len(self._index[victim]) + entry_header_len(self._index[victim])
@@ -354,13 +360,12 @@ class DiskTier(LruIndex):
         """The first unprotected keys in eviction order (not in ``skip``) holding ``nbytes``,
         or all of them when there are not that many."""
         out, got = [], 0
-        candidates = self._order.candidates()
+        # each taken key counted as gone for the rest of the pass (a chain's parent follows)
+        candidates = self._order.candidates(lambda k: k not in skip and not self._protected(k))
         try:
             for k in candidates:
                 if got >= nbytes:
                     break
-                if k in skip or self._protected(k):
-                    continue
                 e = self._index[k]
                 out.append(k)
                 got += entry_payload_len(e) + entry_header_len(e)

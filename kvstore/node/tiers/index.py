@@ -185,14 +185,16 @@ class LruIndex:
         atime: int,
         ns: bytes | None,
         parent: bytes | None = None,
+        demoted: bool = False,
     ) -> None:
         """Index ``key`` (most recently used); ``ns`` and ``parent``: its header's namespace and
-        parent key (see :func:`header_fields`). An entry already there is replaced (its
-        namespace id released: the ids stay counted)."""
+        parent key (see :func:`header_fields`); ``demoted``: moved down from a tier above (see
+        EvictionOrder.add). An entry already there is replaced (its namespace id released: the
+        ids stay counted)."""
         self._index_pop(key)
         ns_id = self._ns_ids.acquire(ns, header_len + payload_len)
         self._index[key] = pack_entry(offset, ns_id, header_len, payload_len, atime)
-        self._order.add(key, parent)
+        self._order.add(key, parent, demoted)
 
     def _index_pop(self, key: bytes) -> int | None:
         e = self._index.pop(key, None)
@@ -260,6 +262,18 @@ class LruIndex:
         it = self._order.candidates()
         try:
             return iter(list(islice(it, limit)))
+        finally:
+            it.close()
+
+    def first_victim(self, accept: Callable[[bytes], bool], limit: int) -> bytes | None:
+        """The first key in eviction order (of the first ``limit``) that ``accept`` takes, or
+        None: one step of the order where a snapshot of ``limit`` would pay for all of them."""
+        it = self._order.candidates()
+        try:
+            for k in islice(it, limit):
+                if accept(k):
+                    return k
+            return None
         finally:
             it.close()
 

@@ -126,14 +126,16 @@ class MemoryTier(LruIndex):
         self.header_bytes += len(header)
         return off, bytes(header)
 
-    def commit(self, key: bytes, slots: Slot, header_len: int, payload_len: int) -> None:
+    def commit(
+        self, key: bytes, slots: Slot, header_len: int, payload_len: int, demoted: bool = False
+    ) -> None:
         """Index a reservation as ``key`` (most recently used). The key must be absent. The
         header's namespace goes into the index entry (see ``namespace``), its parent key to the
         eviction order."""
         if key in self._index:
             raise ValueError(f"{self.name}: key {key.hex()} already indexed")
         ns, parent = header_fields(slots[1])
-        self._index_add(key, slots[0], header_len, payload_len, now_s(), ns, parent)
+        self._index_add(key, slots[0], header_len, payload_len, now_s(), ns, parent, demoted)
         self._spans.setdefault(self.alloc.span_of(slots[0]), {})[key] = slots[1]
         self.payload_bytes += payload_len
 
@@ -167,7 +169,7 @@ class MemoryTier(LruIndex):
         """No-op: a memory tier never evicts on its own (the node evicts from it)."""
 
     # ------------------------------------------------------------------ batched interface
-    async def put(self, items: Sequence[tuple[bytes, bytes, object]]) -> list[bool]:
+    async def put(self, items: Sequence[tuple[bytes, bytes, object]], demoted: bool = False) -> list[bool]:
         out = []
         for key, header, payload in items:
             if key in self._index:
@@ -179,7 +181,7 @@ class MemoryTier(LruIndex):
                 out.append(False)
                 continue
             self.arena.write(slots[0], mv)
-            self.commit(key, slots, len(header), mv.nbytes)
+            self.commit(key, slots, len(header), mv.nbytes, demoted)
             out.append(True)
         return out
 

@@ -36,7 +36,7 @@ entries: O(log n) per operation, bounded to twice the blocks held. Not thread-sa
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Protocol
 
 from kvstore.node.tiers.order_marginal import MarginalOrder
@@ -52,8 +52,10 @@ class EvictionOrder(Protocol):
 
     def __len__(self) -> int: ...
 
-    def add(self, key: bytes, parent: bytes | None) -> None:
-        """``key`` is stored (most recently used); ``parent``: its header's parent key."""
+    def add(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+        """``key`` is stored (most recently used); ``parent``: its header's parent key;
+        ``demoted``: it comes down from a tier above, where it was stored until now (not a
+        client's write: a key of it this tier evicted is not coming back)."""
         ...
 
     def touch(self, key: bytes) -> None:
@@ -64,8 +66,10 @@ class EvictionOrder(Protocol):
         """``key`` is gone (no-op when absent)."""
         ...
 
-    def candidates(self) -> Generator[bytes, None, None]:
-        """Stored keys, first to go first; close it when done."""
+    def candidates(self, accept: Callable[[bytes], bool] | None = None) -> Generator[bytes, None, None]:
+        """Stored keys, first to go first; close it when done. ``accept``: the caller's filter
+        when it plans several victims in one pass (yielded keys are the accepted ones, each
+        counted as gone for the rest of the pass: see PrefixLruOrder.candidates)."""
         ...
 
     def stats(self) -> dict: ...
@@ -82,7 +86,7 @@ class LruOrder:
     def __len__(self) -> int:
         return len(self._q)
 
-    def add(self, key: bytes, parent: bytes | None) -> None:
+    def add(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
         self._q[key] = None
         self._q.move_to_end(key)
 
@@ -93,10 +97,13 @@ class LruOrder:
     def discard(self, key: bytes) -> None:
         self._q.pop(key, None)
 
-    def candidates(self) -> Generator[bytes, None, None]:
-        """Least recently used first. The tier must not change between steps (iterate a
-        slice of it into a list first where it does)."""
-        yield from self._q
+    def candidates(self, accept: Callable[[bytes], bool] | None = None) -> Generator[bytes, None, None]:
+        """Least recently used first (those ``accept`` takes, when given). The tier must not
+        change between steps (iterate a slice of it into a list first where it does)."""
+        if accept is None:
+            yield from self._q
+        else:
+            yield from filter(accept, self._q)
 
     def stats(self) -> dict:
         return {"policy": self.policy}

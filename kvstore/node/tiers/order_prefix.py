@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 # The adaptive probation share stays within these bounds (prefix-arc); per ghost hit it moves
 # by ARC's step (a block's worth times the ratio of the other ghost list's length to this
@@ -87,9 +87,17 @@ class PrefixLruOrder:
         if key not in self._kids:
             self._heap_of(key).push(t, key)
 
-    def add(self, key: bytes, parent: bytes | None) -> None:
+    def add(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+        """``demoted``: a block the tier above evicts, not a client's write: its ghost here is
+        forgotten, not a ghost hit (no return, no near miss, not past probation). Counted as
+        one, the demotions of a small DRAM over a larger disk returned the disk's own evictions
+        to it as reuse and grew its probation to 0.99 (a FIFO): bench/trace_sim.py,
+        conversation, DRAM + disk, 1,000 blocks."""
         if key in self._at:
             self.discard(key)
+        if demoted:
+            self._ghosts.pop(key, None)
+            self._main_ghosts.pop(key, None)
         if self.probation:
             if key in self._ghosts:
                 self._ghost_hit(self._ghosts, key, +1, len(self._main_ghosts) / max(len(self._ghosts) - 1, 1))
@@ -167,12 +175,21 @@ class PrefixLruOrder:
                 return e
         return None
 
-    def candidates(self) -> Generator[bytes, None, None]:
+    def candidates(self, accept: Callable[[bytes], bool] | None = None) -> Generator[bytes, None, None]:
         """Leaves, oldest first; probation's first while it is over its share. Entries popped
-        to look ahead go back when the iteration ends."""
+        to look ahead go back when the iteration ends.
+
+        ``accept``: the caller's filter, for a plan of several victims made in one pass (the
+        disk tier's put). A leaf it refuses is skipped; one it accepts is yielded and counts as
+        gone for the rest of the pass, so a parent whose stored children were all accepted
+        becomes a candidate at its own last use, as it would after their eviction. Without it
+        only the leaves of now are yielded: a pass that plans many victims would run out of
+        probation's leaves (one a chain) and take the main segment's."""
         popped: list[tuple[_LeafHeap, tuple[int, bytes]]] = []
         seen: set[bytes] = set()
         heads: dict[int, tuple[int, bytes] | None] = {}
+        freed: tuple[list, list] = ([], [])  # per segment: parents whose children this pass took
+        taken: dict[bytes, int] = {}
         try:
             prob_left = len(self._on_probation)
             total_left = len(self._at)
@@ -180,23 +197,50 @@ class PrefixLruOrder:
                 for i, h in enumerate((self._main, self._prob)):
                     if heads.get(i) is None:
                         heads[i] = self._pop_live(h, popped, seen)
-                m, p = heads[0], heads[1]
+                best: list[tuple[int, bytes] | None] = [None, None]
+                for i in (0, 1):
+                    f = freed[i]
+                    while f and (f[0][1] in seen or self._at.get(f[0][1]) != f[0][0]):
+                        heapq.heappop(f)  # touched or gone since it was freed
+                    h = heads[i]
+                    best[i] = f[0] if f and (h is None or f[0] < h) else h
+                m, p = best
                 if m is None and p is None:
                     return
                 over = prob_left > self.probation * total_left
                 # orphans (negative ticks) go first from either segment, then probation
                 # while it is over its share, else the older leaf
                 take_prob = p is not None and (m is None or p[0] < m[0] or (over and m[0] > 0))
-                e = p if take_prob else m
-                heads[1 if take_prob else 0] = None
+                i = 1 if take_prob else 0
+                e = best[i]
+                assert e is not None
+                if e is heads[i]:
+                    heads[i] = None
+                else:
+                    heapq.heappop(freed[i])
+                seen.add(e[1])
+                if accept is not None and not accept(e[1]):
+                    continue
                 prob_left -= take_prob
                 total_left -= 1
-                seen.add(e[1])  # type: ignore[index]
-                yield e[1]  # type: ignore[index]
+                yield e[1]
+                if accept is not None:
+                    self._free_parent(e[1], taken, freed)
         finally:
             for h, e in popped:
                 if self._live(*e):
                     h.push(*e)
+
+    def _free_parent(self, key: bytes, taken: dict[bytes, int], freed: tuple[list, list]) -> None:
+        """``key`` was taken by a pass: its parent is a candidate of that pass once all its
+        stored children are."""
+        par = self._parent.get(key)
+        if par is None or par not in self._at:
+            return
+        n = taken.get(par, 0) + 1
+        taken[par] = n
+        if n >= self._kids.get(par, 0):
+            heapq.heappush(freed[1 if par in self._on_probation else 0], (self._at[par], par))
 
     def is_leaf(self, key: bytes) -> bool:
         return key in self._at and key not in self._kids

@@ -11,6 +11,12 @@ from collections.abc import Callable
 
 # How far down the LRU order one pick looks for an evictable block or span.
 VICTIM_SCAN = 1024
+# A pick first looks this far, and the whole VICTIM_SCAN only when that finds no block to
+# take (or, for a slab move, none of the wanted class): the snapshot of the order costs per
+# entry (the prefix orders pop and push back a heap entry each), and the first evictable
+# block is nearly always among the first few. bench/store_throughput.py, 2 MiB PUTs past the
+# DRAM capacity, 8 clients: prefix-marginal 0.41 GB/s against LRU's 1.12 with a full scan.
+FIRST_SCAN = 16  # (a single victim takes one step of the order: ``first_victim``)
 
 
 def pick_victims(tier, plen: int, hlen: int, evictable: Callable[[bytes], bool]) -> tuple[list[bytes], bool]:
@@ -26,17 +32,34 @@ def pick_victims(tier, plen: int, hlen: int, evictable: Callable[[bytes], bool])
     the classes whose blocks are used more recently, and a class with no span at all takes
     the pages of the oldest blocks. A span with a block ``evictable`` refuses, or with a
     reservation, is never emptied. Empty when nothing can be evicted."""
-    candidates = (k for k in tier.victims(VICTIM_SCAN) if evictable(k))
     alloc = tier.alloc
-    if not tier.header_room(hlen) or alloc.can_alloc(plen):
-        return [k for k, _ in zip(candidates, range(1))], False
-    # the evictable blocks older than the class's own oldest one (or all in reach)
-    want = alloc.class_of(plen)
-    scan, own = [], None
-    for k in candidates:
-        scan.append(k)
-        if alloc.class_of(tier.slot_size(k)) == want:
-            own = len(scan) - 1
+    single = not tier.header_room(hlen) or alloc.can_alloc(plen)
+    want = None if single else alloc.class_of(plen)
+    asked: dict[bytes, bool] = {}  # each key asked once (``evictable`` counts refusals)
+
+    def ok(k: bytes) -> bool:
+        r = asked.get(k)
+        if r is None:
+            r = asked[k] = evictable(k)
+        return r
+
+    scan: list[bytes] = []
+    own = None
+    if single:  # one step of the order, not a snapshot
+        first = tier.first_victim(evictable, VICTIM_SCAN)
+        return ([first] if first is not None else []), False
+    for limit in (FIRST_SCAN, VICTIM_SCAN):  # the same answer as one scan of VICTIM_SCAN
+        order = list(tier.victims(limit))
+        # the evictable blocks older than the class's own oldest one (or all in reach)
+        scan, own = [], None
+        for k in order:
+            if not ok(k):
+                continue
+            scan.append(k)
+            if alloc.class_of(tier.slot_size(k)) == want:
+                own = len(scan) - 1
+                break
+        if own is not None or len(order) < limit:
             break
     pos = {k: i for i, k in enumerate(scan)}
     limit = own if own is not None else len(scan)
