@@ -47,6 +47,11 @@ class StagingPool:
         for slot in self._free:
             register(slot.data.numpy())
 
+    @property
+    def idle(self) -> int:
+        """Slots free now (not lent to a read or a copy)."""
+        return len(self._free)
+
     def take(self) -> StagingSlot:
         if self._free:
             return self._free.pop()
