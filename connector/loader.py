@@ -4,7 +4,8 @@ Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.fi
 the request's chain ``keys``):
 
 - Blocks are read in batches of ``load_batch_blocks`` (0: as many as fit in
-  ``AUTO_BATCH_BYTES``), ``load_parallel`` batches' reads in flight, each through the store's
+  ``AUTO_BATCH_BYTES``), at most ``load_parallel`` batches read or copied at once (a batch's
+  place frees once its copy ended), each through the store's
   one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
   filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
   while a slow-but-moving load goes on. Few large reads, not many small ones: a batch is one
@@ -28,6 +29,7 @@ store once) and the copy thread; runs on the engine's event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import warnings
@@ -98,22 +100,21 @@ class Loader:
         """Read one batch: (its read, its staging slot, seconds)."""
         lo, hi = first + batch.start, first + batch.stop
         step = self.block_tokens * 4  # bytes of one block's token ids
-        async with sem:
-            toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
-            exp = [
-                Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
-                for g in range(lo, hi)
-            ]
-            slot = self.staging.take()
-            ts = time.perf_counter()
-            try:
-                read = await self.store().read(
-                    keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
-                )
-            except BaseException:
-                self.staging.give(slot)
-                raise
-            return read, slot, time.perf_counter() - ts
+        await sem.acquire()  # released when the batch's slot is given back (its copy ended)
+        toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
+        exp = [
+            Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
+            for g in range(lo, hi)
+        ]
+        slot = self.staging.take()
+        ts = time.perf_counter()
+        try:
+            read = await self.store().read(keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s)
+        except BaseException:
+            self.staging.give(slot)
+            sem.release()
+            raise
+        return read, slot, time.perf_counter() - ts
 
     async def load(
         self, request, page_ids: Sequence[int], keys: KeyBatch, tiers: list[str | None], parent0: BlockKey
@@ -137,16 +138,17 @@ class Loader:
             for batch, task in zip(batches, tasks):
                 read, slot, secs = await task
                 used += 1
-                give = _giver(read, slot, self.staging)
+                give = _giver(read, slot, self.staging, sem)
                 ready, cause = self._verified(read, slot, batch, page_ids, tiers)
+                copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
                 if not ready:
                     give()
                 elif self._copier is None:
-                    pending = self.transfer.scatter(ready, self.layer_groups)
+                    pending = copy()
                     done += len(ready)
                     self._release_after(pending, give)
                 else:
-                    copies.append((self._copy(ready, give), len(ready)))
+                    copies.append((self._copy(copy, give), len(ready)))
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -159,7 +161,7 @@ class Loader:
             got = await asyncio.gather(*tasks[used:], return_exceptions=True)
             for r in got:
                 if isinstance(r, tuple):
-                    _giver(r[0], r[1], self.staging)()
+                    _giver(r[0], r[1], self.staging, sem)()
             copied, failed = await _settle(copies)  # the pages are written when load returns
             done += copied
             if failed is not None:
@@ -177,11 +179,20 @@ class Loader:
         self.metrics.load_seconds.observe(time.perf_counter() - t0)
         return done * bt
 
-    def _copy(self, ready: list, give: Callable[[], None]) -> Future:
-        """Copy ``ready`` into its pages on the copy thread; ``give`` runs on the loop once the
-        copy ended (or was cancelled before it began): only then is its slot free."""
+    def _scatter(self, ready: list, slot: StagingSlot, filled: bool):
+        """Copy ``ready`` (a batch's leading blocks) into their pages: from the slot the read
+        ``filled`` as one stacked tensor (one copy for the batch), else block by block (lent views)."""
+        if filled:
+            return self.transfer.scatter_stacked(
+                [p for p, _ in ready], slot.first(len(ready)), self.layer_groups
+            )
+        return self.transfer.scatter(ready, self.layer_groups)
+
+    def _copy(self, copy: Callable[[], object], give: Callable[[], None]) -> Future:
+        """Run ``copy`` on the copy thread; ``give`` runs on the loop once the copy ended (or was
+        cancelled before it began): only then is its slot free."""
         loop = asyncio.get_running_loop()
-        fut = self._copier.submit(self.transfer.scatter, ready, self.layer_groups)
+        fut = self._copier.submit(copy)
         fut.add_done_callback(lambda _: loop.call_soon_threadsafe(give))
         return fut
 
@@ -262,12 +273,14 @@ async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException 
     return ok, None
 
 
-def _giver(read, slot: StagingSlot, pool: StagingPool) -> Callable[[], None]:
-    """What gives one batch back: its read's lent views to the store, its slot to the pool."""
+def _giver(read, slot: StagingSlot, pool: StagingPool, sem: asyncio.Semaphore) -> Callable[[], None]:
+    """What gives one batch back: its read's lent views to the store, its slot to the pool, its
+    place among the load's ``load_parallel`` batches to the next read."""
 
     def give() -> None:
         read.release()
         pool.give(slot)
+        sem.release()
 
     return give
 

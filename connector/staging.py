@@ -22,7 +22,7 @@ class StagingSlot:
     """``blocks`` buffers of ``block_bytes`` in one tensor (``data``, uint8, pinned when asked,
     zero-filled so no read pays its page faults). ``rows[i]``: block ``i``'s bytes (a numpy
     view, what the store fills); ``block(i)``: the same bytes as a ``shape`` tensor of
-    ``dtype`` (what the copy into pages reads)."""
+    ``dtype`` (what the copy into pages reads); ``first(n)``: the first ``n`` at once."""
 
     def __init__(self, blocks: int, block_bytes: int, shape: tuple[int, ...], dtype, pin: bool) -> None:
         self.data = torch.zeros((blocks, block_bytes), dtype=torch.uint8, pin_memory=pin)
@@ -31,6 +31,10 @@ class StagingSlot:
 
     def block(self, i: int) -> torch.Tensor:
         return self._typed[i]
+
+    def first(self, n: int) -> torch.Tensor:
+        """Blocks ``0 .. n - 1`` as one ``[n, *shape]`` tensor (one copy moves them all)."""
+        return self._typed[:n]
 
 
 class StagingPool:
