@@ -4,8 +4,8 @@ Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.fi
 the request's chain ``keys``):
 
 - Blocks are read in batches of ``load_batch_blocks`` (0: as many as fit in
-  ``AUTO_BATCH_BYTES``), at most ``load_parallel`` batches read or copied at once (a batch's
-  place frees once its copy ended), each through the store's
+  ``AUTO_BATCH_BYTES``), ``load_parallel`` reads in flight and one more batch being copied (a
+  batch holds its staging slot until its copy ended), each through the store's
   one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
   filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
   while a slow-but-moving load goes on. Few large reads, not many small ones: a batch is one
@@ -48,11 +48,13 @@ from kvstore.keys import BlockKey, KeyBatch, tokens_le_bytes
 
 log = logging.getLogger("tierkv.connector")
 
-# load_batch_blocks = 0: a batch of about this many bytes (docs/connector.md, measured with
-# bench/ttft.py): large enough that a read's per-request costs are amortised and the store
-# client splits it over its connections, small enough that the copy of one batch overlaps the
-# next batch's read and the last batch's copy is short.
-AUTO_BATCH_BYTES = 32 << 20
+# load_batch_blocks = 0: a batch of at most this many bytes. Measured on the 2-core CPU host
+# (docs/benchmarks.md, TTFT): a remote load of 368 MB cost the client 142 ms of CPU for one
+# raw GET, 181 ms in batches of 128 MiB, 208 ms of 64 MiB, 228 ms of 32 MiB (each read's
+# per-request work on top of the copy into pages): where the cores are busy moving the bytes,
+# overlapping the copy wins less than fewer reads save. On CUDA the last batch's copy is the
+# part of a load not overlapped with its reads (about 3 ms at 128 MiB).
+AUTO_BATCH_BYTES = 128 << 20
 
 
 class Loader:
@@ -80,7 +82,8 @@ class Loader:
         self.batch_blocks = cfg.load_batch_blocks or max(1, AUTO_BATCH_BYTES // self.block_bytes)
         self._releasing: set[asyncio.Task] = set()
         # A fresh buffer costs a page fault per 4 KiB on its first fill, which a load should
-        # not pay: a slot for every read in flight and one being copied, allocated once here.
+        # not pay: a slot for every read in flight and one being copied, allocated once here
+        # (a load holds at most that many).
         self.staging = StagingPool(
             cfg.load_parallel + 1, self.batch_blocks, self.block_bytes, self.block_shape, self.dtype, pin
         )
@@ -96,11 +99,13 @@ class Loader:
         except Exception as exc:  # the cache path never fails the engine
             log.warning("event=staging_register_failed error=%r", exc)
 
-    async def _fetch(self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, sem):
+    async def _fetch(
+        self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, reading, held
+    ):
         """Read one batch: (its read, its staging slot, seconds)."""
         lo, hi = first + batch.start, first + batch.stop
         step = self.block_tokens * 4  # bytes of one block's token ids
-        await sem.acquire()  # released when the batch's slot is given back (its copy ended)
+        await held.acquire()  # released when the batch's slot is given back (its copy ended)
         toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
         exp = [
             Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
@@ -109,10 +114,13 @@ class Loader:
         slot = self.staging.take()
         ts = time.perf_counter()
         try:
-            read = await self.store().read(keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s)
+            async with reading:
+                read = await self.store().read(
+                    keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
+                )
         except BaseException:
             self.staging.give(slot)
-            sem.release()
+            held.release()
             raise
         return read, slot, time.perf_counter() - ts
 
@@ -130,15 +138,22 @@ class Loader:
         t0 = time.perf_counter()
         step = self.batch_blocks
         batches = [range(i, min(i + step, n)) for i in range(0, n, step)]
-        sem = asyncio.Semaphore(self.cfg.load_parallel)
-        tasks = [asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, sem)) for b in batches]
+        # load_parallel reads in flight; a batch holds its slot (and its place) until its copy ended
+        reading, held = (
+            asyncio.Semaphore(self.cfg.load_parallel),
+            asyncio.Semaphore(self.cfg.load_parallel + 1),
+        )
+        tasks = [
+            asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, reading, held))
+            for b in batches
+        ]
         done, cause, used = 0, None, 0
         copies: list[tuple[Future, int]] = []  # CPU copies under way: (future, blocks)
         try:
             for batch, task in zip(batches, tasks):
                 read, slot, secs = await task
                 used += 1
-                give = _giver(read, slot, self.staging, sem)
+                give = _giver(read, slot, self.staging, held)
                 ready, cause = self._verified(read, slot, batch, page_ids, tiers)
                 copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
                 if not ready:
@@ -161,7 +176,7 @@ class Loader:
             got = await asyncio.gather(*tasks[used:], return_exceptions=True)
             for r in got:
                 if isinstance(r, tuple):
-                    _giver(r[0], r[1], self.staging, sem)()
+                    _giver(r[0], r[1], self.staging, held)()
             copied, failed = await _settle(copies)  # the pages are written when load returns
             done += copied
             if failed is not None:
@@ -273,14 +288,14 @@ async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException 
     return ok, None
 
 
-def _giver(read, slot: StagingSlot, pool: StagingPool, sem: asyncio.Semaphore) -> Callable[[], None]:
+def _giver(read, slot: StagingSlot, pool: StagingPool, held: asyncio.Semaphore) -> Callable[[], None]:
     """What gives one batch back: its read's lent views to the store, its slot to the pool, its
-    place among the load's ``load_parallel`` batches to the next read."""
+    place among the load's batches held to the next read."""
 
     def give() -> None:
         read.release()
         pool.give(slot)
-        sem.release()
+        held.release()
 
     return give
 

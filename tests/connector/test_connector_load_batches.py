@@ -1,4 +1,4 @@
-"""The load path: a hit is a few large reads (one per batch of ~32 MiB, not one per 8 blocks),
+"""The load path: a hit is a few large reads (one per batch of up to 128 MiB, not one per 8 blocks),
 into staging slots allocated at start; on CPU each batch is copied into its pages on the
 loader's copy thread, and a load cancelled while a copy runs returns only once that copy has
 ended, its slot given back after it. Real engines, a real daemon, a real local store."""
@@ -60,11 +60,12 @@ async def test_a_remote_hit_is_one_get_into_slots_allocated_at_start(tiny_model,
 
 
 async def test_many_batches_copied_while_read_give_the_cold_output(tiny_model, start_daemon):
-    """Batches of 2 blocks, 2 reads in flight: 13 batches whose copies overlap the next reads;
+    """Batches of 2 blocks, 2 reads in flight and a third batch in its copy: 13 batches whose
+    copies overlap the next reads;
     the hit's tokens and KV are the cold run's, every slot back in the pool afterwards."""
     d = tiny_model()
     node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=2"
+    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=2&load_parallel=2"
     prompt = _prompt(420, 6)
     ref = reference(d, prompt)
     a = make_engine(d, url)
