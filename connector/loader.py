@@ -173,11 +173,13 @@ class Loader:
         finally:
             for t in tasks[used:]:
                 t.cancel()
-            got = await asyncio.gather(*tasks[used:], return_exceptions=True)
-            for r in got:
-                if isinstance(r, tuple):
-                    _giver(r[0], r[1], self.staging, held)()
-            copied, failed = await _settle(copies)  # the pages are written when load returns
+            try:
+                copied, failed = await _settle(copies)  # the pages are written when load returns
+            finally:  # cancelled too: reads done but not used give their slots and leases back
+                got = await asyncio.gather(*tasks[used:], return_exceptions=True)
+                for r in got:
+                    if isinstance(r, tuple):
+                        _giver(r[0], r[1], self.staging, held)()
             done += copied
             if failed is not None:
                 log.warning("event=load_copy_failed request=%s error=%r", request.request_id, failed)
