@@ -127,6 +127,7 @@ async def _hits(case, tier: str, n: int, reps: int, tok_cold: int, tail_of, get_
         first_ttft=samples[0]["ttft"],
         parts={p: _med([s["parts"][p] for s in samples]) for p in PARTS},
         reps=reps,
+        samples=[{k: s[k] for k in ("ttft", "tail", "get", "parts")} for s in samples],
     )
 
 
