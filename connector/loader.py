@@ -52,8 +52,8 @@ log = logging.getLogger("tierkv.connector")
 # (docs/benchmarks.md, TTFT): a remote load of 368 MB cost the client 142 ms of CPU for one
 # raw GET, 181 ms in batches of 128 MiB, 208 ms of 64 MiB, 228 ms of 32 MiB (each read's
 # per-request work on top of the copy into pages): where the cores are busy moving the bytes,
-# overlapping the copy wins less than fewer reads save. On CUDA the last batch's copy is the
-# part of a load not overlapped with its reads (about 3 ms at 128 MiB).
+# overlapping the copy wins less than fewer reads save. On CUDA the last batch's host-to-device
+# copy is the part of a load not overlapped with its reads (not measured at this size here).
 AUTO_BATCH_BYTES = 128 << 20
 
 
