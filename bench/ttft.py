@@ -5,10 +5,14 @@ For prompts of 1K, 4K and 8K tokens (``--lengths``):
 - hit from the engine's own prefix cache (HBM tier; on CPU, the same memory): only the tail
   after the last full block is computed — this is also the *tail compute* of every other hit;
 - hit from the in-process store's DRAM, from its disk (a node with DRAM off), and from a
-  ``kvstore serve`` daemon over loopback: a fresh engine whose prefix comes from that tier.
-Each hit's floor = payload bytes / that tier's bandwidth measured in the same run (a raw
-batched GET of the same blocks) + the tail compute. Target: hit TTFT within 1.5x of its floor.
-Prints a table, writes JSON (``--json``) and a PNG plot (``--plot``). Not a test.
+  ``kvstore serve`` daemon over loopback (holding the same blocks, copied byte for byte from
+  the local store): a fresh engine whose prefix comes from that tier.
+Each hit's floor = the seconds of one raw batched GET of the same blocks from that tier + the
+tail compute, both measured right before that hit; each case runs ``--reps`` hits (the engine
+keeps no prefix cache, so each loads again), and its row has the medians (× floor: the median of
+each hit's own ratio), the first hit apart and the hit's engine timeline (lookup, load, compute).
+Target (issue 18): remote hit <= 1.15x its floor. Prints a table, writes JSON (``--json``) and a
+PNG plot (``--plot``). Not a test.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,23 +62,73 @@ async def _warm(aeng: AsyncEngine) -> None:
         pass
 
 
-async def _ttft(aeng: AsyncEngine, prompt: list[int]) -> tuple[float, int, int]:
+PARTS = ("lookup", "queue", "load", "compute")  # engine timeline phases of one request
+
+
+async def _ttft(aeng: AsyncEngine, prompt: list[int]) -> tuple[float, int, int, dict[str, float]]:
+    """TTFT, cached tokens, the first token, and the request's timeline phases (seconds)."""
+    tl = aeng.engine.timeline
+    before = {p: tl.total(p) for p in PARTS}
     t0 = time.perf_counter()
     async for out in aeng.generate(prompt, ONE):
-        return time.perf_counter() - t0, out.cached_tokens, out.token_id
+        dt = time.perf_counter() - t0
+        return dt, out.cached_tokens, out.token_id, {p: tl.total(p) - before[p] for p in PARTS}
     raise RuntimeError("no output")
 
 
-async def _tier_bandwidth(conn: StoreConnector, prompt: list[int]) -> float:
-    """Bytes/s of one batched GET of the prompt's blocks from the connector's backend."""
-    keys = conn.ns.block_keys(prompt)
-    bufs = [torch.empty(conn.block_bytes, dtype=torch.uint8).numpy() for _ in keys]
-    await conn.backend.get_into(keys, bufs, None, 60)  # warm (connections, page cache)
+async def _get_seconds(backend, keys, block_bytes: int) -> float:
+    """Seconds of one batched GET of ``keys`` from ``backend`` into fresh-but-touched buffers."""
+    bufs = [torch.zeros(block_bytes, dtype=torch.uint8).numpy() for _ in keys]
+    await backend.get_into(keys, bufs, None, 60)  # warm (connections, page cache)
     t = time.perf_counter()
-    res = await conn.backend.get_into(keys, bufs, None, 60)
+    res = await backend.get_into(keys, bufs, None, 60)
     dt = time.perf_counter() - t
     assert all(r.status.name == "HIT" for r in res), [r.status for r in res][:4]
-    return len(keys) * conn.block_bytes / dt
+    return dt
+
+
+async def _copy_blocks(src, dst, keys, block_bytes: int) -> None:
+    """Store in ``dst`` the blocks ``src`` holds under ``keys``, byte for byte (headers too):
+    what a connector save of the same prompt would write, without computing it again."""
+    bufs = [torch.empty(block_bytes, dtype=torch.uint8).numpy() for _ in keys]
+    res = await src.get_into(keys, bufs, None, 60)
+    assert all(r.status.name == "HIT" for r in res)
+    report = await dst.put([(r.header, b) for r, b in zip(res, bufs)], 120)
+    assert all(r.status.ok for r in report.results), [r.status for r in report.results][:4]
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+async def _hits(case, tier: str, n: int, reps: int, tok_cold: int, tail_of, get_of) -> dict:
+    """``reps`` hits of ``case`` (an engine that loads the prompt each time), each beside a fresh
+    tail sample (``tail_of()``) and a fresh batched GET of the same blocks (``get_of()``): per
+    rep its ratio to its own floor; the row has the medians and the first hit apart."""
+    samples = []
+    for _ in range(reps):
+        tail = await tail_of()
+        get_s = await get_of()
+        t, cached, tok, parts = await _ttft(case, case.prompt)
+        assert tok == tok_cold and cached > 0, (tier, tok, tok_cold, cached)
+        samples.append(dict(ttft=t, tail=tail, get=get_s, parts=parts, hit=cached))
+    med = {k: _med([s[k] for s in samples]) for k in ("ttft", "tail", "get")}
+    floor = med["get"] + med["tail"]
+    return dict(
+        tokens=n,
+        tier=tier,
+        ttft=med["ttft"],
+        hit=samples[0]["hit"],
+        floor=floor,
+        get_s=med["get"],
+        tail_s=med["tail"],
+        bw=samples[0]["hit"] // case.connector.block_tokens * case.block_bytes / med["get"],
+        vs_floor=_med([s["ttft"] / (s["get"] + s["tail"]) for s in samples]),
+        first_ttft=samples[0]["ttft"],
+        parts={p: _med([s["parts"][p] for s in samples]) for p in PARTS},
+        reps=reps,
+        samples=[{k: s[k] for k in ("ttft", "tail", "get", "parts")} for s in samples],
+    )
 
 
 def _start_daemon(root: str) -> tuple[subprocess.Popen, str]:
@@ -92,64 +147,87 @@ def _start_daemon(root: str) -> tuple[subprocess.Popen, str]:
         return proc, f"127.0.0.1:{json.load(f)['data_port']}"
 
 
-async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str) -> list[dict]:
+async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str, reps: int) -> list[dict]:
     vocab = 49152
     g = torch.Generator().manual_seed(n)
     prompt = torch.randint(100, vocab - 100, (n,), generator=g).tolist()
     rows = []
-    local = f"local://{root}/store-{n}?lookup_deadline_s=30&load_deadline_s=60&policy=always"
+    opts = "lookup_deadline_s=30&load_deadline_s=60&policy=always"
+    local = f"local://{root}/store-{n}?{opts}"
 
     # cold, then the engine's own prefix cache (tail compute only)
     a = _engine(model_dir, local, prefix_cache=True)
     await _warm(a)
-    cold, cached, tok_cold = await _ttft(a, prompt)
+    cold, cached, tok_cold, _ = await _ttft(a, prompt)
     assert cached == 0
     require_saved(await a.connector.flush(120), "ttft: local store")
-    hbm, cached_hbm, tok = await _ttft(a, prompt)
-    assert tok == tok_cold
+    keys = a.connector.ns.block_keys(prompt)
+    bb = a.connector.block_bytes
+
+    async def tail() -> float:
+        t, hit, tok, _ = await _ttft(a, prompt)
+        assert tok == tok_cold and hit > 0
+        return t
+
+    tails = [await tail() for _ in range(reps)]
     rows.append(dict(tokens=n, tier="cold", ttft=cold, hit=0, floor=None))
-    rows.append(dict(tokens=n, tier="engine cache", ttft=hbm, hit=cached_hbm, floor=hbm))
-    tail = hbm
+    hit = (n - 1) // a.engine.config.page_size * a.engine.config.page_size  # all but the tail
+    rows.append(dict(tokens=n, tier="engine cache", ttft=_med(tails), hit=hit, floor=_med(tails)))
+
+    def case(url: str, backend=None) -> AsyncEngine:
+        e = _engine(model_dir, url, prefix_cache=False, backend=backend)
+        e.prompt, e.block_bytes = prompt, bb
+        return e
 
     # DRAM of the in-process store: a fresh engine sharing the store
-    bw = await _tier_bandwidth(a.connector, prompt)
-    b = _engine(model_dir, local, prefix_cache=False, backend=a.connector.backend)
+    b = case(local, a.connector.backend)
     await _warm(b)
-    t, cached, tok = await _ttft(b, prompt)
-    assert tok == tok_cold and cached > 0
-    nbytes = cached // a.connector.block_tokens * a.connector.block_bytes
-    rows.append(dict(tokens=n, tier="local dram", ttft=t, hit=cached, floor=nbytes / bw + tail, bw=bw))
+    rows.append(
+        await _hits(
+            b, "local dram", n, reps, tok_cold, tail, lambda: _get_seconds(a.connector.backend, keys, bb)
+        )
+    )
     b.connector.backend = Backend()
     await b.stop()
+
+    # a daemon over loopback: the same blocks stored there, then a fresh engine loads
+    e = case(f"kvstore://{daemon_addr}?{opts}")
+    await e.start()
+    await _copy_blocks(a.connector.backend, e.connector.backend, keys, bb)
+    await _warm(e)
+    rows.append(
+        await _hits(
+            e, "remote daemon", n, reps, tok_cold, tail, lambda: _get_seconds(e.connector.backend, keys, bb)
+        )
+    )
+    await e.stop()
     await a.stop()
 
-    # disk: the same store reopened with DRAM off (LMDB pages are in the OS page cache)
-    disk_url = local + "&dram_capacity=0"
-    c = _engine(model_dir, disk_url, prefix_cache=False)
+    # disk: the same store reopened with DRAM off (LMDB pages are in the OS page cache); its
+    # tail samples are the engine cache's above (one process may open the store only once)
+    c = case(local + "&dram_capacity=0")
     await _warm(c)
-    bw = await _tier_bandwidth(c.connector, prompt)
-    t, cached, tok = await _ttft(c, prompt)
-    assert tok == tok_cold and cached > 0
-    rows.append(dict(tokens=n, tier="local disk", ttft=t, hit=cached, floor=nbytes / bw + tail, bw=bw))
+    it = iter(tails)
+    rows.append(
+        await _hits(
+            c,
+            "local disk",
+            n,
+            reps,
+            tok_cold,
+            lambda: _next(it),
+            lambda: _get_seconds(c.connector.backend, keys, bb),
+        )
+    )
     await c.stop()
-
-    # a daemon over loopback: store, then a fresh engine loads
-    remote = f"kvstore://{daemon_addr}?lookup_deadline_s=30&load_deadline_s=60&policy=always"
-    d = _engine(model_dir, remote, prefix_cache=False)
-    await _ttft(d, prompt)
-    require_saved(await d.connector.flush(120), "ttft: daemon")
-    bw = await _tier_bandwidth(d.connector, prompt)
-    await d.stop()
-    e = _engine(model_dir, remote, prefix_cache=False)
-    await _warm(e)
-    t, cached, tok = await _ttft(e, prompt)
-    assert tok == tok_cold and cached > 0
-    rows.append(dict(tokens=n, tier="remote daemon", ttft=t, hit=cached, floor=nbytes / bw + tail, bw=bw))
-    await e.stop()
     for r in rows:
         r["speedup"] = cold / r["ttft"]
-        r["vs_floor"] = r["ttft"] / r["floor"] if r["floor"] else None
+        r.setdefault("vs_floor", r["ttft"] / r["floor"] if r["floor"] else None)
     return rows
+
+
+async def _next(it) -> float:
+    return next(it)
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -182,36 +260,53 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL_DIR)
     ap.add_argument("--lengths", default="1024,4096,8000")
+    ap.add_argument("--reps", type=int, default=3, help="hits per case (medians reported)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     a = ap.parse_args()
     from rich.console import Console
 
     model_dir = ensure_model(a.model, Console())
+    load0 = os.getloadavg()
     root = tempfile.mkdtemp(prefix="tierkv-ttft-")
     daemon, addr = _start_daemon(root)
     rows: list[dict] = []
     try:
         for n in [int(x) for x in a.lengths.split(",")]:
-            rows += asyncio.run(bench_length(model_dir, n, root, addr))
+            rows += asyncio.run(bench_length(model_dir, n, root, addr, a.reps))
     finally:
         daemon.terminate()
         daemon.wait(30)
         shutil.rmtree(root, ignore_errors=True)
+    print(f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
     print(
-        f"{'tokens':>6} {'tier':14} {'TTFT ms':>9} {'hit':>6} {'speedup':>8} {'floor ms':>9} {'x floor':>8} {'tier GB/s':>9}"
+        f"{'tokens':>6} {'tier':14} {'TTFT ms':>9} {'hit':>6} {'speedup':>8} {'floor ms':>9} {'x floor':>8}"
+        f" {'GET ms':>7} {'tail ms':>8} {'lookup':>7} {'load':>7} {'compute':>8} {'1st ms':>7}"
     )
     for r in rows:
         floor = f"{r['floor'] * 1000:9.1f}" if r["floor"] else f"{'-':>9}"
         vs = f"{r['vs_floor']:8.2f}" if r["vs_floor"] else f"{'-':>8}"
-        bw = f"{r['bw'] / 1e9:9.2f}" if r.get("bw") else f"{'-':>9}"
-        print(
-            f"{r['tokens']:>6} {r['tier']:14} {r['ttft'] * 1000:9.1f} {r['hit']:>6} {r['speedup']:8.1f} {floor} {vs} {bw}"
-        )
+        line = f"{r['tokens']:>6} {r['tier']:14} {r['ttft'] * 1000:9.1f} {r['hit']:>6} {r['speedup']:8.1f} {floor} {vs}"
+        if "parts" in r:
+            p = r["parts"]
+            line += (
+                f" {r['get_s'] * 1000:7.1f} {r['tail_s'] * 1000:8.1f} {p['lookup'] * 1000:7.1f}"
+                f" {p['load'] * 1000:7.1f} {p['compute'] * 1000:8.1f} {r['first_ttft'] * 1000:7.1f}"
+            )
+        print(line)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
-                {"cpus": os.cpu_count(), "model": os.path.basename(model_dir), "rows": rows}, f, indent=1
+                {
+                    "cpus": os.cpu_count(),
+                    "model": os.path.basename(model_dir),
+                    "reps": a.reps,
+                    "loadavg_start": load0,
+                    "loadavg_end": os.getloadavg(),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
             )
     if a.plot:
         plot(rows, a.plot)

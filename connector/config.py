@@ -30,8 +30,11 @@ class ConnectorConfig:
     policy: Literal["auto", "always", "never"] = "auto"
     save: bool = True
     save_queue_bytes: Size = Size(512 << 20)  # host memory for blocks waiting to be written
-    load_batch_blocks: int = 8  # blocks per GET; batches are pipelined
-    load_parallel: int = 4
+    # blocks per read (one request per node, streamed); 0: as many as fit in 128 MiB
+    # (connector/loader.py AUTO_BATCH_BYTES); batches are pipelined, their copies overlap the reads
+    load_batch_blocks: int = 0
+    # reads of one load in flight at once (each is split over the store client's connections)
+    load_parallel: int = 1
     # loads copy blocks in this many groups of layers, so group g+1 arrives while g computes
     # (CUDA): 0 = the engine's choice (4 for large blocks on CUDA, see docs/connector.md), 1 = whole
     layer_groups: int = 0
@@ -98,7 +101,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
     if (
         cfg.block_tokens < 0
         or cfg.save_queue_bytes < 1
-        or cfg.load_batch_blocks < 1
+        or cfg.load_batch_blocks < 0
         or cfg.load_parallel < 1
         or cfg.replicas < 1
         or cfg.layer_groups < 0

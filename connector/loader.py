@@ -3,42 +3,58 @@
 Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.first_token``,
 the request's chain ``keys``):
 
-- Blocks are read in batches of ``load_batch_blocks``, ``load_parallel`` batches in flight,
-  each through the store's one read (``StoreClient.read``: in process the DRAM slots are lent,
-  else the loader's staging buffers are filled), each batch under ``load_deadline_s``: a dead
-  or hung node costs at most one deadline while a slow-but-moving load goes on.
+- Blocks are read in batches of ``load_batch_blocks`` (0: as many as fit in
+  ``AUTO_BATCH_BYTES``), ``load_parallel`` reads in flight and one more batch being copied (a
+  batch holds its staging slot until its copy ended), each through the store's
+  one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
+  filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
+  while a slow-but-moving load goes on. Few large reads, not many small ones: a batch is one
+  request per node, which the store client streams over its connections.
 - Each block is verified before use (key, parent, token ids, checksum, by the store; its
-  payload length here) and copied into its pages as its batch arrives (``ctx.transfer``, in
-  layer groups), so the next batch's read overlaps this one's copy.
+  payload length here) and its batch is copied into its pages as it arrives
+  (``ctx.transfer``, in layer groups): on CPU on the loader's copy thread, so the next batches'
+  reads go on while this one is copied; on CUDA the copies are enqueued on the copy stream.
 - The first block that fails for any reason (miss, corrupt, mismatch, timeout, dead node)
   ends the load: it and every block after it are recomputed. The answer is the tokens loaded
-  (whole blocks, in order); never an exception, never wrong output.
-- A read's lent views and staging buffers are given back only once the copies reading them
+  (whole blocks, in order); never an exception, never wrong output. On CPU every copy has
+  finished when the load returns (cancelled too: it waits for the copy under way).
+- A read's lent views and staging slot are given back only once the copies reading them
   finished (on CUDA from a task that waits for their events): a slot is never reused while
   bytes still move out of it.
 
-Owns the staging buffers (allocated and touched once, registered with the store once); runs on
-the engine's event loop.
+Owns the staging slots (connector/staging.py: allocated and touched once, registered with the
+store once) and the copy thread; runs on the engine's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from connector.config import ConnectorConfig
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
+from connector.staging import StagingPool, StagingSlot
 from kvstore.client import Expect, Status, StoreClient
 from kvstore.keys import BlockKey, KeyBatch, tokens_le_bytes
 
 log = logging.getLogger("tierkv.connector")
+
+# load_batch_blocks = 0: a batch of at most this many bytes. Measured on the 2-core CPU host
+# (docs/benchmarks.md, TTFT): a remote load of 368 MB cost the client 142 ms of CPU for one
+# raw GET, 181 ms in batches of 128 MiB, 208 ms of 64 MiB, 228 ms of 32 MiB (each read's
+# per-request work on top of the copy into pages): where the cores are busy moving the bytes,
+# overlapping the copy wins less than fewer reads save. On CUDA the last batch's host-to-device
+# copy is the part of a load not overlapped with its reads (not measured at this size here).
+AUTO_BATCH_BYTES = 128 << 20
 
 
 class Loader:
@@ -61,55 +77,52 @@ class Loader:
         self.cfg, self.store, self.transfer = cfg, store, transfer
         self.block_tokens, self.pages_per_block = block_tokens, pages_per_block
         self.block_shape, self.dtype, self.block_bytes = block
-        self.pin, self.layer_groups = pin, layer_groups
+        self.layer_groups = layer_groups
         self.cost, self.metrics = cost, metrics
+        self.batch_blocks = cfg.load_batch_blocks or max(1, AUTO_BATCH_BYTES // self.block_bytes)
         self._releasing: set[asyncio.Task] = set()
         # A fresh buffer costs a page fault per 4 KiB on its first fill, which a load should
-        # not pay: enough for every batch in flight, allocated and touched once here.
-        self._staging: list[torch.Tensor] = [
-            torch.zeros(self.block_bytes, dtype=torch.uint8, pin_memory=pin)
-            for _ in range(cfg.load_batch_blocks * cfg.load_parallel)
-        ]
+        # not pay: a slot for every read in flight and one being copied, allocated once here
+        # (a load holds at most that many).
+        self.staging = StagingPool(
+            cfg.load_parallel + 1, self.batch_blocks, self.block_bytes, self.block_shape, self.dtype, pin
+        )
+        # CPU copies are memcpys (torch releases the GIL): on a thread of their own they overlap
+        # the next reads. One thread keeps a load's copies in order.
+        self._copier = None if transfer.cuda else ThreadPoolExecutor(1, thread_name_prefix="tierkv-load-copy")
 
     def register_staging(self) -> None:
-        """Offer the staging buffers to the store once, so reads into them may move bytes
+        """Offer the staging slots to the store once, so reads into them may move bytes
         one-sidedly (RDMA); a no-op for a store without a device. A refusal costs only that."""
         try:
-            for t in self._staging:
-                self.store().register(t.numpy())
+            self.staging.register(self.store().register)
         except Exception as exc:  # the cache path never fails the engine
             log.warning("event=staging_register_failed error=%r", exc)
 
-    def _buffers(self, n: int) -> list[torch.Tensor]:
-        take = [self._staging.pop() for _ in range(min(n, len(self._staging)))]
-        more = n - len(take)
-        return take + [
-            torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=self.pin) for _ in range(more)
-        ]
-
-    async def _fetch(self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, sem):
-        """Read one batch: (its read, its staging buffers, seconds)."""
+    async def _fetch(
+        self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, reading, held
+    ):
+        """Read one batch: (its read, its staging slot, seconds)."""
         lo, hi = first + batch.start, first + batch.stop
         step = self.block_tokens * 4  # bytes of one block's token ids
-        async with sem:
-            toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
-            exp = [
-                Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
-                for g in range(lo, hi)
-            ]
-            bufs = self._buffers(len(batch))
-            ts = time.perf_counter()
-            try:
+        await held.acquire()  # released when the batch's slot is given back (its copy ended)
+        toks = tokens_le_bytes(request.token_ids[lo * self.block_tokens : hi * self.block_tokens])
+        exp = [
+            Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
+            for g in range(lo, hi)
+        ]
+        slot = self.staging.take()
+        ts = time.perf_counter()
+        try:
+            async with reading:
                 read = await self.store().read(
-                    keys[lo:hi],
-                    [t.numpy() for t in bufs],
-                    exp,
-                    self.cfg.load_deadline_s,
+                    keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
                 )
-            except BaseException:
-                self._staging.extend(bufs)
-                raise
-            return read, bufs, time.perf_counter() - ts
+        except BaseException:
+            self.staging.give(slot)
+            held.release()
+            raise
+        return read, slot, time.perf_counter() - ts
 
     async def load(
         self, request, page_ids: Sequence[int], keys: KeyBatch, tiers: list[str | None], parent0: BlockKey
@@ -123,23 +136,34 @@ class Loader:
         if request.first_token % bt or n <= 0:
             return 0
         t0 = time.perf_counter()
-        step = self.cfg.load_batch_blocks
+        step = self.batch_blocks
         batches = [range(i, min(i + step, n)) for i in range(0, n, step)]
-        sem = asyncio.Semaphore(self.cfg.load_parallel)
-        tasks = [asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, sem)) for b in batches]
+        # load_parallel reads in flight; a batch holds its slot (and its place) until its copy ended
+        reading, held = (
+            asyncio.Semaphore(self.cfg.load_parallel),
+            asyncio.Semaphore(self.cfg.load_parallel + 1),
+        )
+        tasks = [
+            asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, reading, held))
+            for b in batches
+        ]
         done, cause, used = 0, None, 0
-        releases: list[Callable[[], None]] = []
+        copies: list[tuple[Future, int]] = []  # CPU copies under way: (future, blocks)
         try:
             for batch, task in zip(batches, tasks):
-                read, bufs, secs = await task
+                read, slot, secs = await task
                 used += 1
-                releases.append(_giver(read, bufs, self._staging))
-                ready, cause = self._verified(read, bufs, batch, page_ids, tiers)
-                if ready:
-                    pending = self.transfer.scatter(ready, self.layer_groups)
+                give = _giver(read, slot, self.staging, held)
+                ready, cause = self._verified(read, slot, batch, page_ids, tiers)
+                copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
+                if not ready:
+                    give()
+                elif self._copier is None:
+                    pending = copy()
                     done += len(ready)
-                    self._release_after(pending, releases)
-                    releases = []
+                    self._release_after(pending, give)
+                else:
+                    copies.append((self._copy(copy, give), len(ready)))
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -149,9 +173,17 @@ class Loader:
         finally:
             for t in tasks[used:]:
                 t.cancel()
-            got = await asyncio.gather(*tasks[used:], return_exceptions=True)
-            releases += [_giver(r[0], r[1], self._staging) for r in got if isinstance(r, tuple)]
-            self._release_after(None, releases)  # after the copies already enqueued
+            try:
+                copied, failed = await _settle(copies)  # the pages are written when load returns
+            finally:  # cancelled too: reads done but not used give their slots and leases back
+                got = await asyncio.gather(*tasks[used:], return_exceptions=True)
+                for r in got:
+                    if isinstance(r, tuple):
+                        _giver(r[0], r[1], self.staging, held)()
+            done += copied
+            if failed is not None:
+                log.warning("event=load_copy_failed request=%s error=%r", request.request_id, failed)
+                cause = cause or "error"
         if cause:
             self.metrics.fallbacks.labels(cause).inc(n - done)
             log.info(
@@ -164,7 +196,24 @@ class Loader:
         self.metrics.load_seconds.observe(time.perf_counter() - t0)
         return done * bt
 
-    def _verified(self, read, bufs, batch: range, page_ids, tiers) -> tuple[list, str | None]:
+    def _scatter(self, ready: list, slot: StagingSlot, filled: bool):
+        """Copy ``ready`` (a batch's leading blocks) into their pages: from the slot the read
+        ``filled`` as one stacked tensor (one copy for the batch), else block by block (lent views)."""
+        if filled:
+            return self.transfer.scatter_stacked(
+                [p for p, _ in ready], slot.first(len(ready)), self.layer_groups
+            )
+        return self.transfer.scatter(ready, self.layer_groups)
+
+    def _copy(self, copy: Callable[[], object], give: Callable[[], None]) -> Future:
+        """Run ``copy`` on the copy thread; ``give`` runs on the loop once the copy ended (or was
+        cancelled before it began): only then is its slot free."""
+        loop = asyncio.get_running_loop()
+        fut = self._copier.submit(copy)
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(give))
+        return fut
+
+    def _verified(self, read, slot: StagingSlot, batch: range, page_ids, tiers) -> tuple[list, str | None]:
         """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did."""
         ppb = self.pages_per_block
         ready, hit_tiers, cause = [], Counter(), None
@@ -175,8 +224,10 @@ class Loader:
             if r.header is not None and r.header.payload_len != self.block_bytes:
                 cause = "mismatch"  # a block of another shape under this key: never used
                 break
-            src = _as_tensor(read.views[k]) if read.lent[k] else bufs[k]
-            block = src[: self.block_bytes].view(self.dtype).view(self.block_shape)
+            if read.lent[k]:
+                block = _as_tensor(read.views[k]).view(self.dtype).view(self.block_shape)
+            else:
+                block = slot.block(k)
             ready.append((page_ids[j * ppb : (j + 1) * ppb], block))
             hit_tiers[tiers[j] or r.tier or "unknown"] += 1
         for tier, n in hit_tiers.items():  # one metric update per tier and batch, not per block
@@ -189,43 +240,64 @@ class Loader:
             self.cost.observe_load(tier, nbytes, secs)
             self.metrics.tier_bandwidth.labels(tier).set(self.cost.bw(tier))
 
-    def _release_after(self, pending, releases: list[Callable[[], None]]) -> None:
-        """Give reads and buffers back once the copies reading them finished: now on CPU (or
-        with nothing copied), else from a task that waits for the copy events. Copies are
-        enqueued in order on one stream, so any copy enqueued before this call is covered by
-        waiting for the last pending load."""
-        if not releases:
-            return
-        if pending is None:
-            pending = self.transfer.last_pending()
+    def _release_after(self, pending, give: Callable[[], None]) -> None:
+        """CUDA: give a read and its slot back once the copies reading them finished, from a
+        task that waits for the copy events (now when they already did)."""
         if pending is None or pending.done():
-            for release in releases:
-                release()
+            give()
             return
 
         async def later() -> None:
             try:
                 await pending.wait()
             finally:
-                for release in releases:
-                    release()
+                give()
 
         task = asyncio.get_running_loop().create_task(later())
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
 
     async def close(self) -> None:
-        """Wait for the copies still reading lent views or staging buffers."""
+        """Wait for the copies still reading lent views or staging slots; stop the copy thread."""
         if self._releasing:
             await asyncio.gather(*self._releasing, return_exceptions=True)
+        if self._copier is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._copier.shutdown, True)
+            await asyncio.sleep(0)  # the last copies' give-backs, scheduled from the thread
 
 
-def _giver(read, bufs: list[torch.Tensor], pool: list[torch.Tensor]) -> Callable[[], None]:
-    """What gives one batch back: its read's lent views to the store, its buffers to the pool."""
+async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException | None]:
+    """Wait until every copy of ``copies`` (in order) ended, even when cancelled meanwhile (its
+    pages and slot are busy until then); then re-raise the cancellation. Answers the blocks of
+    the leading copies that succeeded and the first failure, if any."""
+    cancelled = False
+    for fut, _ in copies:
+        while not fut.done():
+            try:
+                await asyncio.shield(asyncio.wrap_future(fut))
+            except asyncio.CancelledError:
+                cancelled = True
+            except Exception:
+                break  # done, with an exception: read below
+    if cancelled:
+        raise asyncio.CancelledError
+    ok = 0
+    for fut, n in copies:
+        exc = fut.exception()
+        if exc is not None:
+            return ok, exc
+        ok += n
+    return ok, None
+
+
+def _giver(read, slot: StagingSlot, pool: StagingPool, held: asyncio.Semaphore) -> Callable[[], None]:
+    """What gives one batch back: its read's lent views to the store, its slot to the pool, its
+    place among the load's batches held to the next read."""
 
     def give() -> None:
         read.release()
-        pool.extend(bufs)
+        pool.give(slot)
+        held.release()
 
     return give
 

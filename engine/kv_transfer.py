@@ -126,6 +126,24 @@ class KVTransfer:
                     self._pending.append(load)
         return load
 
+    def scatter_stacked(
+        self, pages: Sequence[Sequence[int]], stacked: torch.Tensor, groups: int = 1
+    ) -> PendingLoad:
+        """:meth:`scatter` of blocks whose buffers are one tensor, ``stacked[i]`` block ``i``'s
+        (``[nb, *block_shape]``, host): on CPU one scatter per layer group for all of them,
+        not one per block; on CUDA and for scaled (fp8) caches the same as :meth:`scatter`."""
+        if self.cuda or self.kv.scaled or len({len(p) for p in pages}) != 1:
+            return self.scatter(list(zip(pages, stacked)), groups)
+        kv, n = self.kv, len(pages[0])
+        if tuple(stacked.shape) != (len(pages), *kv.block_shape(n)):
+            raise ValueError(f"stacked shape {tuple(stacked.shape)} != {(len(pages), *kv.block_shape(n))}")
+        idx = kv.device_index([p for block in pages for p in block]).view(len(pages), n)  # checks the ids
+        self.last_groups = len(layer_groups(kv.num_layers, groups))
+        self.scatter_groups[self.last_groups] += 1
+        for layers in layer_groups(kv.num_layers, groups):
+            kv.scatter_staged(layers, idx, stacked[:, layers.start : layers.stop])
+        return PendingLoad(None)
+
     def _enqueue(self, blocks, groups: int, staged: bool, events: list) -> None:
         """Issue the copies of :meth:`scatter`, appending one event per layer as groups end."""
         kv, cuda = self.kv, self.cuda
