@@ -4,7 +4,9 @@ A :class:`StagingSlot` holds one batch: ``blocks`` contiguous block buffers back
 tensor, so a batch is one allocation (touched once, registered with the store once) and its
 per-block views are made once, not per load. :class:`StagingPool` owns the slots: ``take``
 gives a free slot (a fresh one, counted, when every slot is in use by loads in flight), ``give``
-takes it back once no copy reads it any more. Both run on the engine's event loop.
+takes it back once no copy reads it any more: the slots made up front are kept (they are the
+ones registered with the store), a fresh one is freed, so the memory held between loads stays
+what the configuration says, whatever the concurrency once was. Both run on the engine's event loop.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class StagingPool:
     def __init__(self, slots: int, blocks: int, block_bytes: int, shape, dtype, pin: bool) -> None:
         self._new: Callable[[], StagingSlot] = lambda: StagingSlot(blocks, block_bytes, shape, dtype, pin)
         self._free = [self._new() for _ in range(slots)]
+        self._kept = {id(slot) for slot in self._free}
         self.fresh = 0
 
     def register(self, register: Callable[[Any], Any]) -> None:
@@ -64,4 +67,6 @@ class StagingPool:
         return self._new()
 
     def give(self, slot: StagingSlot) -> None:
-        self._free.append(slot)
+        if id(slot) in self._kept:
+            self._free.append(slot)
+        # else: a slot added for a concurrent load; dropping the last reference frees it
