@@ -7,9 +7,9 @@ torch buffer) and arrive with ``recv_into`` straight into the destination buffer
 is tried first and the event loop is only awaited when the kernel says EAGAIN, so a large
 payload costs a few syscalls and no per-chunk futures.
 
-:class:`SocketChannel` is bound to one event loop and is not safe for concurrent use: one
-request/reply at a time per channel (the daemon serves a connection serially; the client
-pools connections). Both ends of the data port use it; :mod:`rdma.tcp` moves descriptors'
+:class:`SocketChannel` is bound to one event loop. It carries one send and one receive at a
+time, which may run at once (the daemon reads a connection's next request while its sender
+task sends the previous reply); never two sends, or two receives, at once. Both ends of the data port use it; :mod:`rdma.tcp` moves descriptors'
 bytes over it. This module knows bytes and frames, never the store's ops or fields.
 """
 
@@ -170,7 +170,8 @@ class SocketChannel:
             fd, self._reader_fd = self._reader_fd, None
             self._loop.remove_reader(fd)
 
-    def _offloads(self, nbytes: int) -> bool:
+    def offloads(self, nbytes: int) -> bool:
+        """Whether a transfer of ``nbytes`` would copy in a worker thread now."""
         return (
             self._offload is not None
             and nbytes >= OFFLOAD_MIN
@@ -189,15 +190,39 @@ class SocketChannel:
 
     async def send(self, buffers: Sequence[Any]) -> None:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
-        views = [memoryview(b).cast("B") for b in buffers]
-        views = [v for v in views if v.nbytes]
+        await self.send_views(_byte_views(buffers))
+
+    async def send_views(self, views: list[memoryview]) -> None:
+        """:meth:`send` of byte views (none empty; a part-sent one is trimmed in place)."""
         try:
             await self._send(views)
         finally:
             self._stop_writer()
 
+    def send_ready(self, views: list[memoryview]) -> int:
+        """Send what the socket takes now from ``views`` (byte views, none empty), never
+        waiting: returns the index of the first view not yet sent (a part-sent one is
+        trimmed in place). ConnectionError when the send fails."""
+        i = 0
+        while i < len(views):
+            try:
+                n = self.sock.sendmsg(views[i : i + IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise ConnectionError(f"send failed: {exc}") from exc
+            self.bytes_out += n
+            i = advance(views, i, n)
+        return i
+
+    @staticmethod
+    def frame_views(header: dict[str, Any], payloads: Sequence[Any] = ()) -> list[memoryview]:
+        """One frame as byte views (:meth:`send_frame`'s): the encoded header, then the payloads."""
+        views = _byte_views(payloads)
+        return [memoryview(encode_header(header, sum(v.nbytes for v in views))), *views]
+
     async def _send(self, views: list[memoryview]) -> None:
-        if self._offloads(sum(v.nbytes for v in views)):
+        if self.offloads(sum(v.nbytes for v in views)):
             i = 0
             while i < len(views):
                 i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
@@ -239,7 +264,7 @@ class SocketChannel:
         return land.digests
 
     async def _receive(self, land: Landing) -> None:
-        offload = self._offloads(land.total)
+        offload = self.offloads(land.total)
         while True:
             if offload:
                 n = await self._in_worker(recv_landing, self.sock, land, self._worker_wait_s)
@@ -310,8 +335,7 @@ class SocketChannel:
 
     async def send_frame(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> None:
         """Send one frame; ``plen`` is set from ``payloads`` (which are sent without copying)."""
-        plen = sum(memoryview(p).nbytes for p in payloads)
-        await self.send([encode_header(header, plen), *payloads])
+        await self.send_views(self.frame_views(header, payloads))
 
     async def send_frames(self, headers: Sequence[dict[str, Any]]) -> None:
         """Send several payload-less frames with one ``sendmsg`` (pipelined requests)."""
@@ -330,6 +354,11 @@ class SocketChannel:
             self._stop_reader()  # first: the loop must not watch an fd number about to be reused
             self._stop_writer()
             self.sock.close()
+
+
+def _byte_views(buffers: Sequence[Any]) -> list[memoryview]:
+    views = [memoryview(b).cast("B") for b in buffers]
+    return [v for v in views if v.nbytes]
 
 
 def _numeric(host: str, port: int) -> list[tuple] | None:
