@@ -5,11 +5,14 @@ replies are sent in order by the connection's :class:`~kvstore.daemon.replies.Re
 while the task already reads and prepares the next request (at most ``REPLY_DEPTH`` replies
 queued: one being sent, one prepared), so building a reply overlaps sending the one before.
 Requests on different connections interleave on the event loop. Payloads go from the node's lease views
-to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``, on
-non-blocking sockets. While several requests are served at once, the kernel copies of large
-payloads run in a small thread pool, each job a non-blocking burst that returns at EAGAIN
-(rdma/bursts.py): every wait for a peer happens on the event loop, so no stalled peer can hold
-a worker, and a stalled peer costs only its own connection (docs/security.md).
+to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``
+(every call on the event loop with ``MSG_DONTWAIT``). While several requests are served at
+once, the kernel copies of large received payloads run in a small thread pool, each job a
+non-blocking burst that returns at EAGAIN (rdma/bursts.py); a large reply is always sent by a
+worker, in blocking ``sendmsg`` calls of at most ``SEND_SLICE_S`` without room (the kernel's own
+wait is cheaper than a return and a wait on the loop at each full buffer). Every longer wait for
+a peer happens on the event loop, so a stalled peer holds a worker for at most one slice and
+costs only its own connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
@@ -75,6 +78,11 @@ log = logging.getLogger("kvstore.daemon.data")
 # header only below it, so a connection holds at most this many replies' leases, and disk
 # reads of at most ``max_frame`` bytes (a GET waits for a queued reply that holds some).
 REPLY_DEPTH = 2
+# A large reply's send runs in a worker as blocking sendmsg calls of at most this long without
+# room (SO_SNDTIMEO; rdma/channel.py): the kernel's wait costs less CPU per GB than a return
+# and a wait on the loop at each full buffer, and a peer that stops reading holds a worker for
+# at most one slice (then the wait is the loop's, under the transfer deadline).
+SEND_SLICE_S = 0.02
 
 
 class _Fatal(Exception):
@@ -238,9 +246,12 @@ class DataServer:
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        # Copies go to worker threads only while another connection is being served too:
-        # alone, the thread hops cost more than they win (docs/benchmarks-store.md).
-        ch = SocketChannel(conn, offload=self._copies, offload_if=lambda: self._busy > 1)
+        # Receives copy in worker threads only while another connection is being served too:
+        # alone, the thread hops cost more than they win (docs/benchmarks-store.md). Large
+        # sends always do, in SEND_SLICE_S slices of the kernel's own wait for room.
+        ch = SocketChannel(
+            conn, offload=self._copies, offload_if=lambda: self._busy > 1, send_slice_s=SEND_SLICE_S
+        )
         me = asyncio.current_task()
         replies = sess.replies = ReplyQueue(
             ch,

@@ -110,7 +110,7 @@ class ReplyQueue:
             if self.failed:
                 raise ConnectionError("the connection's send failed")
             bufs = self.ch.frame_views(header, payloads)
-            if not self._items and not self.ch.offloads(sum(b.nbytes for b in bufs)):
+            if not self._items and not self.ch.offloads(sum(b.nbytes for b in bufs), send=True):
                 i = self.ch.send_ready(bufs)
                 if i == len(bufs):
                     if done is not None:
