@@ -1,7 +1,8 @@
 """Non-blocking syscall loops of :class:`rdma.channel.SocketChannel`'s transfers.
 
 ``send_burst`` and ``recv_landing`` are the bodies an offloaded transfer runs in a worker
-thread: they copy until done or until the socket says EAGAIN. A send never waits, so waiting
+thread: they copy until done or until the socket says EAGAIN (every call passes
+``MSG_DONTWAIT``: the socket itself may be blocking, for :func:`send_slices`). A send never waits, so waiting
 for a slow peer stays on the event loop and no peer can hold a worker; a receive may wait a
 bounded slice (``wait_s``) where its owner gave each connection a worker of its own (the
 client), so a batch is received by one hand-off to one thread, not one per block. ``advance`` is the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +29,7 @@ def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: flo
     poller = None
     while i < len(views):
         try:
-            n = sock.sendmsg(views[i : i + IOV_MAX])
+            n = sock.sendmsg(views[i : i + IOV_MAX], (), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             if wait_s <= 0:
                 break
@@ -37,6 +39,27 @@ def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: flo
             if not poller.poll(wait_s * 1000):
                 break
             continue
+        except OSError as exc:
+            raise ConnectionError(f"send failed: {exc}") from exc
+        total += n
+        i = advance(views, i, n)
+    return i, total
+
+
+def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: float) -> tuple[int, int]:
+    """Worker-thread body of an offloaded send on a blocking socket whose ``SO_SNDTIMEO`` is
+    set: the kernel waits for room inside ``sendmsg`` (no return, poll and re-entry at each
+    full buffer: bench/send_modes.py). It returns when a call found no room for one
+    ``SO_SNDTIMEO`` slice, and once ``budget_s`` has passed (a slow reader's send goes back to
+    the pool's queue behind the others'): a worker is held at most ``budget_s`` plus a slice
+    per hand-off. Returns (index of the first view not yet sent, bytes sent)."""
+    total = 0
+    until = time.monotonic() + budget_s
+    while i < len(views) and (not total or time.monotonic() < until):
+        try:
+            n = sock.sendmsg(views[i : i + IOV_MAX])
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            break  # a slice with no room: the owner waits on its loop, with its deadline
         except OSError as exc:
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n
@@ -120,7 +143,7 @@ def recv_landing(sock: socket.socket, land: Landing, wait_s: float = 0.0) -> int
         i, views = land.i, land.views
         bufs = [views[i][land.pos :], *views[i + 1 : i + IOV_MAX]]
         try:
-            n = sock.recvmsg_into(bufs)[0]
+            n = sock.recvmsg_into(bufs, 0, socket.MSG_DONTWAIT)[0]
         except (BlockingIOError, InterruptedError):
             if wait_s <= 0:
                 break

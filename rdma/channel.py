@@ -7,9 +7,9 @@ torch buffer) and arrive with ``recv_into`` straight into the destination buffer
 is tried first and the event loop is only awaited when the kernel says EAGAIN, so a large
 payload costs a few syscalls and no per-chunk futures.
 
-:class:`SocketChannel` is bound to one event loop and is not safe for concurrent use: one
-request/reply at a time per channel (the daemon serves a connection serially; the client
-pools connections). Both ends of the data port use it; :mod:`rdma.tcp` moves descriptors'
+:class:`SocketChannel` is bound to one event loop. It carries one send and one receive at a
+time, which may run at once (the daemon reads a connection's next request while its sender
+task sends the previous reply); never two sends, or two receives, at once. Both ends of the data port use it; :mod:`rdma.tcp` moves descriptors'
 bytes over it. This module knows bytes and frames, never the store's ops or fields.
 """
 
@@ -19,17 +19,19 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
+import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from rdma.bursts import IOV_MAX, Landing, advance, recv_landing, send_burst
+from rdma.bursts import IOV_MAX, Landing, advance, recv_landing, send_burst, send_slices
 from rdma.framing import decode_header, encode_header, header_length
 
 T = TypeVar("T")
 _DISCARD_CHUNK = 256 << 10
 _GROW_CHUNK = 256 << 10
 _SOCK_BUF = 4 << 20
+_SLICES_BUDGET_S = 0.1  # one hand-off of a send in slices (rdma/bursts.py: send_slices)
 OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread hop costs ~50 us
 
 
@@ -54,6 +56,14 @@ class SocketChannel:
     (:meth:`recv_views`). Only for an owner that gives each connection a worker of its own
     (the client's pool: a stalled node holds its own connection's worker, for one slice); the
     daemon keeps 0 (its workers are shared by every peer).
+
+    ``send_slice_s`` > 0 (the daemon) makes the socket blocking with ``SO_SNDTIMEO`` of that
+    long, and every call on the event loop passes ``MSG_DONTWAIT``: an offloaded send then
+    lets the kernel wait for room inside ``sendmsg`` (1.0-1.05x a blocking send's CPU per GB,
+    where returning at each full buffer and waiting for room costs 1.4-1.5x:
+    bench/send_modes.py), and holds a worker for at most one slice past the last byte the peer
+    took, and 0.1 s per hand-off in all; waits beyond it happen on the loop. Sends of at least ``OFFLOAD_MIN`` bytes are then
+    offloaded whatever ``offload_if`` says.
     """
 
     def __init__(
@@ -62,8 +72,16 @@ class SocketChannel:
         offload: Executor | None = None,
         offload_if: Callable[[], bool] | None = None,
         worker_wait_s: float = 0.0,
+        send_slice_s: float = 0.0,
     ) -> None:
-        sock.setblocking(False)
+        if send_slice_s > 0:
+            sock.setblocking(True)
+            usec = int(send_slice_s * 1e6)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", usec // 1000000, usec % 1000000)
+            )
+        else:
+            sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # MiB-sized payloads: a larger send buffer means fewer EAGAIN wake-ups per block
@@ -73,6 +91,7 @@ class SocketChannel:
         self._offload = offload
         self._offload_if = offload_if
         self._worker_wait_s = worker_wait_s
+        self._send_slices = send_slice_s > 0
         self.closed = False
         self._reader_fd: int | None = None  # registered with _on_readable (see _wait_readable)
         self._reader_wait: asyncio.Future | None = None
@@ -170,7 +189,10 @@ class SocketChannel:
             fd, self._reader_fd = self._reader_fd, None
             self._loop.remove_reader(fd)
 
-    def _offloads(self, nbytes: int) -> bool:
+    def offloads(self, nbytes: int, send: bool = False) -> bool:
+        """Whether a transfer of ``nbytes`` (a send: ``send``) would copy in a worker thread now."""
+        if send and self._send_slices:
+            return self._offload is not None and nbytes >= OFFLOAD_MIN
         return (
             self._offload is not None
             and nbytes >= OFFLOAD_MIN
@@ -185,22 +207,50 @@ class SocketChannel:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)  # the worker's next syscall fails at once
             await asyncio.wait({fut}, timeout=10)
+            fut.add_done_callback(_retrieved)  # its failure (the socket shut down) is expected
             raise
 
     async def send(self, buffers: Sequence[Any]) -> None:
         """Send every byte of ``buffers`` (bytes-like, sent without copying) in order."""
-        views = [memoryview(b).cast("B") for b in buffers]
-        views = [v for v in views if v.nbytes]
+        await self.send_views(_byte_views(buffers))
+
+    async def send_views(self, views: list[memoryview]) -> None:
+        """:meth:`send` of byte views (none empty; a part-sent one is trimmed in place)."""
         try:
             await self._send(views)
         finally:
             self._stop_writer()
 
+    def send_ready(self, views: list[memoryview]) -> int:
+        """Send what the socket takes now from ``views`` (byte views, none empty), never
+        waiting: returns the index of the first view not yet sent (a part-sent one is
+        trimmed in place). ConnectionError when the send fails."""
+        i = 0
+        while i < len(views):
+            try:
+                n = self.sock.sendmsg(views[i : i + IOV_MAX], (), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise ConnectionError(f"send failed: {exc}") from exc
+            self.bytes_out += n
+            i = advance(views, i, n)
+        return i
+
+    @staticmethod
+    def frame_views(header: dict[str, Any], payloads: Sequence[Any] = ()) -> list[memoryview]:
+        """One frame as byte views (:meth:`send_frame`'s): the encoded header, then the payloads."""
+        views = _byte_views(payloads)
+        return [memoryview(encode_header(header, sum(v.nbytes for v in views))), *views]
+
     async def _send(self, views: list[memoryview]) -> None:
-        if self._offloads(sum(v.nbytes for v in views)):
+        if self.offloads(sum(v.nbytes for v in views), send=True):
             i = 0
             while i < len(views):
-                i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
+                if self._send_slices:
+                    i, n = await self._in_worker(send_slices, self.sock, views, i, _SLICES_BUDGET_S)
+                else:
+                    i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
                 self.bytes_out += n
                 if i < len(views):
                     await self._wait(write=True)
@@ -209,7 +259,7 @@ class SocketChannel:
         while i < len(views):
             chunk = views[i : i + IOV_MAX]
             try:
-                n = self.sock.sendmsg(chunk)
+                n = self.sock.sendmsg(chunk, (), socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 await self._wait(write=True)
                 continue
@@ -239,7 +289,7 @@ class SocketChannel:
         return land.digests
 
     async def _receive(self, land: Landing) -> None:
-        offload = self._offloads(land.total)
+        offload = self.offloads(land.total)
         while True:
             if offload:
                 n = await self._in_worker(recv_landing, self.sock, land, self._worker_wait_s)
@@ -262,7 +312,7 @@ class SocketChannel:
         buf = bytearray()
         while len(buf) < n:
             try:
-                data = self.sock.recv(min(n - len(buf), _GROW_CHUNK))
+                data = self.sock.recv(min(n - len(buf), _GROW_CHUNK), socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 await self._wait(write=False)
                 continue
@@ -297,7 +347,7 @@ class SocketChannel:
         left = n
         while left > 0:
             try:
-                data = self.sock.recv(min(left, _DISCARD_CHUNK))
+                data = self.sock.recv(min(left, _DISCARD_CHUNK), socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 await self._wait(write=False)
                 continue
@@ -310,8 +360,7 @@ class SocketChannel:
 
     async def send_frame(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> None:
         """Send one frame; ``plen`` is set from ``payloads`` (which are sent without copying)."""
-        plen = sum(memoryview(p).nbytes for p in payloads)
-        await self.send([encode_header(header, plen), *payloads])
+        await self.send_views(self.frame_views(header, payloads))
 
     async def send_frames(self, headers: Sequence[dict[str, Any]]) -> None:
         """Send several payload-less frames with one ``sendmsg`` (pipelined requests)."""
@@ -330,6 +379,16 @@ class SocketChannel:
             self._stop_reader()  # first: the loop must not watch an fd number about to be reused
             self._stop_writer()
             self.sock.close()
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _byte_views(buffers: Sequence[Any]) -> list[memoryview]:
+    views = [memoryview(b).cast("B") for b in buffers]
+    return [v for v in views if v.nbytes]
 
 
 def _numeric(host: str, port: int) -> list[tuple] | None:

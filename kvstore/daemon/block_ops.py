@@ -1,7 +1,10 @@
 """The block ops of the data port: EXISTS, GET, PUT, DELETE and STATS.
 
 GET sends payloads from leased slots and PUT receives them into reserved ones, each move
-marked in transfer and bounded by the transfer deadline (kvstore/daemon/transfer.py). Every reply about
+marked in transfer and bounded by the transfer deadline (kvstore/daemon/transfer.py). Each
+handler queues its one reply on the connection's :class:`~kvstore.daemon.replies.ReplyQueue`
+(sent in request order while the next request is read); a GET's reply owns its packed lease,
+marked in transfer before it is queued and released when its bytes have left (or never will). Every reply about
 another tenant's block is the reply about an absent key (docs/security.md): GET answers
 ``[MISS, nil, nil]``, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Owned by
 :class:`~kvstore.daemon.dataport.DataServer`, which gives it what it uses in its constructor
@@ -54,8 +57,10 @@ class BlockOps:
         self.max_frame = max_frame
 
     def ops(self) -> dict[str, Callable]:
-        """The handlers by op name: ``await handler(ch, sess, request, plen)``, ``request`` the
-        op's typed request (kvstore/protocol/requests.py) and ``plen`` the payload bytes that follow."""
+        """The handlers by op name: ``await handler(replies, sess, request, plen)``, ``replies``
+        the connection's ReplyQueue (``replies.ch`` its channel, for a payload that follows),
+        ``request`` the op's typed request (kvstore/protocol/requests.py) and ``plen`` the
+        payload bytes that follow."""
         return {
             P.ExistsRequest.OP: self._op_exists,
             P.GetRequest.OP: self._op_get,
@@ -69,13 +74,17 @@ class BlockOps:
         else 0 (another tenant's block answers exactly as an absent one)."""
         return await self.node.visible_tiers(keys, sess.sees)
 
-    async def _op_exists(self, ch, sess, req: P.ExistsRequest, plen) -> None:
-        await ch.send_frame(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())
+    async def _op_exists(self, out, sess, req: P.ExistsRequest, plen) -> None:
+        out.send(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())
 
-    async def _op_get(self, ch, sess, req: P.GetRequest, plen) -> None:
+    async def _op_get(self, out, sess, req: P.GetRequest, plen) -> None:
         keys, exp, caps = req.keys, req.expects, req.caps
         n = len(keys)
         state = self.node.state
+        if out.read_bytes:
+            # a queued reply holds bytes read from disk: this one may read up to max_frame
+            # more only once it has gone (a connection's disk buffers stay within max_frame)
+            await out.drain()
         # One packed lease for the batch (kvstore/node/leasing.py): one call into the node,
         # the stored headers forwarded as they are, one mark in transfer, one release.
         # Disk-resident keys are read into private buffers: at most max_frame bytes of them
@@ -84,7 +93,7 @@ class BlockOps:
         # it (no disk read, promotion, lease or share of the read budget; docs/security.md)
         p = await self.node.leaser.lease_packed(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
         try:
-            # No await from here to the transfer's mark (moving): a lease live now stays live.
+            # No await from here to the mark in transfer: a lease live now stays live.
             # One that lapsed while its disk reads ran holds nothing: every key is a miss.
             res = [_MISS] * n
             views: list = []
@@ -96,18 +105,29 @@ class BlockOps:
                 else:
                     views = self._checked(p, keys, exp, caps, res)
             sent = len(views)
-            self.metrics.hits.inc(sent)  # once per batch: an increment takes a lock
-            self.metrics.misses.inc(n - sent)
             nbytes = sum(v.nbytes for v in views)
-            reply = P.GetReply(req.rid, tuple(res))
-            await self.transfers.moving([p] if views else [], lambda _: ch.send_frame(reply.to_wire(), views))
-            self.metrics.bytes_out.inc(nbytes)
-            ts = self.tenant_stats[sess.tenant]
-            ts["hits"] += sent
-            ts["misses"] += n - sent
-            ts["bytes_out"] += nbytes
-        finally:
+            reply = P.GetReply(req.rid, tuple(res)).to_wire()
+            if views:
+                # held and in transfer until the reply's bytes have left (or never will)
+                state.begin_transfer([p])
+        except BaseException:
             state.release([p])
+            raise
+        self.metrics.hits.inc(sent)  # once per batch: an increment takes a lock
+        self.metrics.misses.inc(n - sent)
+        ts = self.tenant_stats[sess.tenant]
+        ts["hits"] += sent
+        ts["misses"] += n - sent
+
+        def done(ok: bool) -> None:
+            if views:
+                state.end_transfer([p])
+            state.release([p])
+            if ok:
+                self.metrics.bytes_out.inc(nbytes)
+                ts["bytes_out"] += nbytes
+
+        out.send(reply, views, done, read_bytes=p.read_bytes if views else 0)
 
     @staticmethod
     def _checked(p, keys, exp, caps, res: list) -> list:
@@ -126,7 +146,8 @@ class BlockOps:
             res[i] = P.GetEntry(st, raw, p.tiers[j])
         return views
 
-    async def _op_put(self, ch, sess, req: P.PutRequest, plen) -> None:
+    async def _op_put(self, out, sess, req: P.PutRequest, plen) -> None:
+        ch = out.ch
         hdrs = req.headers
         if sum(x.payload_len for x in hdrs) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
@@ -191,7 +212,7 @@ class BlockOps:
         ts = self.tenant_stats[sess.tenant]
         ts["bytes_in"] += plen
         ts["puts"] += sum(1 for x in res if x.status is Status.STORED)
-        await ch.send_frame(P.PutReply(req.rid, tuple(res)).to_wire())
+        out.send(P.PutReply(req.rid, tuple(res)).to_wire())
 
     async def _own_status(self, sess: Session, header, st: Status) -> Status:
         if st is not Status.EXISTS:
@@ -199,15 +220,15 @@ class BlockOps:
         [ns] = await self.node.namespaces([header.key])
         return st if ns is None or sess.sees(ns) else Status.BUSY
 
-    async def _op_delete(self, ch, sess, req: P.DeleteRequest, plen) -> None:
+    async def _op_delete(self, out, sess, req: P.DeleteRequest, plen) -> None:
         keys = req.keys
         mine = np.flatnonzero(np.frombuffer(await self._visible(sess, keys), dtype=np.uint8))
         done = np.zeros(len(keys), dtype=np.uint8)
         if len(mine):
             done[mine] = await self.node.delete(keys.take(mine))
-        await ch.send_frame(P.DeleteReply(req.rid, done.tobytes()).to_wire())
+        out.send(P.DeleteReply(req.rid, done.tobytes()).to_wire())
 
-    async def _op_stats(self, ch, sess, req: P.StatsRequest, plen) -> None:
+    async def _op_stats(self, out, sess, req: P.StatsRequest, plen) -> None:
         """With auth: the tenant's own counters only. Without: the node's (one tenant)."""
         conns = self.admission.per_tenant.get(sess.tenant, 0)
         counters = self.tenant_stats[sess.tenant]
@@ -216,7 +237,7 @@ class BlockOps:
         else:
             node, daemon = plain(self.node.inspector.stats()), self.metrics.snapshot()
             reply = P.StatsReply.of(req.rid, sess.tenant, conns, counters, node, daemon)
-        await ch.send_frame(reply.to_wire())
+        out.send(reply.to_wire())
 
 
 def _matches(raw: bytes, key: bytes, e) -> bool:

@@ -1,19 +1,30 @@
 """The data port: accepts connections and serves the framed protocol against a NodeStore.
 
-Each connection is served serially (one request, one reply) by its own task; requests on
-different connections interleave on the event loop. Payloads go from the node's lease views
-to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``, on
-non-blocking sockets. While several requests are served at once, the kernel copies of large
-payloads run in a small thread pool, each job a non-blocking burst that returns at EAGAIN
-(rdma/bursts.py): every wait for a peer happens on the event loop, so no stalled peer can hold
-a worker, and a stalled peer costs only its own connection (docs/security.md).
+Each connection's requests are served in order, one after another, by its own task; their
+replies are sent in order by the connection's :class:`~kvstore.daemon.replies.ReplyQueue`,
+while the task already reads and prepares the next request (at most ``REPLY_DEPTH`` replies
+queued: one being sent, one prepared), so building a reply overlaps sending the one before.
+Requests on different connections interleave on the event loop. Payloads go from the node's lease views
+to the socket with ``sendmsg`` and from the socket into reserved slots with ``recv_into``
+(every call on the event loop with ``MSG_DONTWAIT``). While several requests are served at
+once, the kernel copies of large received payloads run in a small thread pool, each job a
+non-blocking burst that returns at EAGAIN (rdma/bursts.py); a large reply is always sent by a
+worker, in blocking ``sendmsg`` calls of at most ``SEND_SLICE_S`` without room (the kernel's own
+wait is cheaper than a return and a wait on the loop at each full buffer). Every longer wait for
+a peer happens on the event loop, so a stalled peer holds a worker for at most one slice and
+costs only its own connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
 longer live), so it cannot expire and be reused underneath; each transfer has a deadline
 (``limits.transfer_timeout_s``), after which the connection is closed and only then is the
 slot given back. Each whole request, its reply included, has twice that deadline (a peer
-that stops reading its replies is closed and counted, ``tierkv_timeouts_total{kind="request"}``).
+that stops reading its replies is closed and counted, ``tierkv_timeouts_total{kind="request"}``);
+a reply's send has the transfer deadline from its start as well when it carries a payload
+(kvstore/daemon/replies.py). A GET's packed lease is held, marked in transfer, from before its
+reply is queued until its last byte has left or the connection has ended. The descriptor ops
+(LEASE/READ/RELEASE, RESERVE/WRITE/COMMIT) wait for the queued replies to be sent first and
+send their own: a READ's bytes come from a lease a RELEASE may end.
 HELLO and idle deadlines, and caps on connections before HELLO (the oldest of the busiest
 source is dropped for a newcomer, kvstore/daemon/admission.py) and per tenant, come from
 ``limits`` too. A header's decode is bounded in bytes and in msgpack objects (before HELLO and
@@ -48,6 +59,7 @@ from kvstore.daemon.block_ops import BlockOps
 from kvstore.daemon.descriptor_ops import DescriptorOps
 from kvstore.daemon.logs import RateLimitedLog, kv
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.daemon.replies import ReplyQueue
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
@@ -61,6 +73,16 @@ from rdma.windows import Windows
 PEER_OPS = frozenset({P.ExistsRequest.OP, P.PutRequest.OP, P.StatsRequest.OP})
 
 log = logging.getLogger("kvstore.daemon.data")
+
+# Replies queued per connection (one being sent, one prepared): the reader reads the next
+# header only below it, so a connection holds at most this many replies' leases, and disk
+# reads of at most ``max_frame`` bytes (a GET waits for a queued reply that holds some).
+REPLY_DEPTH = 2
+# A large reply's send runs in a worker as blocking sendmsg calls of at most this long without
+# room (SO_SNDTIMEO; rdma/channel.py): the kernel's wait costs less CPU per GB than a return
+# and a wait on the loop at each full buffer, and a peer that stops reading holds a worker for
+# at most one slice (then the wait is the loop's, under the transfer deadline).
+SEND_SLICE_S = 0.02
 
 
 class _Fatal(Exception):
@@ -100,7 +122,7 @@ class DataServer:
         self._copies = ThreadPoolExecutor(
             max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
         )
-        self._busy = 0  # requests being served now, over all connections
+        self._busy = 0  # connections with a request being read or a reply being sent
         self._accept_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
@@ -129,7 +151,8 @@ class DataServer:
             lambda: self.tokens.enabled,  # the table may be swapped (SIGHUP)
             self.max_frame,
         )
-        self._ops = {**blocks.ops(), **self.descriptors.ops()}
+        self._queued_ops = blocks.ops()  # handler(replies, ...): replies queued
+        self._ops = {**self._queued_ops, **self.descriptors.ops()}
         self._per_op: dict[str, tuple[Any, Any, str]] = {}  # see _op_metrics
 
     # ------------------------------------------------------------ lifecycle
@@ -189,8 +212,11 @@ class DataServer:
                 t.cancel()
         self.sock.close()
         for task, sess in list(self._conns.items()):
-            if not sess.busy:
-                task.cancel()
+            if not sess.busy:  # no request being read: cancelled once its replies are sent
+                if sess.replies is None:
+                    task.cancel()
+                else:
+                    sess.replies.when_idle(task.cancel)
         busy = list(self._conns)
         if busy:
             _, pending = await asyncio.wait(busy, timeout=grace_s)
@@ -220,24 +246,45 @@ class DataServer:
     # ------------------------------------------------------------ per connection
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
-        # Copies go to worker threads only while another request is being served too: alone,
-        # the thread hops cost more than they win (docs/benchmarks-store.md).
-        ch = SocketChannel(conn, offload=self._copies, offload_if=lambda: self._busy > 1)
+        # Receives copy in worker threads only while another connection is being served too:
+        # alone, the thread hops cost more than they win (docs/benchmarks-store.md). Large
+        # sends always do, in SEND_SLICE_S slices of the kernel's own wait for room.
+        ch = SocketChannel(
+            conn, offload=self._copies, offload_if=lambda: self._busy > 1, send_slice_s=SEND_SLICE_S
+        )
+        me = asyncio.current_task()
+        replies = sess.replies = ReplyQueue(
+            ch,
+            REPLY_DEPTH,
+            self.limits.transfer_timeout_s,
+            self.metrics,
+            self._bad,
+            sess.peer,
+            lambda d: self._active(sess, d),
+            me.cancel,  # a failed send ends the connection
+        )
         self.metrics.connections.inc()
         hello_by = time.monotonic() + self.limits.hello_timeout_s
+        loop = asyncio.get_running_loop()
+        graceful = False  # the replies queued are sent before the connection closes
         try:
             while not self.closing:
-                h = await self._next_header(ch, sess, hello_by)
+                await replies.room()
+                h = await self._next_header(ch, sess, hello_by, replies)
                 if h is None:
+                    graceful = True
                     return
                 sess.busy = True
-                self._busy += 1
+                self._active(sess, 1)
                 try:
                     # the whole request, its reply included, has twice the transfer deadline
                     # (one payload transfer plus its reply; a stalled transfer is cut first, as
-                    # "transfer"): a peer that stops reading cannot hold a reply forever
-                    async with asyncio.timeout(2 * self.limits.transfer_timeout_s):
-                        if not await self._request(ch, sess, h):
+                    # "transfer"): a peer that stops reading cannot hold a reply forever. The
+                    # queued reply's send keeps the same deadline (replies.due).
+                    replies.due = loop.time() + 2 * self.limits.transfer_timeout_s
+                    async with asyncio.timeout_at(replies.due):
+                        if not await self._request(replies, sess, h):
+                            graceful = True
                             return
                 except TimeoutError:
                     self.metrics.timeouts.labels("request").inc()
@@ -245,18 +292,36 @@ class DataServer:
                     return
                 finally:
                     sess.busy = False
-                    self._busy -= 1
+                    self._active(sess, -1)
+            graceful = True
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception as exc:  # never let one connection take the daemon down
             log.exception(kv("connection_failed", peer=sess.peer, error=type(exc).__name__))
         finally:
-            ch.close()  # first: no byte moves after this, so the slots can go back
-            self._drop_session(sess)
-            self.admission.leave(sess)
-            self.metrics.connections.dec()
+            try:
+                if graceful:
+                    await replies.drain()  # each send has its deadline
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                await replies.close()  # first: no byte moves after this, so the slots can go back
+                ch.close()
+                self._drop_session(sess)
+                self.admission.leave(sess)
+                self.metrics.connections.dec()
 
-    async def _next_header(self, ch: SocketChannel, sess: Session, hello_by: float) -> dict | None:
+    def _active(self, sess: Session, d: int) -> None:
+        """Count ``sess`` in ``_busy`` while its reader serves a request or its replies are
+        being sent (``d``: +1 when one of them starts, -1 when it ends)."""
+        was = sess.active
+        sess.active += d
+        if (was == 0) != (sess.active == 0):
+            self._busy += 1 if sess.active else -1
+
+    async def _next_header(
+        self, ch: SocketChannel, sess: Session, hello_by: float, replies: ReplyQueue
+    ) -> dict | None:
         """The next request's header, or None (the connection ends) at a deadline or a bad
         frame. Before HELLO: a small header, all of it by the HELLO deadline. After: the first
         byte within the idle timeout, the rest within the transfer timeout."""
@@ -284,7 +349,7 @@ class DataServer:
         except FrameError as exc:
             self.metrics.protocol_errors.labels(exc.code).inc()
             self._bad.info("bad_frame", peer=sess.peer, code=exc.code, error=exc)
-            await _try_send(ch, P.ErrorReply(0, exc.code, str(exc)).to_wire())
+            replies.send(P.ErrorReply(0, exc.code, str(exc)).to_wire(), quiet=True)
             return None
 
     @staticmethod
@@ -342,9 +407,11 @@ class DataServer:
         finally:
             h.clear()
 
-    async def _request(self, ch: SocketChannel, sess: Session, h: dict[str, Any]) -> bool:
+    async def _request(self, replies: ReplyQueue, sess: Session, h: dict[str, Any]) -> bool:
         """Serve one request: parse it into its typed request (:meth:`_parse`, which empties
-        ``h``), hand it to the op's handler; False closes the connection."""
+        ``h``), hand it to the op's handler; False closes the connection (once the replies
+        queued are sent). Queues exactly one reply, or none when the connection fails."""
+        ch = replies.ch
         plen = payload_len(h)
         rid = P.request_rid(h)
         op = _op_label(h)
@@ -354,8 +421,11 @@ class DataServer:
             op, req = self._parse(sess, h, plen)
             rid = req.rid
             if op == P.Hello.OP:
-                await self._hello(ch, sess, req)
-            else:
+                self._hello(replies, sess, req)
+            elif op in self._queued_ops:
+                await self._queued_ops[op](replies, sess, req, plen)
+            else:  # a descriptor op sends its own reply, after those queued
+                await replies.drain()
                 await self._ops[op](ch, sess, req, plen)
             ok, latency, stat = self._op_metrics(op)
             ok.inc()
@@ -368,7 +438,7 @@ class DataServer:
             if exc.code == P.AUTH:
                 self.metrics.auth_failures.labels("data").inc()
             self._bad.info("refused", peer=sess.peer, op=op, code=exc.code, error=exc)
-            await _try_send(ch, P.ErrorReply(rid, exc.code, str(exc)).to_wire())
+            replies.send(P.ErrorReply(rid, exc.code, str(exc)).to_wire(), quiet=True)
             return False
         except P.ProtocolError as exc:
             # raised before any payload byte was read or any reply byte sent: resync is safe
@@ -379,7 +449,7 @@ class DataServer:
             # (before HELLO the frame was at most limits.max_header_unauthenticated, and the
             # HELLO deadline still runs: a peer cannot stay unauthenticated by erring)
             await self.transfers.moving([], lambda _: ch.discard(plen))
-            await ch.send_frame(P.ErrorReply(rid, exc.code, str(exc)).to_wire())
+            replies.send(P.ErrorReply(rid, exc.code, str(exc)).to_wire())
             return True
         except (ConnectionError, asyncio.CancelledError):
             raise
@@ -387,7 +457,9 @@ class DataServer:
             # mid-request: the stream may be desynchronised, so the connection ends here
             self._count_error(op, P.INTERNAL)
             log.exception(kv("op_failed", peer=sess.peer, op=op, error=type(exc).__name__))
-            await _try_send(ch, P.ErrorReply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}").to_wire())
+            replies.send(
+                P.ErrorReply(rid, P.INTERNAL, f"{op} failed: {type(exc).__name__}").to_wire(), quiet=True
+            )
             return False
 
     def _op_metrics(self, op: str) -> tuple[Any, Any, str]:
@@ -408,7 +480,7 @@ class DataServer:
 
     # ------------------------------------------------------------ ops
 
-    async def _hello(self, ch: SocketChannel, sess: Session, hello: P.Hello) -> None:
+    def _hello(self, replies: ReplyQueue, sess: Session, hello: P.Hello) -> None:
         tenant = self.tokens.tenant_of(hello.token)
         if tenant is None:
             raise _Fatal(P.AUTH, "token refused")
@@ -450,7 +522,7 @@ class DataServer:
             "hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport
         )
         reply = P.HelloReply(hello.rid, tenant, salt, tuple(ids), self.node_name, self.max_frame, rdma)
-        await ch.send_frame(reply.to_wire())
+        replies.send(reply.to_wire())
 
 
 def _op_label(h: dict[str, Any]) -> str:
@@ -459,10 +531,3 @@ def _op_label(h: dict[str, Any]) -> str:
         return P.req_op(h)[0]
     except P.ProtocolError:
         return "?"
-
-
-async def _try_send(ch: SocketChannel, header: dict[str, Any]) -> None:
-    try:
-        await asyncio.wait_for(ch.send_frame(header), 1.0)
-    except (TimeoutError, ConnectionError, OSError):
-        pass

@@ -46,7 +46,9 @@ class Session:
     reservations: dict[int, Held] = field(default_factory=dict)
     verbs: Any = None  # rdma.verbs.VerbsTransport connected to the client's queue pair, or None
     windows: Any = None  # rdma.windows.Windows bound on ``verbs`` (per-lease remote access)
-    busy: bool = False
+    busy: bool = False  # a request is being read and served (its reply may still be queued)
+    active: int = 0  # the reader serving a request (1) and the reply sender sending (1)
+    replies: Any = None  # kvstore.daemon.replies.ReplyQueue: the replies not yet sent
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def sees(self, namespace_id: bytes | None) -> bool:

@@ -63,6 +63,7 @@ class PackedLease:
     headers: list[bytes] = field(default_factory=list)
     tiers: list[str] = field(default_factory=list)
     owner: None = None  # never charged: its disk reads are bounded per call instead
+    read_bytes: int = 0  # bytes of its blocks read from disk for it (within that bound)
 
 
 @dataclass(eq=False)

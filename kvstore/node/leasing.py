@@ -172,6 +172,7 @@ class Leaser:
                 st.release([got])
                 break
             lt.pop_lease(got.id)  # its hold passes to ``p``
+            p.read_bytes += plen
             pk.append(k)
             pat.append(i)
             pviews.append(got.view)
