@@ -3,9 +3,12 @@
 Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
 operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
 prefix (a read touches; a disk hit moves into DRAM when that evicts only blocks disk also
-holds, and is touched there: the read of the node's lease is of the DRAM copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
+holds and none the same GET read, and is touched there: the node's lease reads the DRAM
+copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
 disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
-which evicts its own victims). Keys are placed over nodes by
+which evicts its own victims; a block DRAM has no room for goes to disk only). tests/store/
+test_sim_matches_node.py checks a real node against it, request by request. Keys are placed
+over nodes by
 the client's rendezvous placement (kvstore.client.placement.rank_many, one copy). bench/trace.py
 runs the same requests on real daemons and compares.
 
