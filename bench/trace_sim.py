@@ -3,9 +3,12 @@
 Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
 operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
 prefix (a read touches; a disk hit moves into DRAM when that evicts only blocks disk also
-holds), PUT of the request's new full blocks (room made in DRAM by moving victims down to
+holds and none the same GET read, and is touched there: the node's lease reads the DRAM
+copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
 disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
-which evicts its own victims). Keys are placed over nodes by
+which evicts its own victims; a block DRAM has no room for goes to disk only). tests/store/
+test_sim_matches_node.py checks a real node against it, request by request. Keys are placed
+over nodes by
 the client's rendezvous placement (kvstore.client.placement.rank_many, one copy). bench/trace.py
 runs the same requests on real daemons and compares.
 
@@ -33,6 +36,7 @@ from kvstore.node.depth_order import commit_order  # noqa: E402
 from kvstore.node.tiers.order import make_order  # noqa: E402
 
 BLOCK_TOKENS = 512  # the traces' block size
+GET_BATCH = 256  # keys per GET of the replay (bench/trace.py): the node holds them until it ends
 # gzip-compressed as published (JSON lines): 1 MiB in the repository instead of 4
 TRACES = {"conversation": "conversation_trace.jsonl.gz", "synthetic": "synthetic_trace.jsonl.gz"}
 
@@ -118,7 +122,12 @@ class SimNode:
     def has(self, key: bytes) -> bool:
         return key in self.dram.keys or (self.disk is not None and key in self.disk.keys)
 
-    def read(self, key: bytes) -> bool:
+    def read(self, key: bytes, held: set[bytes] | None = None) -> bool:
+        """Read ``key`` as one key of a GET: ``held`` collects the keys that GET read so far,
+        leased by the node until it ends, so a promotion does not evict them from DRAM."""
+        if held is None:
+            held = set()
+        held.add(key)
         if key in self.dram.keys:
             self.dram.order.touch(key)
             self.hits["dram"] += 1
@@ -127,13 +136,19 @@ class SimNode:
             return False
         self.disk.order.touch(key)
         self.hits["disk"] += 1
-        if self._room_without_io():
+        if self._room_without_io(held):
+            # the node's lease of a promoted block reads it from its new DRAM slot, and that
+            # read touches it (kvstore/node/leasing.py): it joins DRAM's main segment, not
+            # probation. Without this touch the simulation drifted from the node from the
+            # first promotion on (tests/store/test_sim_matches_node.py).
             self.dram.add(key, self.parent[key])
+            self.dram.order.touch(key)
         return True
 
-    def _room_without_io(self) -> bool:
+    def _room_without_io(self, held: set[bytes]) -> bool:
+        disk = self.disk.keys  # type: ignore[union-attr]
         while self.dram.full():
-            victim = next((k for k in self.dram.order.candidates() if k in self.disk.keys), None)  # type: ignore[union-attr]
+            victim = next((k for k in self.dram.order.candidates() if k in disk and k not in held), None)
             if victim is None:
                 return False
             self.dram.remove(victim)
@@ -141,10 +156,11 @@ class SimNode:
 
     def put(self, items: list[tuple[bytes, bytes]]) -> None:
         """One PUT of (key, parent) blocks: each reserved in DRAM in turn (room made by moving
-        victims down), then committed deepest first (kvstore/node/depth_order.py: the last run
-        of consecutive blocks first) and written through to disk in one batch in that order,
-        as the node does."""
-        new = []
+        victims down; where none can be made -- DRAM all reserved by this PUT -- a block goes
+        to disk only, as the node's placement sends it), then committed deepest first
+        (kvstore/node/depth_order.py: the last run of consecutive blocks first) and written
+        through to disk in one batch in that order, as the node does."""
+        new, in_dram = [], set()
         for key, parent in items:
             if self.has(key):
                 continue  # EXISTS
@@ -157,16 +173,21 @@ class SimNode:
                 if self.disk is not None and victim not in self.disk.keys:
                     self._disk_put([(victim, self.parent[victim])], demoted=True)
                 self._forget_if_gone(victim)
-            if self.dram.full():
+            if not self.dram.full():
+                self.dram.reserved += 1
+                in_dram.add(key)
+            elif self.disk is None:
                 continue  # NO_SPACE
-            self.dram.reserved += 1
             new.append((key, parent))
         self.dram.reserved = 0
         new = [new[i] for i in commit_order([k for k, _ in new], [p for _, p in new])]
         for key, parent in new:  # committed deepest first
-            self.dram.add(key, parent)
+            if key in in_dram:
+                self.dram.add(key, parent)
         if self.disk is not None and new:
             self._disk_put(new)
+            for key, _ in new:  # a disk-only block the disk had no room for is nowhere
+                self._forget_if_gone(key)
 
     def _disk_put(self, items: list[tuple[bytes, bytes]], demoted: bool = False) -> None:
         """One disk put: victims planned from one pass over the order, each counted as gone
@@ -288,8 +309,10 @@ def simulate(
             if not sims[owner[k]].has(k):
                 break
             hit += 1
-        for k in keys[:hit]:
-            sims[owner[k]].read(k)
+        for start in range(0, hit, GET_BATCH):  # the replay's GETs, one per owner
+            held: dict[str, set[bytes]] = {}
+            for k in keys[start : min(hit, start + GET_BATCH)]:
+                sims[owner[k]].read(k, held.setdefault(owner[k], set()))
         out.hit_tokens += hit * BLOCK_TOKENS
         parents = [root, *keys[:-1]]
         batches: dict[str, list[tuple[bytes, bytes]]] = {}
