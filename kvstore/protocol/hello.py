@@ -192,8 +192,10 @@ class HelloReply:
         if _u64(max_frame, "max_frame") == 0:
             raise bad("max_frame must be positive")
         exists_keys = h.get("exists_keys", MAX_BATCH)  # a node from before the field: 4096
-        if _u64(exists_keys, "exists_keys") == 0:
-            raise bad("exists_keys must be positive")
+        # every node of this protocol takes MAX_BATCH keys; a lower claim would only multiply
+        # the round trips of one lookup (a node saying 1: thousands of them on the engine's loop)
+        if _u64(exists_keys, "exists_keys") < MAX_BATCH:
+            raise bad(f"exists_keys must be at least {MAX_BATCH}, got {exists_keys}")
         return cls(
             _u64(h.get("rid"), "rid"),
             _str(h.get("tenant"), "tenant"),
