@@ -20,7 +20,9 @@ the request's chain ``keys``):
   finished when the load returns (cancelled too: it waits for the copy under way).
 - A read's lent views and staging slot are given back only once the copies reading them
   finished (on CUDA from a task that waits for their events): a slot is never reused while
-  bytes still move out of it.
+  bytes still move out of it. A batch that fails between its read and its copy (a view that
+  does not fit, a copy that cannot be enqueued or started) is given back there and then (on
+  CUDA after what a broken-off copy enqueued), and the load ends as for any other failure.
 
 Owns the staging slots (connector/staging.py: allocated and touched once, registered with the
 store once) and the copy thread; runs on the engine's event loop.
@@ -154,16 +156,25 @@ class Loader:
                 read, slot, secs = await task
                 used += 1
                 give = _giver(read, slot, self.staging, held)
-                ready, cause = self._verified(read, slot, batch, page_ids, tiers)
-                copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
-                if not ready:
-                    give()
-                elif self._copier is None:
-                    pending = copy()
-                    done += len(ready)
-                    self._release_after(pending, give)
-                else:
-                    copies.append((self._copy(copy, give), len(ready)))
+                try:
+                    ready, cause = self._verified(read, slot, batch, page_ids, tiers)
+                    copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
+                    if not ready:
+                        give()
+                    elif self._copier is None:
+                        pending = copy()
+                        done += len(ready)
+                        self._release_after(pending, give)
+                    else:
+                        copies.append((self._copy(copy, give), len(ready)))
+                except BaseException:
+                    # Not handed on: give the batch back here (once; a give already handed on
+                    # is a no-op), on CUDA after whatever a broken-off copy enqueued from it.
+                    if self._copier is None:
+                        self._release_after(self.transfer.last_pending(), give)
+                    else:
+                        give()
+                    raise
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -292,12 +303,19 @@ async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException 
 
 def _giver(read, slot: StagingSlot, pool: StagingPool, held: asyncio.Semaphore) -> Callable[[], None]:
     """What gives one batch back: its read's lent views to the store, its slot to the pool, its
-    place among the load's batches held to the next read."""
+    place among the load's batches held to the next read. Only its first call does (a batch
+    is given back once, whichever path gets there first)."""
+    given = []
 
     def give() -> None:
-        read.release()
-        pool.give(slot)
-        held.release()
+        if given:
+            return
+        given.append(True)
+        try:
+            read.release()
+        finally:
+            pool.give(slot)
+            held.release()
 
     return give
 
