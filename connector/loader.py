@@ -3,8 +3,12 @@
 Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.first_token``,
 the request's chain ``keys``):
 
-- Blocks are read in batches of ``load_batch_blocks`` (0: as many as fit in
-  ``AUTO_BATCH_BYTES``), ``load_parallel`` reads in flight and one more batch being copied (a
+- Blocks are read in batches of ``load_batch_blocks``, or with 0 (the default) of what a read
+  finishes in half of ``load_deadline_s`` at the read bandwidth last measured (bytes of its
+  leading hits over the seconds the read itself took), until measured and after a read that
+  ran out its deadline at ``load_floor_bandwidth``: at least one block, at most
+  ``AUTO_BATCH_BYTES``. A fast link gets large batches from its second read on, a slow one
+  batches that end within their deadline. ``load_parallel`` reads in flight and one more batch being copied (a
   batch holds its staging slot until its copy ended), each through the store's
   one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
   filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
@@ -82,6 +86,10 @@ class Loader:
         self.layer_groups = layer_groups
         self.cost, self.metrics = cost, metrics
         self.batch_blocks = cfg.load_batch_blocks or max(1, AUTO_BATCH_BYTES // self.block_bytes)
+        # Bytes/s one read moved, last measured (None: not yet, or the last read ran out its
+        # deadline). Not the cost model's per-tier figure: that starts from a prior and keeps
+        # its estimate through a timeout, where batch sizing must fall back to the floor.
+        self.read_bps: float | None = None
         self._releasing: set[asyncio.Task] = set()
         # A fresh buffer costs a page fault per 4 KiB on its first fill, which a load should
         # not pay: a slot for every read in flight and one being copied, allocated once here
@@ -104,7 +112,8 @@ class Loader:
     async def _fetch(
         self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, reading, held
     ):
-        """Read one batch: (its read, its staging slot, seconds)."""
+        """Read one batch: (its read, its staging slot, seconds in all, seconds of the read
+        itself)."""
         lo, hi = first + batch.start, first + batch.stop
         step = self.block_tokens * 4  # bytes of one block's token ids
         await held.acquire()  # released when the batch's slot is given back (its copy ended)
@@ -117,6 +126,7 @@ class Loader:
         ts = time.perf_counter()
         try:
             async with reading:
+                tr = time.perf_counter()
                 read = await self.store().read(
                     keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
                 )
@@ -124,7 +134,24 @@ class Loader:
             self.staging.give(slot)
             held.release()
             raise
-        return read, slot, time.perf_counter() - ts
+        now = time.perf_counter()
+        return read, slot, now - ts, now - tr
+
+    def _next_batch(self) -> int:
+        """Blocks of the next batch (the module docstring's rule)."""
+        if self.cfg.load_batch_blocks:
+            return self.batch_blocks
+        bps = self.read_bps if self.read_bps is not None else self.cfg.load_floor_bandwidth
+        fits = int(bps * self.cfg.load_deadline_s / 2) // self.block_bytes
+        return max(1, min(self.batch_blocks, fits))
+
+    def _measured(self, cause: str | None, hits: int, read_secs: float) -> None:
+        """Follow one read's bandwidth: its ``hits`` leading blocks over its own seconds; a
+        read that ran out its deadline (``cause``) sends the next batches back to the floor."""
+        if cause == "timeout":
+            self.read_bps = None
+        elif hits and read_secs > 0:
+            self.read_bps = hits * self.block_bytes / read_secs
 
     async def load(
         self, request, page_ids: Sequence[int], keys: KeyBatch, tiers: list[str | None], parent0: BlockKey
@@ -138,26 +165,40 @@ class Loader:
         if request.first_token % bt or n <= 0:
             return 0
         t0 = time.perf_counter()
-        step = self.batch_blocks
-        batches = [range(i, min(i + step, n)) for i in range(0, n, step)]
         # load_parallel reads in flight; a batch holds its slot (and its place) until its copy ended
         reading, held = (
             asyncio.Semaphore(self.cfg.load_parallel),
             asyncio.Semaphore(self.cfg.load_parallel + 1),
         )
-        tasks = [
-            asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, reading, held))
-            for b in batches
-        ]
+        batches: list[range] = []
+        tasks: list[asyncio.Future] = []
+
+        def launch() -> None:
+            """Start the next batch's read, sized now (from the reads measured so far)."""
+            lo = batches[-1].stop if batches else 0
+            if lo < n:
+                batches.append(range(lo, min(n, lo + self._next_batch())))
+                tasks.append(
+                    asyncio.ensure_future(
+                        self._fetch(request, keys, first, batches[-1], parent0, reading, held)
+                    )
+                )
+
+        for _ in range(self.cfg.load_parallel):
+            launch()
         done, cause, used = 0, None, 0
         copies: list[tuple[Future, int]] = []  # CPU copies under way: (future, blocks)
         try:
-            for batch, task in zip(batches, tasks):
-                read, slot, secs = await task
+            while used < len(tasks):
+                batch, task = batches[used], tasks[used]
+                read, slot, secs, read_secs = await task
                 used += 1
                 give = _giver(read, slot, self.staging, held)
                 try:
                     ready, cause = self._verified(read, slot, batch, page_ids, tiers)
+                    self._measured(cause, len(ready), read_secs)
+                    if not cause:
+                        launch()  # its read goes on while this batch is copied
                     copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
                     if not ready:
                         give()
