@@ -34,8 +34,8 @@ class ConnectorConfig:
     # most 128 MiB (connector/loader.py); batches are pipelined, their copies overlap the reads
     load_batch_blocks: int = 0
     # load_batch_blocks = 0: a batch is what a read finishes in half of load_deadline_s at the
-    # read bandwidth last measured, until measured (and after a read that ran out its
-    # deadline) at this floor (bytes/s): a slow-but-moving link loads a prefix
+    # read bandwidth last measured, never below this floor (bytes/s; only it until measured
+    # and after a read that ran out its deadline): a slow-but-moving link loads a prefix
     load_floor_bandwidth: Size = Size(16 << 20)
     # reads of one load in flight at once (each is split over the store client's connections)
     load_parallel: int = 1

@@ -4,9 +4,9 @@ Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.fi
 the request's chain ``keys``):
 
 - Blocks are read in batches of ``load_batch_blocks``, or with 0 (the default) of what a read
-  finishes in half of ``load_deadline_s`` at the read bandwidth last measured (bytes of its
-  leading hits over the seconds the read itself took), until measured and after a read that
-  ran out its deadline at ``load_floor_bandwidth``: at least one block, at most
+  finishes in half of ``load_deadline_s`` at the larger of ``load_floor_bandwidth`` and the
+  read bandwidth last measured (bytes of its leading hits over the seconds the read itself
+  took; forgotten after a read that ran out its deadline): at least one block, at most
   ``AUTO_BATCH_BYTES``. A fast link gets large batches from its second read on, a slow one
   batches that end within their deadline. ``load_parallel`` reads in flight and one more batch being copied (a
   batch holds its staging slot until its copy ended), each through the store's
@@ -141,7 +141,9 @@ class Loader:
         """Blocks of the next batch (the module docstring's rule)."""
         if self.cfg.load_batch_blocks:
             return self.batch_blocks
-        bps = self.read_bps if self.read_bps is not None else self.cfg.load_floor_bandwidth
+        # Never below the floor: a small read's latency makes a fast link look slow, and a
+        # link that moved the first, floor-sized batch in time moves every later one in time.
+        bps = max(self.cfg.load_floor_bandwidth, self.read_bps or 0.0)
         fits = int(bps * self.cfg.load_deadline_s / 2) // self.block_bytes
         return max(1, min(self.batch_blocks, fits))
 
