@@ -197,7 +197,7 @@ class Loader:
                 used += 1
                 give = _giver(read, slot, self.staging, held)
                 try:
-                    ready, cause = self._verified(read, slot, batch, page_ids, tiers)
+                    ready, cause, hit_tiers = self._verified(read, slot, batch, page_ids, tiers)
                     self._measured(cause, len(ready), read_secs)
                     if not cause:
                         launch()  # its read goes on while this batch is copied
@@ -218,6 +218,8 @@ class Loader:
                     else:
                         give()
                     raise
+                for tier, k in hit_tiers.items():  # one update per tier and batch, not per block
+                    self.metrics.hit_tokens.labels(tier).inc(k * self.block_tokens)
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -267,8 +269,11 @@ class Loader:
         fut.add_done_callback(lambda _: loop.call_soon_threadsafe(give))
         return fut
 
-    def _verified(self, read, slot: StagingSlot, batch: range, page_ids, tiers) -> tuple[list, str | None]:
-        """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did."""
+    def _verified(
+        self, read, slot: StagingSlot, batch: range, page_ids, tiers
+    ) -> tuple[list, str | None, Counter]:
+        """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did;
+        how many of them came from each tier (counted as hits once their copy is handed on)."""
         ppb = self.pages_per_block
         ready, hit_tiers, cause = [], Counter(), None
         for k, (j, r) in enumerate(zip(batch, read.results)):
@@ -284,9 +289,7 @@ class Loader:
                 block = slot.block(k)
             ready.append((page_ids[j * ppb : (j + 1) * ppb], block))
             hit_tiers[tiers[j] or r.tier or "unknown"] += 1
-        for tier, n in hit_tiers.items():  # one metric update per tier and batch, not per block
-            self.metrics.hit_tokens.labels(tier).inc(n * self.block_tokens)
-        return ready, cause
+        return ready, cause, hit_tiers
 
     def _observe(self, nbytes: int, tier: str | None, secs: float) -> None:
         self.metrics.bytes_loaded.inc(nbytes)

@@ -1,6 +1,7 @@
 """A load whose batch fails after its read (the copy cannot start, a block cannot be viewed)
 gives the read and its staging slot back: the store holds no lease afterwards, the pool has
-its up-front slots idle, and the failure is a miss with a counter, never an exception. Real
+its up-front slots idle, and the failure is a miss with a counter (its blocks not counted as
+hits), never an exception. Real
 engines and a real in-process store."""
 
 from __future__ import annotations
@@ -42,5 +43,7 @@ async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tin
             assert len(node.state.leases.leases) == 0
             node.check()
         assert conn.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="error") == 30
+        # recomputed, so not counted as loaded either
+        assert conn.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 0
     finally:
         await a.stop()
