@@ -30,9 +30,13 @@ class ConnectorConfig:
     policy: Literal["auto", "always", "never"] = "auto"
     save: bool = True
     save_queue_bytes: Size = Size(512 << 20)  # host memory for blocks waiting to be written
-    # blocks per read (one request per node, streamed); 0: as many as fit in 128 MiB
-    # (connector/loader.py AUTO_BATCH_BYTES); batches are pipelined, their copies overlap the reads
+    # blocks per read (one request per node, streamed); 0: sized from the read bandwidth, at
+    # most 128 MiB (connector/loader.py); batches are pipelined, their copies overlap the reads
     load_batch_blocks: int = 0
+    # load_batch_blocks = 0: a batch is what a read finishes in half of load_deadline_s at the
+    # read bandwidth last measured, never below this floor (bytes/s; only it until measured
+    # and after a read that ran out its deadline): a slow-but-moving link loads a prefix
+    load_floor_bandwidth: Size = Size(16 << 20)
     # reads of one load in flight at once (each is split over the store client's connections)
     load_parallel: int = 1
     # loads copy blocks in this many groups of layers, so group g+1 arrives while g computes
@@ -102,6 +106,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         cfg.block_tokens < 0
         or cfg.save_queue_bytes < 1
         or cfg.load_batch_blocks < 0
+        or cfg.load_floor_bandwidth < 1
         or cfg.load_parallel < 1
         or cfg.replicas < 1
         or cfg.layer_groups < 0

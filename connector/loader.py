@@ -3,8 +3,12 @@
 Contract of :meth:`Loader.load` (``request``, its ``page_ids`` from ``request.first_token``,
 the request's chain ``keys``):
 
-- Blocks are read in batches of ``load_batch_blocks`` (0: as many as fit in
-  ``AUTO_BATCH_BYTES``), ``load_parallel`` reads in flight and one more batch being copied (a
+- Blocks are read in batches of ``load_batch_blocks``, or with 0 (the default) of what a read
+  finishes in half of ``load_deadline_s`` at the larger of ``load_floor_bandwidth`` and the
+  read bandwidth last measured (bytes of its leading hits over the seconds the read itself
+  took; forgotten after a read that ran out its deadline): at least one block, at most
+  ``AUTO_BATCH_BYTES``. A fast link gets large batches from its second read on, a slow one
+  batches that end within their deadline. ``load_parallel`` reads in flight and one more batch being copied (a
   batch holds its staging slot until its copy ended), each through the store's
   one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
   filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
@@ -20,7 +24,9 @@ the request's chain ``keys``):
   finished when the load returns (cancelled too: it waits for the copy under way).
 - A read's lent views and staging slot are given back only once the copies reading them
   finished (on CUDA from a task that waits for their events): a slot is never reused while
-  bytes still move out of it.
+  bytes still move out of it. A batch that fails between its read and its copy (a view that
+  does not fit, a copy that cannot be enqueued or started) is given back there and then (on
+  CUDA after what a broken-off copy enqueued), and the load ends as for any other failure.
 
 Owns the staging slots (connector/staging.py: allocated and touched once, registered with the
 store once) and the copy thread; runs on the engine's event loop.
@@ -80,6 +86,10 @@ class Loader:
         self.layer_groups = layer_groups
         self.cost, self.metrics = cost, metrics
         self.batch_blocks = cfg.load_batch_blocks or max(1, AUTO_BATCH_BYTES // self.block_bytes)
+        # Bytes/s one read moved, last measured (None: not yet, or the last read ran out its
+        # deadline). Not the cost model's per-tier figure: that starts from a prior and keeps
+        # its estimate through a timeout, where batch sizing must fall back to the floor.
+        self.read_bps: float | None = None
         self._releasing: set[asyncio.Task] = set()
         # A fresh buffer costs a page fault per 4 KiB on its first fill, which a load should
         # not pay: a slot for every read in flight and one being copied, allocated once here
@@ -102,7 +112,8 @@ class Loader:
     async def _fetch(
         self, request, keys: KeyBatch, first: int, batch: range, parent0: BlockKey, reading, held
     ):
-        """Read one batch: (its read, its staging slot, seconds)."""
+        """Read one batch: (its read, its staging slot, seconds in all, seconds of the read
+        itself)."""
         lo, hi = first + batch.start, first + batch.stop
         step = self.block_tokens * 4  # bytes of one block's token ids
         await held.acquire()  # released when the batch's slot is given back (its copy ended)
@@ -115,6 +126,7 @@ class Loader:
         ts = time.perf_counter()
         try:
             async with reading:
+                tr = time.perf_counter()
                 read = await self.store().read(
                     keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
                 )
@@ -122,7 +134,26 @@ class Loader:
             self.staging.give(slot)
             held.release()
             raise
-        return read, slot, time.perf_counter() - ts
+        now = time.perf_counter()
+        return read, slot, now - ts, now - tr
+
+    def _next_batch(self) -> int:
+        """Blocks of the next batch (the module docstring's rule)."""
+        if self.cfg.load_batch_blocks:
+            return self.batch_blocks
+        # Never below the floor: a small read's latency makes a fast link look slow, and a
+        # link that moved the first, floor-sized batch in time moves every later one in time.
+        bps = max(self.cfg.load_floor_bandwidth, self.read_bps or 0.0)
+        fits = int(bps * self.cfg.load_deadline_s / 2) // self.block_bytes
+        return max(1, min(self.batch_blocks, fits))
+
+    def _measured(self, cause: str | None, hits: int, read_secs: float) -> None:
+        """Follow one read's bandwidth: its ``hits`` leading blocks over its own seconds; a
+        read that ran out its deadline (``cause``) sends the next batches back to the floor."""
+        if cause == "timeout":
+            self.read_bps = None
+        elif hits and read_secs > 0:
+            self.read_bps = hits * self.block_bytes / read_secs
 
     async def load(
         self, request, page_ids: Sequence[int], keys: KeyBatch, tiers: list[str | None], parent0: BlockKey
@@ -136,34 +167,59 @@ class Loader:
         if request.first_token % bt or n <= 0:
             return 0
         t0 = time.perf_counter()
-        step = self.batch_blocks
-        batches = [range(i, min(i + step, n)) for i in range(0, n, step)]
         # load_parallel reads in flight; a batch holds its slot (and its place) until its copy ended
         reading, held = (
             asyncio.Semaphore(self.cfg.load_parallel),
             asyncio.Semaphore(self.cfg.load_parallel + 1),
         )
-        tasks = [
-            asyncio.ensure_future(self._fetch(request, keys, first, b, parent0, reading, held))
-            for b in batches
-        ]
+        batches: list[range] = []
+        tasks: list[asyncio.Future] = []
+
+        def launch() -> None:
+            """Start the next batch's read, sized now (from the reads measured so far)."""
+            lo = batches[-1].stop if batches else 0
+            if lo < n:
+                batches.append(range(lo, min(n, lo + self._next_batch())))
+                tasks.append(
+                    asyncio.ensure_future(
+                        self._fetch(request, keys, first, batches[-1], parent0, reading, held)
+                    )
+                )
+
+        for _ in range(self.cfg.load_parallel):
+            launch()
         done, cause, used = 0, None, 0
         copies: list[tuple[Future, int]] = []  # CPU copies under way: (future, blocks)
         try:
-            for batch, task in zip(batches, tasks):
-                read, slot, secs = await task
+            while used < len(tasks):
+                batch, task = batches[used], tasks[used]
+                read, slot, secs, read_secs = await task
                 used += 1
                 give = _giver(read, slot, self.staging, held)
-                ready, cause = self._verified(read, slot, batch, page_ids, tiers)
-                copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
-                if not ready:
-                    give()
-                elif self._copier is None:
-                    pending = copy()
-                    done += len(ready)
-                    self._release_after(pending, give)
-                else:
-                    copies.append((self._copy(copy, give), len(ready)))
+                try:
+                    ready, cause, hit_tiers = self._verified(read, slot, batch, page_ids, tiers)
+                    self._measured(cause, len(ready), read_secs)
+                    if not cause:
+                        launch()  # its read goes on while this batch is copied
+                    copy = functools.partial(self._scatter, ready, slot, not any(read.lent[: len(ready)]))
+                    if not ready:
+                        give()
+                    elif self._copier is None:
+                        pending = copy()
+                        done += len(ready)
+                        self._release_after(pending, give)
+                    else:
+                        copies.append((self._copy(copy, give), len(ready)))
+                except BaseException:
+                    # Not handed on: give the batch back here (once; a give already handed on
+                    # is a no-op), on CUDA after whatever a broken-off copy enqueued from it.
+                    if self._copier is None:
+                        self._release_after(self.transfer.last_pending(), give)
+                    else:
+                        give()
+                    raise
+                for tier, k in hit_tiers.items():  # one update per tier and batch, not per block
+                    self.metrics.hit_tokens.labels(tier).inc(k * self.block_tokens)
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -213,8 +269,11 @@ class Loader:
         fut.add_done_callback(lambda _: loop.call_soon_threadsafe(give))
         return fut
 
-    def _verified(self, read, slot: StagingSlot, batch: range, page_ids, tiers) -> tuple[list, str | None]:
-        """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did."""
+    def _verified(
+        self, read, slot: StagingSlot, batch: range, page_ids, tiers
+    ) -> tuple[list, str | None, Counter]:
+        """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did;
+        how many of them came from each tier (counted as hits once their copy is handed on)."""
         ppb = self.pages_per_block
         ready, hit_tiers, cause = [], Counter(), None
         for k, (j, r) in enumerate(zip(batch, read.results)):
@@ -230,9 +289,7 @@ class Loader:
                 block = slot.block(k)
             ready.append((page_ids[j * ppb : (j + 1) * ppb], block))
             hit_tiers[tiers[j] or r.tier or "unknown"] += 1
-        for tier, n in hit_tiers.items():  # one metric update per tier and batch, not per block
-            self.metrics.hit_tokens.labels(tier).inc(n * self.block_tokens)
-        return ready, cause
+        return ready, cause, hit_tiers
 
     def _observe(self, nbytes: int, tier: str | None, secs: float) -> None:
         self.metrics.bytes_loaded.inc(nbytes)
@@ -292,12 +349,19 @@ async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException 
 
 def _giver(read, slot: StagingSlot, pool: StagingPool, held: asyncio.Semaphore) -> Callable[[], None]:
     """What gives one batch back: its read's lent views to the store, its slot to the pool, its
-    place among the load's batches held to the next read."""
+    place among the load's batches held to the next read. Only its first call does (a batch
+    is given back once, whichever path gets there first)."""
+    given = []
 
     def give() -> None:
-        read.release()
-        pool.give(slot)
-        held.release()
+        if given:
+            return
+        given.append(True)
+        try:
+            read.release()
+        finally:
+            pool.give(slot)
+            held.release()
 
     return give
 

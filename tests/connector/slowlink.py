@@ -1,7 +1,8 @@
 """A real slow network link for tests: a TCP forwarder on loopback that delivers every byte
 from the server to the client ``delay_s`` after it arrived (a fixed one-way latency, like
-netem's ``delay``; bandwidth is not limited). The client side sees a round trip of at least
-``delay_s`` for every request, including the connection's HELLO."""
+netem's ``delay``) and, with ``rate_bps``, at most that many bytes per second on each
+connection (like a token bucket filter: the bytes wait in the forwarder). The client side sees
+a round trip of at least ``delay_s`` for every request, including the connection's HELLO."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import threading
 import time
 from collections import deque
 
+_PACE_BYTES = 4096  # a rate-limited link sends this much, then waits its time on the wire
+
 
 class SlowLink:
-    def __init__(self, target: str, delay_s: float) -> None:
+    def __init__(self, target: str, delay_s: float, rate_bps: float = 0.0) -> None:
         host, _, port = target.rpartition(":")
         self.target = (host, int(port))
         self.delay_s = delay_s
+        self.rate_bps = rate_bps  # 0: bandwidth not limited
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -67,7 +71,13 @@ class SlowLink:
                     wait = due - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
-                    dst.sendall(data)
+                    if not self.rate_bps:
+                        dst.sendall(data)
+                        continue
+                    for i in range(0, len(data), _PACE_BYTES):  # the chunk at the link's rate
+                        piece = data[i : i + _PACE_BYTES]
+                        dst.sendall(piece)
+                        time.sleep(len(piece) / self.rate_bps)
             except OSError:
                 pass
             finally:

@@ -125,3 +125,31 @@ async def test_saves_that_outlive_an_internal_timeout_are_reported_not_silent(ti
         assert sum(t is not None for t in present) >= res.saved, (present, res)
     finally:
         await direct.stop()
+
+
+async def test_a_link_too_slow_for_one_whole_batch_loads_a_prefix(tiny_model, start_daemon):
+    # The 24 blocks (8 KiB each) all fit one 128 MiB batch; a 48 KiB/s link moves them in about
+    # 4 s, twice the 2 s deadline of a read, so one read of all of them times out and the load
+    # got nothing. Batches sized to end within half the deadline (from the floor, then from
+    # what the link was measured to move) load a prefix: the tokens and KV are the cold run's.
+    d = tiny_model()
+    node = start_daemon()
+    prompt = _prompt(400, 14)
+    ref = reference(d, prompt)
+    cold_kv = await _store(d, node.addr, prompt)
+    link = SlowLink(node.addr, delay_s=0.0, rate_bps=48 << 10)
+    b = make_engine(
+        d,
+        f"kvstore://{link.addr}?lookup_deadline_s=5&load_deadline_s=2&load_floor_bandwidth=16KiB"
+        "&policy=always",
+    )
+    try:
+        await b.start()
+        toks, cached = await run(b, prompt)
+        assert toks == ref
+        assert cached > 0 and cached % 16 == 0, cached
+        # the loaded blocks are the stored ones bit for bit ([layers, K/V, tokens, heads, dim])
+        assert torch.equal(prompt_kv(b, prompt, cached), cold_kv[:, :, :cached])
+    finally:
+        await b.stop()
+        link.close()

@@ -1,0 +1,49 @@
+"""A load whose batch fails after its read (the copy cannot start, a block cannot be viewed)
+gives the read and its staging slot back: the store holds no lease afterwards, the pool has
+its up-front slots idle, and the failure is a miss with a counter (its blocks not counted as
+hits), never an exception. Real
+engines and a real in-process store."""
+
+from __future__ import annotations
+
+import torch
+from connutil import make_engine, run
+
+from engine.kv_connector import ConnectorRequest
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 250, (n,), generator=g).tolist()
+
+
+async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tiny_model, tmp_path):
+    """The loader's copy thread is stopped (the loader closed), so the batch's copy raises when
+    it is handed on: the load is a miss (counted), no lease on the store's DRAM is left held
+    and every up-front staging slot is idle again; the next load takes no fresh slot."""
+    d = tiny_model()
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2"
+    prompt = _prompt(160, 21)  # 10 full blocks: 5 batches of 2
+    a = make_engine(d, url)
+    try:
+        await run(a, prompt)
+        assert await a.connector.flush()
+        conn, eng = a.connector, a.engine
+        loader, node = conn.loader, conn.backend.node
+        up_front = conn.cfg.load_parallel + 1
+        assert loader.staging.idle == up_front
+        await loader.close()  # the copy thread is gone: handing a copy on raises
+        for i in range(3):
+            pages = eng.bm.take([], 10)
+            req = ConnectorRequest(f"r{i}", tuple(prompt), tuple(pages), 0)
+            assert await conn.load(req, pages) == 0
+            eng.bm.release(pages)
+            assert loader.staging.idle == up_front
+            assert loader.staging.fresh == 0
+            assert len(node.state.leases.leases) == 0
+            node.check()
+        assert conn.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="error") == 30
+        # recomputed, so not counted as loaded either
+        assert conn.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 0
+    finally:
+        await a.stop()
