@@ -48,8 +48,8 @@ class SocketChannel:
     for a slow or stalled peer happens on the event loop, so no peer can hold a worker. ``offload_if``, when given,
     is asked before each such transfer: False keeps it on the loop (a daemon serving one
     request at a time saves the two thread hops, ~40% of a 2 MiB GET). A cancelled offloaded
-    transfer shuts the socket down and waits for its worker before re-raising, so no thread
-    touches the buffer after the await ends.
+    transfer shuts the socket down and waits for its worker before re-raising (however often
+    it is cancelled meanwhile), so no thread touches the buffer after the await ends.
 
     ``worker_wait_s`` > 0 lets an offloaded receive wait for input in its worker, a slice of at
     most that long at a time, so a streamed batch is received by one hand-off to one thread
@@ -206,8 +206,16 @@ class SocketChannel:
         except asyncio.CancelledError:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)  # the worker's next syscall fails at once
-            await asyncio.wait({fut}, timeout=10)
             fut.add_done_callback(_retrieved)  # its failure (the socket shut down) is expected
+            # no deadline and no way out: until the worker's syscall returns, it may still
+            # write into the buffer, whose slot the caller frees once this await ends. A
+            # further cancel (a revoke, stop, a failed reply send's on_fail) is absorbed; the
+            # socket is shut down, so the syscall returns at once (or at its slice's end).
+            while not fut.done():
+                try:
+                    await asyncio.wait({fut})
+                except asyncio.CancelledError:
+                    pass
             raise
 
     async def send(self, buffers: Sequence[Any]) -> None:

@@ -305,11 +305,13 @@ class DataServer:
             except (ConnectionError, asyncio.CancelledError):
                 pass
             finally:
-                await replies.close()  # first: no byte moves after this, so the slots can go back
-                ch.close()
-                self._drop_session(sess)
-                self.admission.leave(sess)
-                self.metrics.connections.dec()
+                try:
+                    await replies.close()  # first: no byte moves after this, so the slots can go back
+                finally:  # even when cancelled again during close (which waits for its sender)
+                    ch.close()
+                    self._drop_session(sess)
+                    self.admission.leave(sess)
+                    self.metrics.connections.dec()
 
     def _active(self, sess: Session, d: int) -> None:
         """Count ``sess`` in ``_busy`` while its reader serves a request or its replies are
