@@ -49,13 +49,15 @@ def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: flo
 def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: float) -> tuple[int, int]:
     """Worker-thread body of an offloaded send on a blocking socket whose ``SO_SNDTIMEO`` is
     set: the kernel waits for room inside ``sendmsg`` (no return, poll and re-entry at each
-    full buffer: bench/send_modes.py). It returns when a call found no room for one
-    ``SO_SNDTIMEO`` slice, and once ``budget_s`` has passed (a slow reader's send goes back to
-    the pool's queue behind the others'): a worker is held at most ``budget_s`` plus a slice
-    per hand-off. Returns (index of the first view not yet sent, bytes sent)."""
+    full buffer: bench/send_modes.py). It returns after the first call that waited its slice
+    out (short, or no room at all: a slow or stalled reader; Linux bounds one call's waits,
+    summed, by ``SO_SNDTIMEO``), and, for a reader that keeps up, once ``budget_s`` has passed
+    (its send goes back to the pool's queue behind the others'): a slow reader holds a worker
+    about one slice per hand-off. Returns (index of the first view not yet sent, bytes sent)."""
     total = 0
     until = time.monotonic() + budget_s
     while i < len(views) and (not total or time.monotonic() < until):
+        asked = sum(v.nbytes for v in views[i : i + IOV_MAX])
         try:
             n = sock.sendmsg(views[i : i + IOV_MAX])
         except (BlockingIOError, InterruptedError, TimeoutError):
@@ -64,6 +66,8 @@ def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: 
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n
         i = advance(views, i, n)
+        if n < asked:
+            break  # short: its slice ran out waiting for a slow reader; the rest waits on the loop
     return i, total
 
 

@@ -1,6 +1,7 @@
 """A connection cancelled twice (two quick revokes; a stop's idle cancel on top of its grace
 period's; a failed reply send's ``on_fail`` during a cancelled receive) still waits for every
-worker that touches its buffers and still ends every reply before its slots go back."""
+worker that touches its buffers and still ends every reply before its slots go back; and a
+send in slices hands its worker back after one slice that waited, whatever the budget."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kvstore.daemon.logs import RateLimitedLog
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.replies import ReplyQueue
+from rdma.bursts import send_slices
 from rdma.channel import SocketChannel
 
 MiB = 1 << 20
@@ -75,3 +77,45 @@ async def test_close_of_the_replies_cancelled_again_returns_only_when_the_sender
     ch.close()
     b.close()
     pool.shutdown()
+
+
+def test_a_send_in_slices_returns_after_one_slice_that_waited_for_a_slow_reader():
+    """The reader takes 256 KiB every 10 ms (slow, but reading): the worker returns after the
+    first sendmsg that waited its slice out, not at the budget (here 30 s, more than the whole
+    transfer takes)."""
+    a, b = _tcp_pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 256 << 10)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0.02))
+    total = 12 * MiB
+    views = [memoryview(bytes(1 * MiB)) for _ in range(total // MiB)]
+    stop = threading.Event()
+    got = [0]
+
+    def slow_reader() -> None:
+        buf = bytearray(256 << 10)
+        while not stop.is_set() and got[0] < total:
+            n = b.recv_into(buf)
+            if not n:
+                return
+            got[0] += n
+            stop.wait(0.01)
+
+    t = threading.Thread(target=slow_reader)
+    t.start()
+    try:
+        i, sent = send_slices(a, views, 0, 30.0)
+        assert sent > 0
+        assert i < len(views) and sent < total  # handed back before the transfer's end
+    finally:
+        stop.set()
+        t.join()
+        a.close()
+        b.close()
+
+
+def _timeval(s: float) -> bytes:
+    import struct
+
+    usec = int(s * 1e6)
+    return struct.pack("ll", usec // 1000000, usec % 1000000)
