@@ -215,8 +215,8 @@ class DataServer:
             if not sess.busy:  # no request being read: cancelled once its replies are sent
                 if sess.replies is None:
                     task.cancel()
-                else:
-                    sess.replies.when_idle(task.cancel)
+                else:  # judged again when the replies are sent: a request begun since is served
+                    sess.replies.when_idle(lambda t=task, s=sess: None if s.busy else t.cancel())
         busy = list(self._conns)
         if busy:
             _, pending = await asyncio.wait(busy, timeout=grace_s)
