@@ -11,8 +11,9 @@ once, the kernel copies of large received payloads run in a small thread pool, e
 non-blocking burst that returns at EAGAIN (rdma/bursts.py); a large reply is always sent by a
 worker, in blocking ``sendmsg`` calls of at most ``SEND_SLICE_S`` without room (the kernel's own
 wait is cheaper than a return and a wait on the loop at each full buffer). Every longer wait for
-a peer happens on the event loop, so a stalled peer holds a worker for at most one slice and
-costs only its own connection (docs/security.md).
+a peer happens on the event loop: a hand-off ends at the first call that waited its slice out,
+so a slow or stalled reader holds a worker about one slice per hand-off and costs only its own
+connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
@@ -118,7 +119,7 @@ class DataServer:
         self.admission = Admission(cfg.limits)
         self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._conns: dict[asyncio.Task, Session] = {}
-        # kernel copies of large payloads, as non-blocking bursts (never a wait for a peer)
+        # kernel copies of large payloads: receives until EAGAIN, sends until one slice waited out
         self._copies = ThreadPoolExecutor(
             max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
         )
