@@ -8,8 +8,7 @@ Modes, interleaved, ``--rounds`` each:
 * ``loop``: the daemon's now: :class:`rdma.channel.SocketChannel` on an asyncio loop,
   non-blocking ``sendmsg`` and a wait for writability at each full buffer.
 * ``worker-poll``: one worker thread per send, non-blocking ``sendmsg`` and a bounded ``poll``
-  slice (0.2 s) at each full buffer (:func:`rdma.bursts.send_burst` with ``wait_s``; the
-  client's sends).
+  slice (0.2 s) at each full buffer (the client's sends before they used ``SO_SNDTIMEO``).
 * ``worker-sndtimeo``: one worker thread, the socket blocking with ``SO_SNDTIMEO`` 0.2 s:
   the kernel waits for room inside ``sendmsg``, a stalled peer still returns it within the slice.
 
@@ -24,6 +23,7 @@ import asyncio
 import json
 import os
 import resource
+import select
 import socket
 import statistics
 import struct
@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rdma.bursts import IOV_MAX, advance, send_burst  # noqa: E402
+from rdma.bursts import IOV_MAX, advance  # noqa: E402
 from rdma.channel import SocketChannel  # noqa: E402
 
 VIEW = 256 << 10
@@ -84,10 +84,15 @@ def _loop(sock: socket.socket, views: list[memoryview]) -> None:
 def _worker_poll(sock: socket.socket, views: list[memoryview], pool: ThreadPoolExecutor) -> None:
     sock.setblocking(False)
 
-    def body() -> None:
+    def body() -> None:  # the client's sends before they used SO_SNDTIMEO slices
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLOUT)
         i = 0
         while i < len(views):
-            i, _ = send_burst(sock, views, i, 0.2)
+            try:
+                i = advance(views, i, sock.sendmsg(views[i : i + IOV_MAX], (), socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                poller.poll(200)
 
     pool.submit(body).result()
 

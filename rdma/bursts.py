@@ -1,11 +1,19 @@
-"""Non-blocking syscall loops of :class:`rdma.channel.SocketChannel`'s transfers.
+"""Syscall loops of :class:`rdma.channel.SocketChannel`'s transfers.
 
-``send_burst`` and ``recv_landing`` are the bodies an offloaded transfer runs in a worker
-thread: they copy until done or until the socket says EAGAIN (every call passes
-``MSG_DONTWAIT``: the socket itself may be blocking, for :func:`send_slices`). A send never waits, so waiting
-for a slow peer stays on the event loop and no peer can hold a worker; a receive may wait a
-bounded slice (``wait_s``) where its owner gave each connection a worker of its own (the
-client), so a batch is received by one hand-off to one thread, not one per block. ``advance`` is the
+``send_slices`` and ``recv_landing`` are the bodies an offloaded transfer runs in a worker
+thread. One send mechanism serves both ends: the daemon (its workers shared by every peer) and
+the client (a worker per connection) make their sockets blocking with ``SO_SNDTIMEO`` (a
+slice), so the kernel waits for room inside ``sendmsg``; a non-blocking socket (no slice) makes
+the same loop return at the first full buffer. bench/send_modes.py measured why the kernel's
+wait: 1.02-1.05x a plain blocking send's sender CPU per GB, where returning at each full buffer
+and waiting for room with ``poll`` (the client's sends before) cost 1.46-1.52x. Every call the
+event loop makes on such a socket passes ``MSG_DONTWAIT``. A hand-off ends at the first slice
+that waited (a short or timed-out ``sendmsg``): a slow or stalled reader holds a worker about one
+slice per hand-off, the rest of its wait is on the loop under the transfer deadline.
+
+``recv_landing`` copies until done or EAGAIN (``MSG_DONTWAIT`` always); it may wait a bounded
+slice (``wait_s``) where its owner gave each connection a worker of its own (the client), so a
+batch is received by one hand-off to one thread, not one per block. ``advance`` is the
 ``sendmsg`` bookkeeping both the loop and the workers use.
 """
 
@@ -20,42 +28,20 @@ from typing import Any
 IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
 
 
-def send_burst(sock: socket.socket, views: list[memoryview], i: int, wait_s: float = 0.0) -> tuple[int, int]:
-    """Worker-thread body of an offloaded send: ``sendmsg`` from ``views[i:]`` until done, or
-    until the socket is full: at once with ``wait_s == 0`` (a daemon's worker never waits for a
-    peer), else after ``poll`` found no room for ``wait_s`` (as :func:`recv_landing`). Returns
-    (index of the first view not yet sent, bytes sent)."""
-    total = 0
-    poller = None
-    while i < len(views):
-        try:
-            n = sock.sendmsg(views[i : i + IOV_MAX], (), socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            if wait_s <= 0:
-                break
-            if poller is None:
-                poller = select.poll()
-                poller.register(sock.fileno(), select.POLLOUT)
-            if not poller.poll(wait_s * 1000):
-                break
-            continue
-        except OSError as exc:
-            raise ConnectionError(f"send failed: {exc}") from exc
-        total += n
-        i = advance(views, i, n)
-    return i, total
-
-
 def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: float) -> tuple[int, int]:
     """Worker-thread body of an offloaded send on a blocking socket whose ``SO_SNDTIMEO`` is
     set: the kernel waits for room inside ``sendmsg`` (no return, poll and re-entry at each
-    full buffer: bench/send_modes.py). It returns when a call found no room for one
-    ``SO_SNDTIMEO`` slice, and once ``budget_s`` has passed (a slow reader's send goes back to
-    the pool's queue behind the others'): a worker is held at most ``budget_s`` plus a slice
-    per hand-off. Returns (index of the first view not yet sent, bytes sent)."""
+    full buffer: bench/send_modes.py); on a non-blocking socket it returns at the first full
+    buffer. It returns after the first call that waited its slice out (short, or no room at
+    all: a slow or stalled reader; Linux bounds one call's waits, summed, by ``SO_SNDTIMEO``),
+    and, for a reader that keeps up, once ``budget_s`` has passed (its send goes back to the
+    pool's queue behind the others'). A worker is held about one slice per hand-off for a slow
+    reader, the copying time of what it took besides. Returns (index of the first view not
+    yet sent, bytes sent)."""
     total = 0
     until = time.monotonic() + budget_s
     while i < len(views) and (not total or time.monotonic() < until):
+        asked = sum(v.nbytes for v in views[i : i + IOV_MAX])
         try:
             n = sock.sendmsg(views[i : i + IOV_MAX])
         except (BlockingIOError, InterruptedError, TimeoutError):
@@ -64,6 +50,8 @@ def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: 
             raise ConnectionError(f"send failed: {exc}") from exc
         total += n
         i = advance(views, i, n)
+        if n < asked:
+            break  # a short send: its slice ran out waiting for a slow reader; the rest waits on the loop
     return i, total
 
 

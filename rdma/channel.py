@@ -1,10 +1,11 @@
-"""Zero-copy socket I/O: framed messages and raw payload bytes on a non-blocking socket.
+"""Zero-copy socket I/O: framed messages and raw payload bytes on one socket.
 
 Frames are :mod:`rdma.framing`'s (a length-prefixed msgpack header whose ``plen`` says how
 many payload bytes follow). Payloads never pass through msgpack or asyncio streams:
 they leave with ``sendmsg`` straight from the caller's memoryviews (a DRAM slot, a numpy or
 torch buffer) and arrive with ``recv_into`` straight into the destination buffer. The socket
-is tried first and the event loop is only awaited when the kernel says EAGAIN, so a large
+is tried first (every call on the loop passes ``MSG_DONTWAIT``, whether the socket is
+blocking or not) and the event loop is only awaited when the kernel says EAGAIN, so a large
 payload costs a few syscalls and no per-chunk futures.
 
 :class:`SocketChannel` is bound to one event loop. It carries one send and one receive at a
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from rdma.bursts import IOV_MAX, Landing, advance, recv_landing, send_burst, send_slices
+from rdma.bursts import IOV_MAX, Landing, advance, recv_landing, send_slices
 from rdma.framing import decode_header, encode_header, header_length
 
 T = TypeVar("T")
@@ -36,20 +37,22 @@ OFFLOAD_MIN = 256 << 10  # smaller transfers stay on the event loop: a thread ho
 
 
 class SocketChannel:
-    """Exact-length sends and receives on a connected non-blocking socket.
+    """Exact-length sends and receives on a connected socket.
 
     ``send`` and ``recv_into`` either finish or raise ConnectionError (peer closed, reset);
     cancelling them leaves the stream mid-frame, so the owner must then close the channel.
 
     With an ``offload`` executor, the kernel copies of transfers of at least ``OFFLOAD_MIN``
     bytes run in a worker thread (the GIL is released during the copy), so one process moves
-    several large payloads at once on several cores; the event loop stays free. A worker only
-    ever runs a non-blocking burst (copy until the socket says EAGAIN, then return): waiting
-    for a slow or stalled peer happens on the event loop, so no peer can hold a worker. ``offload_if``, when given,
+    several large payloads at once on several cores; the event loop stays free. A worker
+    receives only until the socket says EAGAIN (or, with ``worker_wait_s``, after one slice
+    without input) and sends until one slice without room (``send_slice_s``;
+    :func:`rdma.bursts.send_slices`): longer waits for a slow or stalled peer happen on the
+    event loop, so a peer holds a worker about one slice per hand-off. ``offload_if``, when given,
     is asked before each such transfer: False keeps it on the loop (a daemon serving one
     request at a time saves the two thread hops, ~40% of a 2 MiB GET). A cancelled offloaded
-    transfer shuts the socket down and waits for its worker before re-raising, so no thread
-    touches the buffer after the await ends.
+    transfer shuts the socket down and waits for its worker before re-raising (however often
+    it is cancelled meanwhile), so no thread touches the buffer after the await ends.
 
     ``worker_wait_s`` > 0 lets an offloaded receive wait for input in its worker, a slice of at
     most that long at a time, so a streamed batch is received by one hand-off to one thread
@@ -57,13 +60,15 @@ class SocketChannel:
     (the client's pool: a stalled node holds its own connection's worker, for one slice); the
     daemon keeps 0 (its workers are shared by every peer).
 
-    ``send_slice_s`` > 0 (the daemon) makes the socket blocking with ``SO_SNDTIMEO`` of that
-    long, and every call on the event loop passes ``MSG_DONTWAIT``: an offloaded send then
-    lets the kernel wait for room inside ``sendmsg`` (1.0-1.05x a blocking send's CPU per GB,
-    where returning at each full buffer and waiting for room costs 1.4-1.5x:
-    bench/send_modes.py), and holds a worker for at most one slice past the last byte the peer
-    took, and 0.1 s per hand-off in all; waits beyond it happen on the loop. Sends of at least ``OFFLOAD_MIN`` bytes are then
-    offloaded whatever ``offload_if`` says.
+    ``send_slice_s`` > 0 (the daemon: 20 ms; the client: its ``worker_wait_s``, set by
+    :meth:`connect`) makes the socket blocking with ``SO_SNDTIMEO`` of that long: an offloaded
+    send then lets the kernel wait for room inside ``sendmsg`` (1.02-1.05x a blocking send's
+    CPU per GB, where returning at each full buffer and waiting for room with ``poll`` cost
+    1.46-1.52x: bench/send_modes.py). A hand-off ends at the first ``sendmsg`` that waited its
+    slice out (short or without room) and after 0.1 s for a reader that keeps up; waits beyond
+    it happen on the loop. Sends of at least ``OFFLOAD_MIN`` bytes are then offloaded whatever
+    ``offload_if`` says. Without it (0) the socket is non-blocking and the same loop returns
+    at the first full buffer.
     """
 
     def __init__(
@@ -113,7 +118,8 @@ class SocketChannel:
             sock.setblocking(False)
             try:
                 await loop.sock_connect(sock, addr)
-                return cls(sock, offload, worker_wait_s=worker_wait_s)
+                # the connection's own worker waits for room in the kernel, a slice at a time
+                return cls(sock, offload, worker_wait_s=worker_wait_s, send_slice_s=worker_wait_s)
             except OSError as exc:
                 sock.close()
                 err = exc
@@ -206,8 +212,16 @@ class SocketChannel:
         except asyncio.CancelledError:
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)  # the worker's next syscall fails at once
-            await asyncio.wait({fut}, timeout=10)
             fut.add_done_callback(_retrieved)  # its failure (the socket shut down) is expected
+            # no deadline and no way out: until the worker's syscall returns, it may still
+            # write into the buffer, whose slot the caller frees once this await ends. A
+            # further cancel (a revoke, stop, a failed reply send's on_fail) is absorbed; the
+            # socket is shut down, so the syscall returns at once (or at its slice's end).
+            while not fut.done():
+                try:
+                    await asyncio.wait({fut})
+                except asyncio.CancelledError:
+                    pass
             raise
 
     async def send(self, buffers: Sequence[Any]) -> None:
@@ -247,10 +261,7 @@ class SocketChannel:
         if self.offloads(sum(v.nbytes for v in views), send=True):
             i = 0
             while i < len(views):
-                if self._send_slices:
-                    i, n = await self._in_worker(send_slices, self.sock, views, i, _SLICES_BUDGET_S)
-                else:
-                    i, n = await self._in_worker(send_burst, self.sock, views, i, self._worker_wait_s)
+                i, n = await self._in_worker(send_slices, self.sock, views, i, _SLICES_BUDGET_S)
                 self.bytes_out += n
                 if i < len(views):
                     await self._wait(write=True)

@@ -11,8 +11,9 @@ once, the kernel copies of large received payloads run in a small thread pool, e
 non-blocking burst that returns at EAGAIN (rdma/bursts.py); a large reply is always sent by a
 worker, in blocking ``sendmsg`` calls of at most ``SEND_SLICE_S`` without room (the kernel's own
 wait is cheaper than a return and a wait on the loop at each full buffer). Every longer wait for
-a peer happens on the event loop, so a stalled peer holds a worker for at most one slice and
-costs only its own connection (docs/security.md).
+a peer happens on the event loop: a hand-off ends at the first call that waited its slice out,
+so a slow or stalled reader holds a worker about one slice per hand-off and costs only its own
+connection (docs/security.md).
 
 A transfer owns its slot: before bytes move from or into a slot, its lease or reservation is
 marked in transfer (:meth:`NodeStore.begin_transfer`, which also refuses one that is no
@@ -118,7 +119,7 @@ class DataServer:
         self.admission = Admission(cfg.limits)
         self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._conns: dict[asyncio.Task, Session] = {}
-        # kernel copies of large payloads, as non-blocking bursts (never a wait for a peer)
+        # kernel copies of large payloads: receives until EAGAIN, sends until one slice waited out
         self._copies = ThreadPoolExecutor(
             max_workers=min(16, 2 * (os.cpu_count() or 2)), thread_name_prefix="copy"
         )
@@ -215,8 +216,8 @@ class DataServer:
             if not sess.busy:  # no request being read: cancelled once its replies are sent
                 if sess.replies is None:
                     task.cancel()
-                else:
-                    sess.replies.when_idle(task.cancel)
+                else:  # judged again when the replies are sent: a request begun since is served
+                    sess.replies.when_idle(lambda t=task, s=sess: None if s.busy else t.cancel())
         busy = list(self._conns)
         if busy:
             _, pending = await asyncio.wait(busy, timeout=grace_s)
@@ -305,11 +306,13 @@ class DataServer:
             except (ConnectionError, asyncio.CancelledError):
                 pass
             finally:
-                await replies.close()  # first: no byte moves after this, so the slots can go back
-                ch.close()
-                self._drop_session(sess)
-                self.admission.leave(sess)
-                self.metrics.connections.dec()
+                try:
+                    await replies.close()  # first: no byte moves after this, so the slots can go back
+                finally:  # even when cancelled again during close (which waits for its sender)
+                    ch.close()
+                    self._drop_session(sess)
+                    self.admission.leave(sess)
+                    self.metrics.connections.dec()
 
     def _active(self, sess: Session, d: int) -> None:
         """Count ``sess`` in ``_busy`` while its reader serves a request or its replies are

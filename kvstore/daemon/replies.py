@@ -24,7 +24,9 @@ Contract:
 * A failed send ends every queued reply (``done(False)``) and calls ``on_fail`` (the port
   cancels the connection's reader); :meth:`room` and :meth:`drain` then raise ConnectionError.
 * :meth:`close` stops the sender (a copy in a worker thread is waited for first) and ends
-  every reply left: no byte of theirs moves after it. Event loop thread only.
+  every reply left: no byte of theirs moves after it, even when the caller is cancelled again
+  meanwhile (the cancel is absorbed until the sender has stopped, then re-raised). Event loop
+  thread only.
 """
 
 from __future__ import annotations
@@ -151,10 +153,19 @@ class ReplyQueue:
     async def close(self) -> None:
         """Stop the sender (its copy in a worker waited for) and end every reply left."""
         t = self._task
+        cancelled = False
         if t is not None:
             t.cancel()
-            await asyncio.wait({t})
+            # a second cancel of the caller (a second revoke; stop's cancel on top of its grace
+            # period's) must not end this wait: the sender may still be sending from a slot
+            while not t.done():
+                try:
+                    await asyncio.wait({t})
+                except asyncio.CancelledError:
+                    cancelled = True
         self._end_all()
+        if cancelled:
+            raise asyncio.CancelledError
 
     # ------------------------------------------------------------ the sender
 

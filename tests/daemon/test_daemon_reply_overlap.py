@@ -207,3 +207,44 @@ def test_stop_sends_the_queued_replies_before_closing(start_daemon, ns, blocks_o
     assert [rid for rid, _ in got] == [1, 2]
     assert got[0][1] == b"".join(p for _, p in blocks[:4]) and got[1][1] == b"".join(p for _, p in blocks[4:])
     assert reader.closed_by_peer()
+
+
+def test_stop_does_not_cut_a_request_that_began_after_the_reader_was_judged_idle(start_daemon, ns, blocks_of):
+    """SIGTERM while a reader's reply is still being sent and no request is being read: the
+    connection is to close once the reply has left. A PUT that the peer began meanwhile is
+    served to its end (its reply sent), not cut when the earlier reply's last byte leaves."""
+    d = start_daemon(dram={"capacity": "64MiB", "slab_size": "4MiB"})
+    writer = RawPeer(d.data_port, timeout=30)
+    writer.hello("", ns)
+    blocks = blocks_of(ns, 5, 3 * MiB, seed=9)
+    for h, payload in blocks[:4]:
+        _put(writer, h, payload)
+    writer.close()
+    reader = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
+    reader.hello("", ns)
+    reader.send(frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in blocks[:4])}))
+    until(
+        lambda: _unread(d.data_port, reader.sock.getsockname()[1]),
+        20.0,
+        "the GET read by the daemon",
+        ok=lambda n: n == 0,
+    )
+    time.sleep(0.3)  # its reply waits on this reader; the connection reads no request
+    d.signal(signal.SIGTERM)
+    time.sleep(0.5)  # the daemon is stopping: this connection closes once its reply has left
+    h, payload = blocks[4]
+    half = len(payload) // 2
+    reader.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
+    reader.send(payload[:half])
+    time.sleep(0.3)  # the daemon reads the PUT's payload
+    rep = reader.reply()
+    assert rep["rid"] == 1
+    assert reader.exact(4 * 3 * MiB) == b"".join(p for _, p in blocks[:4])
+    time.sleep(0.3)  # the GET's reply has left: the sender is idle
+    try:
+        reader.send(payload[half:])
+        rep = reader.reply()
+    except OSError as exc:
+        raise AssertionError(f"the PUT begun before the reply had left was cut: {exc!r}") from None
+    assert rep["st"] == bytes([int(Status.STORED)]), rep
+    assert reader.closed_by_peer()
