@@ -61,8 +61,20 @@ async def _put(addr: str, blocks) -> None:
 async def test_cluster_orphans_a_child_whose_parent_another_node_evicted_goes_at_the_next_pass(
     start_daemon, tmp_path
 ):
-    ports = [free_port() for _ in range(2)]
-    addrs = [f"127.0.0.1:{p}" for p in ports]
+    chain = make_blocks(24, PAYLOAD, seed=3, ns=NS)
+    # Ownership follows the addresses, and the ports are drawn at run time: draw until A's share
+    # fits A's 16 blocks in one PUT (a PUT's own blocks never evict each other) and some B
+    # block lies below an A block, so the test does not depend on which ports were free.
+    for _ in range(200):
+        ports = [free_port() for _ in range(2)]
+        addrs = [f"127.0.0.1:{p}" for p in ports]
+        view = [Node(x) for x in addrs]
+        owner = [rank(h.key.raw, view, 1)[0].id for h, _ in chain]
+        on_a = [i for i, o in enumerate(owner) if o == addrs[0]]
+        on_b = [i for i, o in enumerate(owner) if o == addrs[1]]
+        if 0 < len(on_a) <= 12 and on_b and min(on_a) < max(on_b):
+            break
+    assert 0 < len(on_a) <= 12 and on_b and min(on_a) < max(on_b), owner
     member = {"cluster": {"peers": addrs}, "repair": {"enabled": False}, "orphans": {"interval_s": 3600.0}}
     # node A holds 16 blocks: fillers written to it evict the chain's blocks there
     a = start_daemon(
@@ -73,12 +85,7 @@ async def test_cluster_orphans_a_child_whose_parent_another_node_evicted_goes_at
         use_disk=False, workdir=tmp_path / "b", server={"data_port": ports[1]},
         dram={"capacity": 256 * PAYLOAD, "slab_size": PAYLOAD}, **member,
     )  # fmt: skip
-    chain = make_blocks(24, PAYLOAD, seed=3, ns=NS)
-    view = [Node(x) for x in addrs]
-    owner = [rank(h.key.raw, view, 1)[0].id for h, _ in chain]
-    on_a = [i for i, o in enumerate(owner) if o == a.addr]
-    on_b = [i for i, o in enumerate(owner) if o == b.addr]
-    assert on_a and on_b and min(on_a) < max(on_b), owner  # some B block lies below an A block
+    assert (a.addr, b.addr) == tuple(addrs)
     await _put(a.addr, [chain[i] for i in on_a])
     await _put(b.addr, [chain[i] for i in on_b])
     keys = [h.key for h, _ in chain]
