@@ -5,11 +5,11 @@ a receiving child process that reads into one buffer; ``SO_SNDBUF`` 4 MiB as the
 Modes, interleaved, ``--rounds`` each:
 
 * ``blocking``: a blocking socket, ``sendmsg`` until done (the floor: the raw server's).
-* ``loop``: the daemon's now: :class:`rdma.channel.SocketChannel` on an asyncio loop,
+* ``loop``: the daemon's sends before ``send_slices``: :class:`rdma.channel.SocketChannel` on an asyncio loop,
   non-blocking ``sendmsg`` and a wait for writability at each full buffer.
 * ``worker-poll``: one worker thread per send, non-blocking ``sendmsg`` and a bounded ``poll``
   slice (0.2 s) at each full buffer (the client's sends before they used ``SO_SNDTIMEO``).
-* ``worker-sndtimeo``: one worker thread, the socket blocking with ``SO_SNDTIMEO`` 0.2 s:
+* ``worker-sndtimeo``: one worker thread, the socket blocking with ``SO_SNDTIMEO`` (what both ends use now):
   the kernel waits for room inside ``sendmsg``, a stalled peer still returns it within the slice.
 
 CPU is the sending process's (user + system, ``resource.getrusage``) per GB; the table gives
