@@ -189,7 +189,8 @@ class Loader:
         for _ in range(self.cfg.load_parallel):
             launch()
         done, cause, used = 0, None, 0
-        copies: list[tuple[Future, int]] = []  # CPU copies under way: (future, blocks)
+        # CPU copies under way: (future, blocks, their hits per tier: counted once it ended well)
+        copies: list[tuple[Future, int, Counter]] = []
         try:
             while used < len(tasks):
                 batch, task = batches[used], tasks[used]
@@ -208,8 +209,9 @@ class Loader:
                         pending = copy()
                         done += len(ready)
                         self._release_after(pending, give)
+                        self._count_hits(hit_tiers)  # enqueued: a failure to enqueue raised above
                     else:
-                        copies.append((self._copy(copy, give), len(ready)))
+                        copies.append((self._copy(copy, give), len(ready), hit_tiers))
                 except BaseException:
                     # Not handed on: give the batch back here (once; a give already handed on
                     # is a no-op), on CUDA after whatever a broken-off copy enqueued from it.
@@ -218,8 +220,6 @@ class Loader:
                     else:
                         give()
                     raise
-                for tier, k in hit_tiers.items():  # one update per tier and batch, not per block
-                    self.metrics.hit_tokens.labels(tier).inc(k * self.block_tokens)
                 self._observe(len(ready) * self.block_bytes, tiers[batch.start], secs)
                 if cause:
                     break
@@ -230,13 +230,15 @@ class Loader:
             for t in tasks[used:]:
                 t.cancel()
             try:
-                copied, failed = await _settle(copies)  # the pages are written when load returns
+                ended_well, failed = await _settle(copies)  # the pages are written when load returns
             finally:  # cancelled too: reads done but not used give their slots and leases back
                 got = await asyncio.gather(*tasks[used:], return_exceptions=True)
                 for r in got:
                     if isinstance(r, tuple):
                         _giver(r[0], r[1], self.staging, held)()
-            done += copied
+            for _, blocks, hit_tiers in copies[:ended_well]:
+                done += blocks
+                self._count_hits(hit_tiers)
             if failed is not None:
                 log.warning("event=load_copy_failed request=%s error=%r", request.request_id, failed)
                 cause = cause or "error"
@@ -251,6 +253,11 @@ class Loader:
             )
         self.metrics.load_seconds.observe(time.perf_counter() - t0)
         return done * bt
+
+    def _count_hits(self, hit_tiers: Counter) -> None:
+        """Count a batch's blocks as hit tokens, per tier (one update per tier and batch)."""
+        for tier, k in hit_tiers.items():
+            self.metrics.hit_tokens.labels(tier).inc(k * self.block_tokens)
 
     def _scatter(self, ready: list, slot: StagingSlot, filled: bool):
         """Copy ``ready`` (a batch's leading blocks) into their pages: from the slot the read
@@ -273,7 +280,7 @@ class Loader:
         self, read, slot: StagingSlot, batch: range, page_ids, tiers
     ) -> tuple[list, str | None, Counter]:
         """The batch's leading verified blocks as ``(pages, block)``; why it stopped, if it did;
-        how many of them came from each tier (counted as hits once their copy is handed on)."""
+        how many of them came from each tier (counted as hits once their copy ended well)."""
         ppb = self.pages_per_block
         ready, hit_tiers, cause = [], Counter(), None
         for k, (j, r) in enumerate(zip(batch, read.results)):
@@ -323,12 +330,12 @@ class Loader:
             await asyncio.sleep(0)  # the last copies' give-backs, scheduled from the thread
 
 
-async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException | None]:
+async def _settle(copies: list[tuple[Future, int, Counter]]) -> tuple[int, BaseException | None]:
     """Wait until every copy of ``copies`` (in order) ended, even when cancelled meanwhile (its
-    pages and slot are busy until then); then re-raise the cancellation. Answers the blocks of
-    the leading copies that succeeded and the first failure, if any."""
+    pages and slot are busy until then); then re-raise the cancellation. Answers how many
+    leading copies succeeded and the first failure, if any."""
     cancelled = False
-    for fut, _ in copies:
+    for fut, _, _ in copies:
         while not fut.done():
             try:
                 await asyncio.shield(asyncio.wrap_future(fut))
@@ -338,13 +345,11 @@ async def _settle(copies: list[tuple[Future, int]]) -> tuple[int, BaseException 
                 break  # done, with an exception: read below
     if cancelled:
         raise asyncio.CancelledError
-    ok = 0
-    for fut, n in copies:
+    for i, (fut, _, _) in enumerate(copies):
         exc = fut.exception()
         if exc is not None:
-            return ok, exc
-        ok += n
-    return ok, None
+            return i, exc
+    return len(copies), None
 
 
 def _giver(read, slot: StagingSlot, pool: StagingPool, held: asyncio.Semaphore) -> Callable[[], None]:

@@ -47,3 +47,30 @@ async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tin
         assert conn.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 0
     finally:
         await a.stop()
+
+
+async def test_a_copy_that_fails_on_the_copy_thread_counts_no_hit_tokens(tiny_model, tmp_path):
+    """The batches' copies start on the copy thread and raise there (page ids past the engine's
+    KV cache): the load loads nothing, every block is a counted fallback, and no block is
+    counted as a hit token (it was recomputed, not loaded); the slots and leases are back."""
+    d = tiny_model()
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2"
+    prompt = _prompt(160, 22)  # 10 full blocks: 5 batches of 2
+    a = make_engine(d, url)
+    try:
+        await run(a, prompt)
+        assert await a.connector.flush()
+        conn = a.connector
+        node = conn.backend.node
+        pages_per_block = conn.loader.pages_per_block
+        past_the_cache = 1 << 30
+        pages = list(range(past_the_cache, past_the_cache + 10 * pages_per_block))
+        req = ConnectorRequest("r-far", tuple(prompt), tuple(pages), 0)
+        assert await conn.load(req, pages) == 0
+        assert conn.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="error") == 10
+        assert conn.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 0
+        assert conn.loader.staging.idle == conn.cfg.load_parallel + 1
+        assert len(node.state.leases.leases) == 0
+        node.check()
+    finally:
+        await a.stop()
