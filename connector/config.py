@@ -39,6 +39,9 @@ class ConnectorConfig:
     load_floor_bandwidth: Size = Size(16 << 20)
     # reads of one load in flight at once (each is split over the store client's connections)
     load_parallel: int = 1
+    # host memory all loads' staging slots may hold at once (concurrent loads past it wait for
+    # a slot, within load_deadline_s); never fewer than the load_parallel + 1 slots made at start
+    load_staging_bytes: Size = Size(1 << 30)
     # loads copy blocks in this many groups of layers, so group g+1 arrives while g computes
     # (CUDA): 0 = the engine's choice (4 for large blocks on CUDA, see docs/connector.md), 1 = whole
     layer_groups: int = 0
@@ -108,6 +111,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
         or cfg.load_batch_blocks < 0
         or cfg.load_floor_bandwidth < 1
         or cfg.load_parallel < 1
+        or cfg.load_staging_bytes < 1
         or cfg.replicas < 1
         or cfg.layer_groups < 0
     ):

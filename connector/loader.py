@@ -94,8 +94,15 @@ class Loader:
         # A fresh buffer costs a page fault per 4 KiB on its first fill, which a load should
         # not pay: a slot for every read in flight and one being copied, allocated once here
         # (a load holds at most that many).
+        slot_bytes = self.batch_blocks * self.block_bytes
         self.staging = StagingPool(
-            cfg.load_parallel + 1, self.batch_blocks, self.block_bytes, self.block_shape, self.dtype, pin
+            cfg.load_parallel + 1,
+            cfg.load_staging_bytes // slot_bytes,  # never below the up-front slots
+            self.batch_blocks,
+            self.block_bytes,
+            self.block_shape,
+            self.dtype,
+            pin,
         )
         # CPU copies are memcpys (torch releases the GIL): on a thread of their own they overlap
         # the next reads. One thread keeps a load's copies in order.
@@ -122,7 +129,12 @@ class Loader:
             Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
             for g in range(lo, hi)
         ]
-        slot = self.staging.take()
+        try:
+            # concurrent loads past load_staging_bytes wait for a slot, within the deadline
+            slot = await self.staging.take(self.cfg.load_deadline_s)
+        except BaseException:
+            held.release()
+            raise
         ts = time.perf_counter()
         try:
             async with reading:

@@ -6,6 +6,8 @@ engines and a real in-process store."""
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 from connutil import make_engine, run
 
@@ -74,3 +76,37 @@ async def test_a_copy_that_fails_on_the_copy_thread_counts_no_hit_tokens(tiny_mo
         node.check()
     finally:
         await a.stop()
+
+
+async def _concurrent_loads(tmp_path, d, extra: str, n_loads: int):
+    """``n_loads`` loads of one stored prompt at once; (tokens each loaded, the loader)."""
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2{extra}"
+    prompt = _prompt(160, 23)  # 10 full blocks: 5 batches of 2
+    a = make_engine(d, url)
+    try:
+        await run(a, prompt)
+        assert await a.connector.flush()
+        conn, eng = a.connector, a.engine
+        pages = [eng.bm.take([], 10) for _ in range(n_loads)]
+        reqs = [ConnectorRequest(f"c{i}", tuple(prompt), tuple(p), 0) for i, p in enumerate(pages)]
+        loaded = await asyncio.gather(*(conn.load(r, p) for r, p in zip(reqs, pages)))
+        for p in pages:
+            eng.bm.release(p)
+        assert conn.loader.staging.lent == 0
+        assert len(conn.backend.node.state.leases.leases) == 0
+        return loaded, conn.loader
+    finally:
+        await a.stop()
+
+
+async def test_concurrent_loads_past_the_staging_bound_wait_for_a_slot(tiny_model, tmp_path):
+    """Four loads at once each want two staging slots. Unbounded they add slots; with
+    ``load_staging_bytes`` below two slots the bound is the two made at start: no slot is
+    added, the loads take turns, and every load still loads all of its 160 tokens."""
+    d = tiny_model()
+    loaded, loader = await _concurrent_loads(tmp_path / "free", d, "", 4)
+    assert loaded == [160] * 4
+    assert loader.staging.fresh > 0  # the loads did overlap
+    loaded, loader = await _concurrent_loads(tmp_path / "bound", d, "&load_staging_bytes=1", 4)
+    assert loaded == [160] * 4
+    assert loader.staging.most == 2 and loader.staging.fresh == 0
