@@ -101,13 +101,14 @@ class NamespaceIds:
     def __init__(self) -> None:
         self._ids: dict[bytes, int] = {}
         self._ns: list[bytes | None] = [None]
-        self._refs: list[int] = [0]
+        self._refs: list[int] = [0]  # blocks holding each id (id 0 counted too, never freed)
         self._bytes: list[int] = [0]  # bytes of the blocks holding each id (tenant shares)
         self._free: list[int] = []
 
     def acquire(self, ns: bytes | None, nbytes: int = 0) -> int:
         """The id of ``ns`` (one more block, of ``nbytes``, holds it); 0 for None."""
         if ns is None:
+            self._refs[0] += 1
             self._bytes[0] += nbytes
             return 0
         i = self._ids.get(ns)
@@ -128,10 +129,8 @@ class NamespaceIds:
     def release(self, i: int, nbytes: int = 0) -> None:
         """One block holding id ``i`` (of ``nbytes``) is gone."""
         self._bytes[i] -= nbytes
-        if i == 0:
-            return
         self._refs[i] -= 1
-        if self._refs[i] == 0:
+        if i and self._refs[i] == 0:
             del self._ids[self._ns[i]]  # type: ignore[arg-type]
             self._ns[i] = None
             self._free.append(i)
@@ -143,6 +142,12 @@ class NamespaceIds:
         """The ids whose namespace ``accept`` takes (0, "no namespace", asked as None): a
         tier holds a few namespaces, so this is a few calls, not one per block."""
         return frozenset(i for i, ns in enumerate(self._ns) if accept(ns))
+
+    def all_held_in(self, ids: frozenset[int]) -> bool:
+        """Whether every block here holds an id of ``ids`` (no block holds any other id): a
+        few ids to check, not one per block."""
+        refs = self._refs
+        return all(i in ids or not refs[i] for i in range(len(refs)))
 
     def count(self) -> int:
         """How many ids exist (in use or free), 0 included: ids are ``range(count())``."""
@@ -221,11 +226,14 @@ class LruIndex:
         """Per key, whether this tier holds it and whether it holds it in a namespace ``sees``
         accepts (two bool arrays): one pass of C-level maps over the index, no Python
         bytecode per key. ``sees`` is asked once per namespace id of the tier; the entry's
-        id decides per key (exact, as :meth:`namespace` then ``sees`` would)."""
+        id decides per key (exact, as :meth:`namespace` then ``sees`` would). When no block
+        of the tier holds an id ``sees`` refuses (one tenant's blocks, the usual case), every
+        held key is visible and no second pass runs; otherwise a second C-level pass reads
+        each key's id from its entry."""
         n, idx = len(keys), self._index
         held = np.fromiter(map(idx.__contains__, keys), dtype=bool, count=n)
         ok = self._ns_ids.ids_where(sees)
-        if len(ok) == self._ns_ids.count():  # every namespace here is visible
+        if self._ns_ids.all_held_in(ok):  # every block here is visible: held is the answer
             return held, held
         if not ok or not held.any():
             return held, np.zeros(n, dtype=bool)
