@@ -31,10 +31,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvstore.client.config import ClusterConfig
-from kvstore.client.keytable import KeyTable, key_pairs
 from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
+from kvstore.keytable import KeyTable, key_pairs
 from kvstore.lookups import tier_names
 from kvstore.protocol import MAX_EXISTS_KEYS
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from kvstore.client.keytable import KeyTable, key_pairs
 from kvstore.keys import KeyBatch
+from kvstore.keytable import KeyTable, key_pairs
 
 _TWO64 = float(1 << 64)
 

@@ -10,7 +10,9 @@ import random
 
 import numpy as np
 
-from kvstore.node.tiers.index import LruIndex, NamespaceIds
+from kvstore.keys import KeyBatch
+from kvstore.keytable import key_pairs
+from kvstore.node.tiers.index import _SYNC_EVERY, LruIndex, NamespaceIds
 
 NS = [None, b"a" * 16, b"b" * 16, b"c" * 16]
 
@@ -20,9 +22,13 @@ def _reference(idx: LruIndex, keys: list[bytes], sees) -> tuple[list[bool], list
     return held, [h and sees(idx.namespace(k)) for h, k in zip(held, keys)]
 
 
+def _probe(idx: LruIndex, keys: list[bytes], sees):
+    return idx.probe(key_pairs(KeyBatch(b"".join(keys))), sees)
+
+
 def _check(idx: LruIndex, keys: list[bytes], sees) -> bool:
     """Assert the probe equals the reference; whether the tier held a block ``sees`` refuses."""
-    held, visible = idx.probe(keys, sees)
+    held, visible = _probe(idx, keys, sees)
     want_held, want_visible = _reference(idx, keys, sees)
     assert held.dtype == bool and visible.dtype == bool
     assert len(held) == len(visible) == len(keys)
@@ -78,13 +84,13 @@ def test_a_block_with_no_namespace_is_never_visible_to_a_tenant():
     idx._index_add(mine, 0, 64, 1024, 1, NS[1])
     idx._index_add(bare, 1, 64, 1024, 1, None)
     sees = lambda ns: ns == NS[1]  # noqa: E731
-    held, visible = idx.probe([mine, bare, b"x" * 16], sees)
+    held, visible = _probe(idx, [mine, bare, b"x" * 16], sees)
     assert held.tolist() == [True, True, False] and visible.tolist() == [True, False, False]
     idx._index_pop(bare)
-    held, visible = idx.probe([mine, bare], sees)
+    held, visible = _probe(idx, [mine, bare], sees)
     assert held.tolist() == [True, False] and visible.tolist() == [True, False]
     idx._index_add(mine, 0, 64, 1024, 2, None)  # replaced by a block of no namespace
-    held, visible = idx.probe([mine], sees)
+    held, visible = _probe(idx, [mine], sees)
     assert held.tolist() == [True] and visible.tolist() == [False]
 
 
@@ -100,4 +106,21 @@ def test_all_held_in_counts_blocks_per_id_including_none():
     assert ids.all_held_in(frozenset({a}))
     ids.release(a)
     assert ids.all_held_in(frozenset()), "the freed id holds no block"
-    assert np.array_equal(np.zeros(0, dtype=bool), LruIndex().probe([], lambda ns: True)[1])
+    assert np.array_equal(np.zeros(0, dtype=bool), _probe(LruIndex(), [], lambda ns: True)[1])
+
+
+def test_probe_after_more_changes_than_one_sync_holds_and_with_repeated_keys():
+    """Writes with no probe between them past the table's catch-up bound (it then syncs on
+    its own), removals of half, and a probe batch that names keys twice: exact still."""
+    rng = random.Random(181)
+    idx = LruIndex()
+    keys = [rng.randbytes(16) for _ in range(_SYNC_EVERY + 3000)]
+    for i, k in enumerate(keys):
+        idx._index_add(k, i, 64, 1024, 1, NS[1 + i % 2])
+    for k in keys[::2]:
+        idx._index_pop(k)
+    asked = keys[:5000] + keys[:7] + [rng.randbytes(16)]
+    for sees in (lambda ns: ns == NS[1], lambda ns: ns is not None):
+        _check(idx, asked, sees)
+    held, _ = _probe(idx, asked, lambda ns: True)
+    assert int(held.sum()) == 2500 + 3, "odd keys of the first 5,000, and keys 1, 3, 5 again"
