@@ -34,6 +34,7 @@ from kvstore.keys import KEY_BYTES, KeyBatch
 _MIN_BITS = 10  # the smallest index: 1,024 slots
 _RUN = 256  # keys per anchor when guessing runs
 _WINDOW = 8  # index slots read per key and pass after the first (see KeyTable._probe)
+_FILTER_BITS = 2  # the filter has 2**_FILTER_BITS cells per index slot (see KeyTable._probe)
 
 
 def key_pairs(keys: KeyBatch) -> np.ndarray:
@@ -54,8 +55,12 @@ class KeyTable:
 
     def _alloc(self, bits: int, entries: int) -> None:
         self._bits = bits
-        self._shift = np.uint64(64 - bits)
+        self._shift = np.uint64(64 - bits - _FILTER_BITS)
         self._slot = np.zeros(1 << bits, dtype=np.int32)  # entry index + 1; 0: empty
+        # per cell of the hash's top bits + _FILTER_BITS: whether a key indexed since the
+        # last _alloc hashes there (never unset: a removed key's cell stays, which only costs
+        # a probe). An absent key whose cell is unset is answered without reading the index.
+        self._filter = np.zeros(1 << (bits + _FILTER_BITS), dtype=bool)
         self._hi = np.zeros(entries, dtype=np.uint64)
         self._lo = np.zeros(entries, dtype=np.uint64)
         self._val = np.zeros(entries, dtype=np.int32)
@@ -76,25 +81,36 @@ class KeyTable:
 
     # ------------------------------------------------------------------ probes
 
-    def _home(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    def _cell(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The key's filter cell: the top ``bits + _FILTER_BITS`` bits of its hash."""
         return (((hi ^ lo) * self._mul) >> self._shift).astype(np.int64)
+
+    def _home(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The key's first index slot: its cell's top ``bits`` bits."""
+        return self._cell(hi, lo) >> _FILTER_BITS
 
     def _probe(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """Per key its live entry through the index, else -1 (``take``, not fancy indexing:
-        several times faster for gathers of this size). A key's run of the index is read one
-        slot in the first pass (most keys end there: the index is at most a quarter full),
-        then in windows of ``_WINDOW`` slots per key, so the few long runs cost a pass or
-        two rather than one pass per slot."""
+        several times faster for gathers of this size). Keys whose filter cell is unset are
+        absent without reading the index (at most 1 in 16 cells is set: most absent keys
+        end here). A key's run of the index is read one slot in the first pass (most keys
+        end there: the index is at most a quarter full), then in windows of ``_WINDOW``
+        slots per key, so the few long runs cost a pass or two rather than one pass per
+        slot."""
         out = np.full(len(hi), -1, dtype=np.int64)
         if not self._live or not len(hi):
             return out
         mask = (1 << self._bits) - 1
-        idx, s = np.arange(len(hi)), self._home(hi, lo)
+        cell = self._cell(hi, lo)
+        idx = np.flatnonzero(self._filter.take(cell))
+        if len(idx) < len(hi):
+            hi, lo, cell = hi.take(idx), lo.take(idx), cell.take(idx)
+        s = cell >> _FILTER_BITS
         e = self._slot.take(s).astype(np.int64) - 1
         used = e >= 0
         at = np.maximum(e, 0)
         hit = used & (self._hi.take(at) == hi) & (self._lo.take(at) == lo) & self._alive.take(at)
-        out[hit] = e[hit]
+        out[idx[hit]] = e[hit]
         more = np.flatnonzero(used & ~hit)  # a run goes on past other keys and dead entries
         idx, s, hi, lo = idx.take(more), (s.take(more) + 1) & mask, hi.take(more), lo.take(more)
         step = np.arange(_WINDOW)
@@ -185,7 +201,9 @@ class KeyTable:
         dead instead, its value given to that entry."""
         mask = (1 << self._bits) - 1
         hi, lo = self._hi.take(e), self._lo.take(e)
-        s = self._home(hi, lo)
+        cell = self._cell(hi, lo)
+        self._filter[cell] = True
+        s = cell >> _FILTER_BITS
         while len(e):
             cur = self._slot.take(s).astype(np.int64) - 1
             used = cur >= 0
