@@ -4,7 +4,7 @@ The prompt is cut into blocks of 16 tokens (8,192 keys); its blocks are stored o
 ``kvstore serve`` daemons (DRAM only, 1 KiB payloads: lookups only send keys; replicas=2).
 Then the connector's lookup through the store facade is timed: ``StoreClient.lookup`` of the
 packed keys (one :class:`~kvstore.keys.KeyBatch`), the held prefix of its tier codes. Each key
-goes to its owners (one batched EXISTS per node and at most 4,096 keys, in parallel), the
+goes to its owners (one packed EXISTS per node of at most 16,384 keys, in parallel), the
 keys no owner holds then to the next ``lookahead`` node. Cases: all, half and none of the
 prompt present. Per case: wall-time percentiles of repeated lookups, the first lookup (cold
 rank cache), and the CPU one lookup costs the client and the daemons (load-independent; wall

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from kvstore.keys import BlockKey, KeyBatch
 from kvstore.lookups import TIER_CODES
 from kvstore.node.eviction import Evictor
 from kvstore.node.inspection import Inspector
+from kvstore.node.keytable import key_pairs
 from kvstore.node.leasing import Leaser
 from kvstore.node.placement import Placement
 from kvstore.node.reads import Reader
@@ -123,28 +123,29 @@ class NodeStore:
         """Per key one tier code (kvstore.lookups): the highest tier holding it when ``sees``
         accepts its namespace id there (see :meth:`namespaces`), else 0 -- exactly
         :meth:`contains` plus the tenant check, so another tenant's block reads as absent.
-        The daemon's EXISTS and DELETE (8,192 keys for a long prompt): one pass per tier
+        The daemon's EXISTS and DELETE (8,192 keys for a long prompt): numpy passes per tier
         over the packed keys (:meth:`LruIndex.probe`), each tier asked only about the keys
         the tiers above it do not hold; no Python per key."""
         n = len(keys)
         codes = np.zeros(n, dtype=np.uint8)
-        rest, left = keys.raws(), np.arange(n)
+        pairs, left = key_pairs(keys), np.arange(n)
         doomed = self.state.doomed
         if doomed:  # deleted while held: absent for every reader
-            gone = np.fromiter(map(doomed.__contains__, rest), dtype=bool, count=n)
+            gone = np.fromiter(map(doomed.__contains__, keys.raws()), dtype=bool, count=n)
             if gone.any():
                 left = left[~gone]
-                rest = _pick(rest, left)
+                pairs = pairs[left]
         for t in self.tiers:
-            if not rest:
+            if not len(left):
                 break
-            held, visible = t.probe(rest, sees)
+            held, visible = t.probe(pairs, sees)
             if not held.any():
                 continue
-            codes[left[held]] = np.where(visible[held], TIER_CODES[t.name], 0)
+            # held but not visible: 0, and not asked below (this tier's copy is the one seen)
+            codes[left[visible] if len(left) < n else visible] = TIER_CODES[t.name]
             keep = np.flatnonzero(~held)
             left = left[keep]
-            rest = _pick(rest, keep)
+            pairs = pairs[keep]
         return codes.tobytes()
 
     def tombstoned(self, keys: Sequence[BlockKey]) -> list[bool]:
@@ -214,12 +215,3 @@ class NodeStore:
         for t in self.tiers:
             t.check()
         self.state.check()
-
-
-def _pick(items: list[bytes], idx: np.ndarray) -> list[bytes]:
-    """``items`` at positions ``idx`` (C-level: one itemgetter call, not a loop per item)."""
-    if len(idx) == 0:
-        return []
-    if len(idx) == 1:
-        return [items[int(idx[0])]]
-    return list(itemgetter(*idx.tolist())(items))
