@@ -105,35 +105,37 @@ class Writer:
         expires = self._leases.deadline(None)
         out: list[Reservation | Status] = []
         exists = no_space = 0
-        for h in headers:
-            key = h.key.raw
-            if (t := where(key)) is not None:
-                if sees is not None and not sees(t.namespace(key)):
+        try:
+            for h in headers:
+                key = h.key.raw
+                if (t := where(key)) is not None:
+                    if sees is not None and not sees(t.namespace(key)):
+                        out.append(Status.BUSY)
+                        continue
+                    exists += 1
+                    out.append(Status.EXISTS)
+                    continue
+                if key in reserved or key in doomed:
                     out.append(Status.BUSY)
                     continue
-                exists += 1
-                out.append(Status.EXISTS)
-                continue
-            if key in reserved or key in doomed:
-                out.append(Status.BUSY)
-                continue
-            r = place_now(h, h.encode(), lazy, make_room, expires)
-            if r is ROOM_NEEDED:
-                r = await self._place(h, lazy, make_room)
-                expires = self._leases.deadline(None)  # the wait may have been long
-                if r is not None and (st := self._taken(key, r, sees)) is not None:
-                    out.append(st)  # (not counted as put_exists: the key was free when asked)
-                    continue
-            if r is None:
-                no_space += 1
-                out.append(Status.NO_SPACE)
-            else:
-                add(r)
-                out.append(r)
-        if exists:
-            self._counters["put_exists"] += exists
-        if no_space:
-            self._counters["put_no_space"] += no_space
+                r = place_now(h, h.encode(), lazy, make_room, expires)
+                if r is ROOM_NEEDED:
+                    r = await self._place(h, lazy, make_room)
+                    expires = self._leases.deadline(None)  # the wait may have been long
+                    if r is not None and (st := self._taken(key, r, sees)) is not None:
+                        out.append(st)  # (not counted as put_exists: the key was free when asked)
+                        continue
+                if r is None:
+                    no_space += 1
+                    out.append(Status.NO_SPACE)
+                else:
+                    add(r)
+                    out.append(r)
+        finally:  # counted also when a wait for room is cancelled
+            if exists:
+                self._counters["put_exists"] += exists
+            if no_space:
+                self._counters["put_no_space"] += no_space
         return out
 
     def _taken(self, key: bytes, r: Reservation, sees) -> Status | None:
