@@ -30,6 +30,8 @@ from kvstore.results import PutResult, Status
 
 _DISCARD_CHUNK = 1 << 20  # the scratch buffer a refused PUT payload is received into
 _MISS = P.GetEntry(Status.MISS)  # another tenant's block answers exactly as an absent one
+_INVALID = PutResult(Status.INVALID)  # (results are frozen: one instance serves many blocks)
+_DELETED = PutResult(Status.MISS)  # a peer's repair of a block this node deleted
 
 
 class BlockOps:
@@ -147,40 +149,58 @@ class BlockOps:
         return views
 
     async def _op_put(self, out, sess, req: P.PutRequest, plen) -> None:
+        # Per batch, not per block, outside the socket reads: one reserve (another tenant's
+        # key answers BUSY there, the answer for a key being written: docs/security.md), one
+        # receive of the whole stream, one commit, statuses filled by position.
         ch = out.ch
         hdrs = req.headers
-        if sum(x.payload_len for x in hdrs) != plen:
+        n = len(hdrs)
+        lens = [x.payload_len for x in hdrs]
+        if sum(lens) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
+        res: list[PutResult] = [_INVALID] * n  # refused (may_write) unless set below
         # a peer's repair must not bring back what this node deleted: MISS says "deleted here"
-        dead = (
-            {i for i, d in enumerate(self.node.tombstoned([x.key for x in hdrs])) if d}
-            if sess.all_namespaces
-            else ()
+        if sess.all_namespaces and any(dead := self.node.tombstoned([x.key for x in hdrs])):
+            allowed = [i for i, d in enumerate(dead) if not d]
+            for i, d in enumerate(dead):
+                if d:
+                    res[i] = _DELETED
+        else:
+            allowed = range(n)
+        may_write = sess.may_write
+        allowed = [i for i in allowed if may_write(hdrs[i])]
+        reserved = (
+            await self.node.writer.reserve([hdrs[i] for i in allowed], lazy=True, sees=sess.sees)
+            if allowed
+            else []
         )
-        allowed = [i for i, x in enumerate(hdrs) if sess.may_write(x) and i not in dead]
-        reserved = await self.node.writer.reserve([hdrs[i] for i in allowed], lazy=True) if allowed else []
-        slot: dict[int, Any] = dict(zip(allowed, reserved))
-        held = [r for r in slot.values() if not isinstance(r, Status)]
-        got = []
+        held_at, held = [], []  # positions in the request and their reservations
+        for i, r in zip(allowed, reserved):
+            if isinstance(r, Status):
+                res[i] = PutResult(r)
+            else:
+                held_at.append(i)
+                held.append(r)
+        got: list = []
 
         async def receive(live: list[bool]) -> None:
             # consecutive payloads land as one stream (recvmsg_into into many slots per
             # syscall); a refused one lands in a scratch buffer, a slot-less one grows alone
-            ok = {id(r) for r, alive in zip(held, live) if alive}
+            slot = {i: r for i, r, alive in zip(held_at, held, live) if alive}
             run: list[memoryview] = []
             scratch = memoryview(bytearray(min(plen, _DISCARD_CHUNK))) if plen else None
-            for i, x in enumerate(hdrs):
+            for i, x in enumerate(lens):
                 r = slot.get(i)
-                if r is None or isinstance(r, Status) or id(r) not in ok:
-                    run += _sink(scratch, x.payload_len)
-                elif r.view.nbytes < x.payload_len:  # no slot of its own: memory as bytes come
+                if r is None:
+                    run += _sink(scratch, x)
+                elif r.view.nbytes < x:  # no slot of its own: memory as bytes come
                     if run:
                         await ch.recv_views(run)
                         run = []
-                    self.node.writer.attach_payload(r, await ch.recv_growing(x.payload_len))
+                    self.node.writer.attach_payload(r, await ch.recv_growing(x))
                     got.append(r)
                 else:
-                    run.append(r.view[: x.payload_len])
+                    run.append(r.view[:x])
                     got.append(r)
             if run:
                 await ch.recv_views(run)
@@ -190,35 +210,23 @@ class BlockOps:
         except BaseException:
             self.node.state.abort(held)
             raise
-        self.node.state.abort([r for r in held if r not in got])
+        if len(got) < len(held):
+            arrived = {id(r) for r in got}
+            self.node.state.abort([r for r in held if id(r) not in arrived])
         self.metrics.bytes_in.inc(plen)
-        committed = dict(zip([id(r) for r in got], await self.node.writer.commit(got))) if got else {}
-        res = []
-        for i in range(len(hdrs)):
-            r = slot.get(i)
-            if i in dead:
-                res.append(PutResult(Status.MISS))
-            elif r is None or (not isinstance(r, Status) and id(r) not in committed):
-                res.append(PutResult(Status.INVALID))
-            elif isinstance(r, Status):
-                # EXISTS only for the tenant's own block: another tenant's key answers BUSY,
-                # the answer for a key being written (docs/security.md)
-                res.append(PutResult(await self._own_status(sess, hdrs[i], r)))
-            else:
-                pr = committed[id(r)]
-                if pr.status is Status.INVALID:
-                    self.metrics.checksum_failures.inc()
-                res.append(pr)
+        if got:
+            # held and got are in request order: a reservation not received stays INVALID
+            at = dict(zip(map(id, held), held_at))
+            failed = 0
+            for r, pr in zip(got, await self.node.writer.commit(got)):
+                res[at[id(r)]] = pr
+                failed += pr.status is Status.INVALID
+            if failed:
+                self.metrics.checksum_failures.inc(failed)
         ts = self.tenant_stats[sess.tenant]
         ts["bytes_in"] += plen
-        ts["puts"] += sum(1 for x in res if x.status is Status.STORED)
+        ts["puts"] += sum(x.status is Status.STORED for x in res)
         out.send(P.PutReply(req.rid, tuple(res)).to_wire())
-
-    async def _own_status(self, sess: Session, header, st: Status) -> Status:
-        if st is not Status.EXISTS:
-            return st
-        [ns] = await self.node.namespaces([header.key])
-        return st if ns is None or sess.sees(ns) else Status.BUSY
 
     async def _op_delete(self, out, sess, req: P.DeleteRequest, plen) -> None:
         keys = req.keys

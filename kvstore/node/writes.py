@@ -10,11 +10,13 @@ from collections.abc import Callable, Sequence
 from kvstore.block import BlockHeader, checksum
 from kvstore.node.depth_order import commit_order
 from kvstore.node.leases import Reservation
-from kvstore.node.placement import Placement
+from kvstore.node.placement import ROOM_NEEDED, Placement
 from kvstore.node.state import NodeState
 from kvstore.node.tiers.stack import TierStack
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.results import PutResult, Status
+
+_INVALID = PutResult(Status.INVALID)  # results are frozen: one instance serves every block
 
 
 class Writer:
@@ -41,6 +43,7 @@ class Writer:
         self._state = state
         self._leases = state.leases
         self._place = placement.place
+        self._place_now = placement.place_now
         self._where = state.where
         self._doomed = state.doomed
         self._dirty = state.dirty
@@ -93,72 +96,120 @@ class Writer:
         in a namespace it refuses is BUSY (another tenant's block: the answer for a key being
         written, never EXISTS). Expired reservations are swept first."""
         self._state.sweep()
+        # One pass, checks and slots together (a key twice in a batch: the second is BUSY).
+        # Room is made only for a block that finds none free in its tier (place_now says
+        # so), one await per such block, each evicting what that block needs: the blocks
+        # reserved so far are not yet indexed, so a PUT's own blocks never evict each other.
+        where, doomed, reserved = self._where, self._doomed, self._leases.reserved_keys
+        add, place_now = self._leases.add_reservation, self._place_now
+        expires = self._leases.deadline(None)
         out: list[Reservation | Status] = []
-        for h in headers:
-            key = h.key.raw
-            if (t := self._where(key)) is not None:
-                if sees is not None and not sees(t.namespace(key)):
+        exists = no_space = 0
+        try:
+            for h in headers:
+                key = h.key.raw
+                if (t := where(key)) is not None:
+                    if sees is not None and not sees(t.namespace(key)):
+                        out.append(Status.BUSY)
+                        continue
+                    exists += 1
+                    out.append(Status.EXISTS)
+                    continue
+                if key in reserved or key in doomed:
                     out.append(Status.BUSY)
                     continue
-                self._counters["put_exists"] += 1
-                out.append(Status.EXISTS)
-                continue
-            if key in self._leases.reserved_keys or key in self._doomed:
-                out.append(Status.BUSY)
-                continue
-            r = await self._place(h, lazy, make_room)
-            if r is None:
-                self._counters["put_no_space"] += 1
-                out.append(Status.NO_SPACE)
-            elif key in self._doomed:
-                # written, leased and deleted by others while we made room: still held (and
-                # indexed) until its last release, so BUSY as before the wait
-                self._state.free(r)
-                out.append(Status.BUSY)
-            elif (t := self._where(key)) is not None or key in self._leases.reserved_keys:
-                self._state.free(r)  # another writer won the race while we made room
-                foreign = t is not None and sees is not None and not sees(t.namespace(key))
-                out.append(Status.BUSY if foreign else Status.EXISTS)
-            else:
-                self._leases.add_reservation(r)
-                out.append(r)
+                r = place_now(h, h.encode(), lazy, make_room, expires)
+                if r is ROOM_NEEDED:
+                    r = await self._place(h, lazy, make_room)
+                    expires = self._leases.deadline(None)  # the wait may have been long
+                    if r is not None and (st := self._taken(key, r, sees)) is not None:
+                        out.append(st)  # (not counted as put_exists: the key was free when asked)
+                        continue
+                if r is None:
+                    no_space += 1
+                    out.append(Status.NO_SPACE)
+                else:
+                    add(r)
+                    out.append(r)
+        finally:  # counted also when a wait for room is cancelled
+            if exists:
+                self._counters["put_exists"] += exists
+            if no_space:
+                self._counters["put_no_space"] += no_space
         return out
+
+    def _taken(self, key: bytes, r: Reservation, sees) -> Status | None:
+        """After room was made for ``r`` (an await): BUSY or EXISTS when ``key`` was taken
+        meanwhile (``r``'s slot then goes back), None when it is still free."""
+        if key in self._doomed:
+            # written, leased and deleted by others while we made room: still held (and
+            # indexed) until its last release, so BUSY as before the wait
+            self._state.free(r)
+            return Status.BUSY
+        if (t := self._where(key)) is not None or key in self._leases.reserved_keys:
+            self._state.free(r)  # another writer won the race while we made room
+            foreign = t is not None and sees is not None and not sees(t.namespace(key))
+            return Status.BUSY if foreign else Status.EXISTS
+        return None
 
     async def commit(self, reservations: Sequence[Reservation]) -> list[PutResult]:
         """Verify each reservation's payload against its header checksum, index it, and
         (write-through) store it on disk in one transaction. INVALID for a reservation that
         is no longer live or whose bytes do not match; durable when synced to disk. A key
         stored again is alive: its tombstone ends."""
-        results: list[PutResult] = [None] * len(reservations)  # type: ignore[list-item]
+        n = len(reservations)
+        results: list[PutResult] = [_INVALID] * n  # expired or already done, unless set below
         to_disk: list[tuple[int, Reservation]] = []
         # deepest first (kvstore/node/depth_order.py): the same tie-break on every node
         order = commit_order(
             [r.header.key.raw for r in reservations], [r.header.parent.raw for r in reservations]
         )
+        # One pass: verify each (a C call per payload) and collect what each memory tier
+        # indexes, in that order; then one commit per tier, counters and tombstones once.
+        pop, memory, free = self._leases.pop_reservation, self._memory, self._state.free
+        ack_now = self._disk is None or self._write_back  # no disk write before the result
+        per_tier: dict[str, list] = {}
+        stored: dict[str | None, PutResult] = {}
+        invalid = puts = nbytes = 0
         for i in order:
             r = reservations[i]
-            key = r.header.key.raw
-            if not self._leases.pop_reservation(r):
-                results[i] = PutResult(Status.INVALID)  # expired or already done
+            if not pop(r):
                 continue
-            if checksum(r.view) != r.header.checksum:
-                self._state.free(r)
-                self._counters["put_invalid"] += 1
-                results[i] = PutResult(Status.INVALID)
+            h = r.header
+            if checksum(r.view) != h.checksum:
+                free(r)
+                invalid += 1
                 continue
-            if r.tier is not None:
-                tier = self._memory[r.tier]
-                if r.scratch is not None:  # staged in host memory: the slot is not (a GPU's)
-                    tier.fill(r.slots, r.view)
-                tier.commit(key, r.slots, len(r.header_bytes), r.header.payload_len)
-                self._counters["puts"] += 1
-                self._counters["bytes_in"] += r.header.payload_len
-                if self._disk is None or self._write_back:
-                    if self._disk is not None:
-                        self._dirty.add(key)
-                    results[i] = PutResult(Status.STORED, r.tier, False)
-                    continue
-            to_disk.append((i, r))
+            if r.tier is None:
+                to_disk.append((i, r))
+                continue
+            if r.scratch is not None:  # staged in host memory: the slot is not (a GPU's)
+                memory[r.tier].fill(r.slots, r.view)
+            todo = per_tier.get(r.tier)
+            if todo is None:
+                todo = per_tier[r.tier] = []
+            todo.append(
+                (h.key.raw, r.slots, len(r.header_bytes), h.payload_len, h.namespace.raw, h.parent.raw)
+            )
+            puts += 1
+            nbytes += h.payload_len
+            if ack_now:
+                res = stored.get(r.tier)
+                if res is None:
+                    res = stored[r.tier] = PutResult(Status.STORED, r.tier, False)
+                results[i] = res
+            else:
+                to_disk.append((i, r))
+        for name, todo in per_tier.items():
+            memory[name].commit_many(todo)
+            if self._disk is not None and self._write_back:
+                self._dirty.update(x[0] for x in todo)
+        counters = self._counters
+        if invalid:
+            counters["put_invalid"] += invalid
+        if puts:
+            counters["puts"] += puts
+            counters["bytes_in"] += nbytes
         if to_disk:
             await self._write_through(to_disk, results)
         dead = self._state.tombstones
