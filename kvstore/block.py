@@ -91,7 +91,7 @@ class BlockHeader:
 
     def wire_fields(self) -> list[tuple[str, object]]:
         """The encoded map's fields in their order (what :meth:`encode` packs; the layout of a
-        batch of headers, kvstore/block_columns.py, is read from it)."""
+        batch of headers, kvstore/protocol/header_columns.py, is read from it)."""
         return [
             ("v", self.version),
             ("key", self.key.raw),

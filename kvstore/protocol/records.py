@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstore.block import BlockHeader
-from kvstore.block_columns import HeaderColumns
 from kvstore.errors import BlockFormatError
 from kvstore.lookups import ABSENT, TIER_CODES, TIER_NAMES
 from kvstore.protocol.fields import _desc, _items, _str, _u64, bad, decode_header, status_from_wire
+from kvstore.protocol.header_columns import HeaderColumns
 from kvstore.results import PutResult, Status
 from rdma.framing import payload_len
 from rdma.transport import RemoteDescriptor
@@ -80,7 +80,7 @@ _PLEN_WRONG = "GET reply payload length does not match its headers"
 class GetColumns:
     """A GET reply (``h``, answering ``n`` keys) as columns, not a record per entry:
     ``codes`` (one status byte per entry), ``tiers`` (name or None), ``headers``
-    (:class:`~kvstore.block_columns.HeaderColumns`: keys, parents, checksums and payload
+    (:class:`~kvstore.protocol.header_columns.HeaderColumns`: keys, parents, checksums and payload
     lengths as arrays, each header decoded only when asked for), ``plen`` and ``rid``.
 
     It accepts and refuses exactly what ``GetReply.from_wire`` does (tests/client/

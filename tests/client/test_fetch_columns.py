@@ -1,5 +1,5 @@
 """A GET reply received as columns (kvstore/protocol/records.py ``GetColumns``, with
-kvstore/block_columns.py's bulk header check) and its payloads checked all at once
+kvstore/protocol/header_columns.py's bulk header check) and its payloads checked all at once
 (kvstore/client/conn.py ``check_payloads``) give exactly what the per-entry decode
 (``GetReply.from_wire``) and the per-block check (``check_payload``) give: the same refusals
 with the same messages, the same headers, the same statuses — for the usual reply (one
