@@ -26,9 +26,11 @@ import numpy as np
 from kvstore.block import BlockHeader
 from kvstore.keys import KEY_BYTES
 
-_BIN_FIELDS = ("key", "parent", "ns", "tokens")
+# the header map's field names (block-format fields, not wire fields: tests/daemon/test_wire_types.py)
+_KEY, _PARENT, _TOKENS, _XXH3 = "key", "parent", "tokens", "xxh3"
+_BIN_FIELDS = (_KEY, _PARENT, "ns", _TOKENS)
 # a u64 checksum (uint 64) and a float64 ``created``: encodings where any 8 value bytes decode
-_FIXED_WIDTH = {("xxh3", 0xCF), ("created", 0xCB)}
+_FIXED_WIDTH = {(_XXH3, 0xCF), ("created", 0xCB)}
 _MAX_LAYOUTS = 4  # template layouts tried per batch; the rest is decoded header by header
 
 
@@ -115,16 +117,16 @@ class HeaderColumns:
         fits = (arr[:, lay.fixed] == lay.fixed_bytes).all(axis=1)
         rows, arr = rows[fits], arr[fits]
         sp = lay.spans
-        for name, col in (("key", self.keys), ("parent", self.parents)):
+        for name, col in ((_KEY, self.keys), (_PARENT, self.parents)):
             start, n = sp[name]
             col[rows] = arr[:, start : start + n]
-        if "xxh3" in sp:
-            start, _ = sp["xxh3"]
+        if _XXH3 in sp:
+            start, _ = sp[_XXH3]
             self.checksums[rows] = np.ascontiguousarray(arr[:, start : start + 8]).view(">u8").ravel()
         else:  # a fixed byte of the layout: every row has the template's
             self.checksums[rows] = h.checksum
         self.payload_lens[rows] = h.payload_len
-        start, n = sp["tokens"]
+        start, n = sp[_TOKENS]
         self._tokens.append((rows, arr[:, start : start + n]))
         out = np.ones(len(left), bool)
         out[np.flatnonzero(same)[fits]] = False
