@@ -50,10 +50,10 @@ class _Layout:
 def _layout(h: BlockHeader, raw: bytes) -> _Layout | None:
     """The layout of ``raw``, the encoding of ``h``; None unless ``raw`` is exactly what
     :meth:`BlockHeader.encode` writes for ``h`` (else no offset can be trusted)."""
-    fields = h.wire_fields()
-    out = bytearray(msgpack.packb(dict(fields), use_bin_type=True)[:1])  # the map's own header
+    fields = h.wire_map()
+    out = bytearray(msgpack.packb(fields, use_bin_type=True)[:1])  # the map's own header
     spans: dict[str, tuple[int, int]] = {}
-    for name, value in fields:
+    for name, value in fields.items():
         out += msgpack.packb(name)
         enc = msgpack.packb(value, use_bin_type=True)
         if name in _BIN_FIELDS:
