@@ -182,6 +182,7 @@ class Tierkv:
         self.pid = self.proc.pid
         self.src = src
         self.ns, self.fetch_hdrs = _headers(src, 1)
+        self.fetch_keys = [h.key for h in self.fetch_hdrs]
         _, self.store_hdrs = _headers(src, 2)
         self.streams = streams
         self.clients: dict[int, object] = {}
@@ -199,8 +200,8 @@ class Tierkv:
     async def fetch(self, streams: int, dst: np.ndarray) -> int:
         from kvstore.results import Status
 
-        got = await self.clients[streams].get_into([h.key for h in self.fetch_hdrs], list(dst))
-        return sum(g.status is not Status.HIT for g in got)
+        got = await self.clients[streams].get_into(self.fetch_keys, list(dst))
+        return len(got) - got.count_of(Status.HIT)  # one GetResults: no record per block
 
     async def store(self, streams: int, _dst: np.ndarray) -> int:
         res = await self.clients[streams].put(list(zip(self.store_hdrs, self.src)))

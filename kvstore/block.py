@@ -87,21 +87,23 @@ class BlockHeader:
 
     def encode(self) -> bytes:
         """The msgpack encoding stored beside the payload and sent on the wire."""
-        return msgpack.packb(
-            {
-                "v": self.version,
-                "key": self.key.raw,
-                "parent": self.parent.raw,
-                "ns": self.namespace.raw,
-                "tokens": self.token_bytes,
-                "dtype": self.dtype,
-                "shape": list(self.shape),
-                "len": self.payload_len,
-                "xxh3": self.checksum,
-                "created": self.created,
-            },
-            use_bin_type=True,
-        )
+        return msgpack.packb(self.wire_map(), use_bin_type=True)
+
+    def wire_map(self) -> dict[str, object]:
+        """The encoded map, its fields in their order (what :meth:`encode` packs; the layout
+        of a batch of headers, kvstore/protocol/header_columns.py, is read from it)."""
+        return {
+            "v": self.version,
+            "key": self.key.raw,
+            "parent": self.parent.raw,
+            "ns": self.namespace.raw,
+            "tokens": self.token_bytes,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "len": self.payload_len,
+            "xxh3": self.checksum,
+            "created": self.created,
+        }
 
     @classmethod
     def decode(cls, data) -> BlockHeader:

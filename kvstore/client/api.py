@@ -129,10 +129,12 @@ class StoreClient(Protocol):
         bufs: Sequence[Any],
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
-    ) -> list[GetResult]:
+    ) -> Sequence[GetResult]:
         """Fill ``bufs[i]`` (writable, contiguous) with block ``keys[i]``'s payload; HIT only
-        when it arrived whole and matched its key and ``expect[i]``. Bytes of a buffer whose
-        result is not HIT are unspecified. The same path as :meth:`read` (read, then copy
+        when it arrived whole and matched its key and ``expect[i]``. One result per key, in
+        order: a list, or (a remote node's read) one :class:`~kvstore.results.GetResults`
+        whose ``codes`` are the statuses as bytes and whose records are made when indexed.
+        Bytes of a buffer whose result is not HIT are unspecified. The same path as :meth:`read` (read, then copy
         what was lent), for callers that want the bytes in their own buffers."""
         ...
 

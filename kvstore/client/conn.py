@@ -26,12 +26,14 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
+import numpy as np
 from xxhash import xxh3_64
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader, checksum
-from kvstore.keys import BlockKey, KeyBatch, Namespace
-from kvstore.results import Expect, GetResult, PutResult, Status
+from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch, Namespace
+from kvstore.protocol.records import GetColumns
+from kvstore.results import Expect, GetResults, PutResult, Status
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError
 from rdma.tcp import DescriptorFrames, TcpTransport
@@ -162,7 +164,7 @@ class Conn:
 
     async def get_into(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
-    ) -> list[GetResult]:
+    ) -> GetResults:
         """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:
         up to ``pipeline`` requests are on the wire ahead of the reply being received, so the
         node starts the next batch while this one's bytes still land."""
@@ -173,7 +175,7 @@ class Conn:
             )
             for i, j in runs
         ]
-        out: list[GetResult] = []
+        out: list[GetResults] = []
         sent = 0
         for n, (i, j) in enumerate(runs):
             # a sliding window: before reply n is read, requests n .. n + pipeline - 1 are out
@@ -182,34 +184,27 @@ class Conn:
             if sent < upto:
                 await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
                 sent = upto
-            out += await self._get_reply(reqs[n], views[i:j], expect[i:j])
-        return out
+            out.append(await self._get_reply(reqs[n], views[i:j], expect[i:j]))
+        return GetResults.join(out) if out else GetResults.failed(Status.MISS, 0)
 
     async def _get_reply(
         self, req: P.GetRequest, views: Sequence[memoryview], expect: Sequence[Expect | None]
-    ) -> list[GetResult]:
-        """Receive the reply to ``req``: its header, then every HIT's payload straight into its
-        view as one transfer (one hand-off, digests computed as the bytes land), then each
-        payload checked against its header (key, expectation, checksum)."""
-        keys = req.keys
-        reply = P.GetReply.from_wire(await self._reply(req.rid), len(keys))
-        entries = reply.entries
-        hits = [i for i, e in enumerate(entries) if e.status is Status.HIT]
-        dsts = []
-        for i in hits:
-            n = entries[i].block.payload_len
-            if n > views[i].nbytes:
-                raise P.bad("GET reply sent a payload larger than the buffer")
-            dsts.append(views[i][:n])
+    ) -> GetResults:
+        """Receive the reply to ``req``: its header (its entries decoded as columns), then every
+        HIT's payload straight into its view as one transfer (one hand-off, digests computed
+        as the bytes land), then all payloads checked against their headers at once (key,
+        expectation, checksum: :func:`check_payloads`)."""
+        cols = GetColumns(await self._reply(req.rid), len(req.keys))
+        hits = cols.hits()
+        at, lens = hits.tolist(), cols.headers.payload_lens[hits].tolist()
+        if any(n > views[i].nbytes for i, n in zip(at, lens)):
+            raise P.bad("GET reply sent a payload larger than the buffer")
+        dsts = [views[i][:n] for i, n in zip(at, lens)]
         digests = await self.ch.recv_views(dsts, xxh3_64)
-        self.bytes_in += reply.plen
-        checked = dict(zip(hits, zip(dsts, digests)))
-        return [
-            GetResult(e.status, e.block, e.tier)
-            if e.status is not Status.HIT
-            else GetResult(check_payload(e.block, keys[i], expect[i], *checked[i]), e.block, e.tier)
-            for i, e in enumerate(entries)
-        ]
+        self.bytes_in += cols.plen
+        codes = check_payloads(cols, req.keys, expect, digests)
+        hit_bytes = int(cols.headers.payload_lens[np.frombuffer(codes, np.uint8) == Status.HIT].sum())
+        return GetResults(codes, cols.tiers, cols.headers.block, hit_bytes)
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
         """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
@@ -324,6 +319,35 @@ def check_payload(
     return Status.HIT
 
 
+def check_payloads(
+    cols: GetColumns, keys: Sequence[BlockKey], expect: Sequence[Expect | None], digests: Sequence[int]
+) -> bytes:
+    """:func:`check_payload` of every HIT of ``cols`` at once (``digests``: its payloads'
+    checksums, in order): the reply's status codes with each HIT that is another block
+    (key, expected parent or tokens) made MISMATCH and each whose checksum differs CORRUPT."""
+    codes = np.frombuffer(cols.codes, np.uint8).copy()
+    hits = cols.hits()
+    if not len(hits):
+        return codes.tobytes()
+    cols_h, at = cols.headers, hits.tolist()
+    want = np.frombuffer(b"".join([keys[i].raw for i in at]), np.uint8).reshape(len(at), KEY_BYTES)
+    same = (cols_h.keys[hits] == want).all(axis=1)
+    if expect.count(None) != len(expect):
+        exp = [expect[i] for i in at]
+        k = [j for j, e in enumerate(exp) if e is not None and e.parent is not None]
+        if k:
+            parents = b"".join([exp[j].parent.raw for j in k])
+            got = cols_h.parents[hits[k]]
+            same[k] &= (got == np.frombuffer(parents, np.uint8).reshape(len(k), KEY_BYTES)).all(axis=1)
+        k = [j for j, e in enumerate(exp) if e is not None and e.token_bytes is not None]
+        if k:
+            same[k] &= cols_h.tokens_equal(hits[k], [exp[j].token_bytes for j in k])
+    whole = cols_h.checksums[hits] == np.array(digests, np.uint64)  # one digest per HIT, landed
+    codes[hits[~same]] = Status.MISMATCH
+    codes[hits[same & ~whole]] = Status.CORRUPT
+    return codes.tobytes()
+
+
 def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
     larger item is its own run) and at most MAX_BLOCKS items."""
@@ -338,4 +362,4 @@ def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]
     return out
 
 
-__all__ = ["Conn", "FrameError", "NodeRefused", "byte_view", "check_payload"]
+__all__ = ["Conn", "FrameError", "NodeRefused", "byte_view", "check_payload", "check_payloads"]

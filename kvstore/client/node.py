@@ -50,7 +50,7 @@ from kvstore.client.rdma import ClientRdma
 from kvstore.client.read import BlockRead, check_read, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import tier_names
-from kvstore.results import Expect, GetResult, PutResult, Status
+from kvstore.results import Expect, GetResult, GetResults, PutResult, Status
 from rdma.framing import FrameError
 from rdma.transport import TransportError
 
@@ -308,10 +308,11 @@ class NodeClient:
         bufs: Sequence[Any],
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
-    ) -> list[GetResult]:
+    ) -> GetResults:
         """Fill ``bufs[i]`` with block ``keys[i]``'s payload; HIT only when it arrived whole and
         verified. Bytes of a buffer whose result is not HIT are unspecified. The descriptor
-        path or the inline GET, as the module docstring says; the same results either way."""
+        path or the inline GET, as the module docstring says; the same results either way,
+        as one :class:`~kvstore.results.GetResults` (a sequence of GetResult, one per key)."""
         return await self._read(keys, bufs, expect, deadline_s, self.cfg.descriptors == "always")
 
     def read(
@@ -324,20 +325,21 @@ class NodeClient:
         """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
         return filling(self.get_into, keys, bufs, expect, deadline_s)
 
-    async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> list[GetResult]:
+    async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> GetResults:
         exp = check_read("get_into", keys, bufs, expect)
         views = [byte_view(b) for b in bufs]
         if descriptors or (self.one_sided and self.rdma.covers(views)):
             return self._count_gets(await self._leased.get_into(keys, views, exp, deadline_s), len(keys))
-        out: list[GetResult] = []
-        for (i, j), r in await self._striped(
-            "GET",
-            [v.nbytes for v in views],
-            lambda c, i, j: c.get_into(keys[i:j], views[i:j], exp[i:j]),
-            deadline_s,
-        ):
-            out += self._count_gets(r, j - i)
-        return out
+        parts = [
+            self._count_gets(r, j - i)
+            for (i, j), r in await self._striped(
+                "GET",
+                [v.nbytes for v in views],
+                lambda c, i, j: c.get_into(keys[i:j], views[i:j], exp[i:j]),
+                deadline_s,
+            )
+        ]
+        return GetResults.join(parts) if parts else GetResults.failed(Status.MISS, 0)
 
     async def _striped(
         self,
@@ -372,21 +374,23 @@ class NodeClient:
         TCP. Calls whose buffers are not all registered take the inline path."""
         self.rdma.register(buf)
 
-    def _count_gets(self, r: list[GetResult] | Status, n: int) -> list[GetResult]:
+    def _count_gets(self, r: Sequence[GetResult] | Status, n: int) -> GetResults:
+        """``r`` (a read's results, or the Status of its failure for ``n`` keys) as one
+        GetResults, counted: hits, misses, corrupt, bytes in."""
         if isinstance(r, Status):
             self.counters["misses"] += n
-            return [GetResult(r)] * n
-        statuses = [g.status for g in r]
-        hits = statuses.count(Status.HIT)
-        for name, n in (
+            return GetResults.failed(r, n)
+        res = GetResults.of(r)
+        hits = res.count_of(Status.HIT)
+        for name, k in (
             ("hits", hits),
-            ("misses", len(statuses) - hits),
-            ("corrupt", statuses.count(Status.CORRUPT)),
+            ("misses", len(res) - hits),
+            ("corrupt", res.count_of(Status.CORRUPT)),
         ):
-            if n:
-                self.counters[name] += n
-        self.counters["bytes_in"] += sum(g.header.payload_len for g in r if g.status is Status.HIT)
-        return r
+            if k:
+                self.counters[name] += k
+        self.counters["bytes_in"] += res.hit_bytes
+        return res
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None

@@ -40,7 +40,7 @@ from kvstore.client.read import check_read
 from kvstore.client.readrepair import Repairer
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
-from kvstore.results import Expect, GetResult, Status
+from kvstore.results import Expect, GetResult, GetResults, Status
 
 _PREFER_BELOW = 0.5  # a node whose health weight is under this is read after its co-owner
 
@@ -190,9 +190,8 @@ class ClusterReads:
                 byte_view(q.bufs[i])[: rr.header.payload_len] = tmp[i][: rr.header.payload_len]
                 answers[i] = (b, rr)
 
-    def _take(self, addr: str, idx: list[int], res: list[GetResult], answers: dict, t0: float) -> None:
-        nbytes = sum(r.header.payload_len for r in res if r.status is Status.HIT)
-        self.health.observe(addr, time.monotonic() - t0, nbytes, "get")
+    def _take(self, addr: str, idx: list[int], res: GetResults, answers: dict, t0: float) -> None:
+        self.health.observe(addr, time.monotonic() - t0, res.hit_bytes, "get")
         for i, r in zip(idx, res):
             answers[i] = (addr, r)
 

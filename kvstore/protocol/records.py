@@ -1,14 +1,19 @@
-"""Per-key result records of GET, LEASE, RESERVE and PUT/COMMIT replies."""
+"""Per-key result records of GET, LEASE, RESERVE and PUT/COMMIT replies, and a GET reply's
+entries as columns (:class:`GetColumns`, what a client receives a batch into)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError
 from kvstore.lookups import ABSENT, TIER_CODES, TIER_NAMES
-from kvstore.protocol.fields import _desc, _str, bad, decode_header, status_from_wire
+from kvstore.protocol.fields import _desc, _items, _str, _u64, bad, decode_header, status_from_wire
+from kvstore.protocol.header_columns import HeaderColumns
 from kvstore.results import PutResult, Status
+from rdma.framing import payload_len
 from rdma.transport import RemoteDescriptor
 
 _STATUS_BY_CODE = tuple(Status(c) for c in range(max(Status) + 1))  # wire code -> Status
@@ -67,6 +72,72 @@ def get_entries_from_wire(items: list, field: str) -> tuple[GetEntry, ...]:
         e.__dict__.update(status=status, header=raw, tier=tier, block=block)
         out.append(e)
     return tuple(out)
+
+
+_PLEN_WRONG = "GET reply payload length does not match its headers"
+
+
+class GetColumns:
+    """A GET reply (``h``, answering ``n`` keys) as columns, not a record per entry:
+    ``codes`` (one status byte per entry), ``tiers`` (name or None), ``headers``
+    (:class:`~kvstore.protocol.header_columns.HeaderColumns`: keys, parents, checksums and payload
+    lengths as arrays, each header decoded only when asked for), ``plen`` and ``rid``.
+
+    It accepts and refuses exactly what ``GetReply.from_wire`` does (tests/client/
+    test_fetch_columns.py): the usual reply (int status codes, str/nil tiers, bytes headers)
+    is checked in bulk; any other, and any reply the bulk checks refuse, goes through
+    :func:`get_entries_from_wire`, which raises the error naming the first bad entry."""
+
+    __slots__ = ("rid", "codes", "tiers", "headers", "plen")
+
+    def __init__(self, h: dict, n: int) -> None:
+        items = _items(h, "res", n, 3)
+        self.plen = payload_len(h)
+        try:
+            self._bulk(items)
+        except _NotUsual:
+            self._entries(get_entries_from_wire(items, "res"))
+        hit_bytes = int(self.headers.payload_lens[self.hits()].sum())
+        if self.plen != hit_bytes:
+            raise bad(_PLEN_WRONG)
+        self.rid = _u64(h.get("rid"), "rid")
+
+    def _bulk(self, items: list) -> None:
+        codes, raws, tiers = zip(*items) if items else ((), (), ())
+        if not set(map(type, codes)) <= {int} or not set(map(type, tiers)) <= {str, type(None)}:
+            raise _NotUsual
+        if codes and not 0 <= min(codes) <= max(codes) < len(_STATUS_BY_CODE):
+            raise _NotUsual
+        self.codes = bytes(codes)
+        self.tiers = tiers
+        if None in raws and any(raws[i] is None for i in self.hits().tolist()):
+            raise _NotUsual  # a HIT without a header: the per-entry decode names it
+
+        def one(i: int, raw: object) -> BlockHeader:
+            if type(raw) is not bytes:
+                raise _NotUsual
+            try:
+                return BlockHeader.decode(raw)
+            except BlockFormatError as exc:
+                raise _NotUsual from exc
+
+        self.headers = HeaderColumns.of(raws, one)
+
+    def _entries(self, entries: tuple[GetEntry, ...]) -> None:
+        self.codes = bytes(int(e.status) for e in entries)
+        self.tiers = tuple(e.tier for e in entries)
+        self.headers = HeaderColumns([e.header for e in entries])
+        for i, e in enumerate(entries):
+            if e.block is not None:
+                self.headers.put(i, e.block)
+
+    def hits(self) -> np.ndarray:
+        """Indices of the HIT entries (their payloads follow the reply, in this order)."""
+        return np.flatnonzero(np.frombuffer(self.codes, np.uint8) == Status.HIT)
+
+
+class _NotUsual(Exception):
+    """A reply the bulk decode does not take: the per-entry decode decides."""
 
 
 @dataclass(frozen=True)
