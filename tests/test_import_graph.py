@@ -159,6 +159,7 @@ ROOT_MODULES = {
     "demo",
     "errors",
     "keys",
+    "keytable",  # a map over packed keys probed a batch at once: the node's index and the client's caches share it
     "lookups",  # tier codes and the lookup result: what EXISTS answers, nodes and clients share
     "results",
     "settings",

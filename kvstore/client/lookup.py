@@ -34,8 +34,8 @@ from kvstore.client.config import ClusterConfig
 from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
+from kvstore.keytable import KeyTable, key_pairs
 from kvstore.lookups import tier_names
-from kvstore.node.keytable import KeyTable, key_pairs
 from kvstore.protocol import MAX_EXISTS_KEYS
 
 _NONE = 255  # "not found yet" while merging codes (every real code is smaller)
@@ -48,7 +48,7 @@ class MissHints:
     owners, which saves the second round trip of a prompt looked up again while partly
     cached; the owners' answer still wins, so a hint changes no result, only what is asked
     when. A key its owners hold again is dropped from it. Probes are numpy passes over the
-    packed keys (:class:`~kvstore.node.keytable.KeyTable`). ``keys`` below: a
+    packed keys (:class:`~kvstore.keytable.KeyTable`). ``keys`` below: a
     :class:`KeyBatch`, its :func:`key_pairs`, or 16-byte raw keys."""
 
     def __init__(self, max_entries: int = 1 << 16) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from kvstore.keys import KeyBatch
-from kvstore.node.keytable import KeyTable, key_pairs
+from kvstore.keytable import KeyTable, key_pairs
 
 _TWO64 = float(1 << 64)
 
@@ -255,7 +255,7 @@ class RankCache:
     one is dropped. That is an LRU at generation granularity with no per-hit bookkeeping.
     :meth:`reset` with a different view or ``replicas`` empties it (placement changed): it
     makes new tables, so a :class:`Ranking` made before keeps its own. Each generation is a
-    :class:`~kvstore.node.keytable.KeyTable`: a batch's probes and inserts are numpy passes
+    :class:`~kvstore.keytable.KeyTable`: a batch's probes and inserts are numpy passes
     over its packed keys (no Python per key); misses are ranked in one
     :func:`rank_positions` call."""
 

@@ -31,10 +31,10 @@ import numpy as np
 
 from kvstore.config import StoreConfig
 from kvstore.keys import BlockKey, KeyBatch
+from kvstore.keytable import key_pairs
 from kvstore.lookups import TIER_CODES
 from kvstore.node.eviction import Evictor
 from kvstore.node.inspection import Inspector
-from kvstore.node.keytable import key_pairs
 from kvstore.node.leasing import Leaser
 from kvstore.node.placement import Placement
 from kvstore.node.reads import Reader

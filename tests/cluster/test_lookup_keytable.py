@@ -1,4 +1,4 @@
-"""The lookup's key table (kvstore/client/keytable.py): the same answers as a dict under a
+"""The lookup's key table (kvstore/keytable.py): the same answers as a dict under a
 random mix of batch inserts, removals and finds (keys repeated within a batch, asked in
 other orders than inserted, runs broken by other inserts), bounded, growing, rebuilt."""
 
@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from kvstore.client.keytable import KeyTable, key_pairs
 from kvstore.keys import KeyBatch
+from kvstore.keytable import KeyTable, key_pairs
 
 
 def _pairs(raws: list[bytes]) -> np.ndarray:

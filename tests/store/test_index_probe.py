@@ -11,7 +11,7 @@ import random
 import numpy as np
 
 from kvstore.keys import KeyBatch
-from kvstore.node.keytable import key_pairs
+from kvstore.keytable import key_pairs
 from kvstore.node.tiers.index import _SYNC_EVERY, LruIndex, NamespaceIds
 
 NS = [None, b"a" * 16, b"b" * 16, b"c" * 16]

@@ -7,7 +7,7 @@ few hundred bytes each, not kilobytes of Python objects. Keeping the namespace i
 lets the daemon's per-tenant visibility check (every EXISTS: 8,192 keys for a 128K-token
 prompt) answer from memory, with no header read or decode.
 
-Beside the dict, a :class:`~kvstore.node.keytable.KeyTable` maps each key to its namespace
+Beside the dict, a :class:`~kvstore.keytable.KeyTable` maps each key to its namespace
 id, so an EXISTS probes a whole batch of packed keys in a few numpy passes
 (:meth:`LruIndex.probe`), not one dict probe per key. Adds and removals only mark the key
 (one dict store); the table catches up on the marked keys, all at once, at the next probe
@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 
 from kvstore.keys import KeyBatch
-from kvstore.node.keytable import KeyTable, key_pairs
+from kvstore.keytable import KeyTable, key_pairs
 from kvstore.node.tiers.order import EvictionOrder, LruOrder
 
 _OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
@@ -266,7 +266,7 @@ class LruIndex:
         return [k in idx for k in keys]
 
     def probe(self, pairs: np.ndarray, sees: Callable[[bytes | None], bool]) -> tuple[np.ndarray, np.ndarray]:
-        """Per key (rows of ``pairs``, packed keys: :func:`~kvstore.node.keytable.key_pairs`),
+        """Per key (rows of ``pairs``, packed keys: :func:`~kvstore.keytable.key_pairs`),
         whether this tier holds it and whether it holds it in a namespace ``sees`` accepts
         (two bool arrays): numpy passes over the probe table, no Python per key. ``sees`` is
         asked once per namespace id of the tier; the key's id decides per key (exact, as
