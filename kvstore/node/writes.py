@@ -171,39 +171,52 @@ class Writer:
         per_tier: dict[str, list] = {}
         stored: dict[str | None, PutResult] = {}
         invalid = puts = nbytes = 0
-        for i in order:
-            r = reservations[i]
-            if not pop(r):
-                continue
-            h = r.header
-            if checksum(r.view) != h.checksum:
-                free(r)
-                invalid += 1
-                continue
-            if r.tier is None:
-                to_disk.append((i, r))
-                continue
-            if r.scratch is not None:  # staged in host memory: the slot is not (a GPU's)
-                memory[r.tier].fill(r.slots, r.view)
-            todo = per_tier.get(r.tier)
-            if todo is None:
-                todo = per_tier[r.tier] = []
-            todo.append(
-                (h.key.raw, r.slots, len(r.header_bytes), h.payload_len, h.namespace.raw, h.parent.raw)
-            )
-            puts += 1
-            nbytes += h.payload_len
-            if ack_now:
-                res = stored.get(r.tier)
-                if res is None:
-                    res = stored[r.tier] = PutResult(Status.STORED, r.tier, False)
-                results[i] = res
-            else:
-                to_disk.append((i, r))
-        for name, todo in per_tier.items():
-            memory[name].commit_many(todo)
-            if self._disk is not None and self._write_back:
-                self._dirty.update(x[0] for x in todo)
+        # Taken out of the reservations for a memory tier but not yet indexed: if anything
+        # raises before their tier's commit (a GPU copy, a key indexed meanwhile), their slots
+        # are given back here, or they would be neither reserved (expiring) nor indexed.
+        pending: list[Reservation] = []
+        committed: set[str] = set()
+        try:
+            for i in order:
+                r = reservations[i]
+                if not pop(r):
+                    continue
+                h = r.header
+                if checksum(r.view) != h.checksum:
+                    free(r)
+                    invalid += 1
+                    continue
+                if r.tier is None:
+                    to_disk.append((i, r))
+                    continue
+                pending.append(r)
+                if r.scratch is not None:  # staged in host memory: the slot is not (a GPU's)
+                    memory[r.tier].fill(r.slots, r.view)
+                todo = per_tier.get(r.tier)
+                if todo is None:
+                    todo = per_tier[r.tier] = []
+                todo.append(
+                    (h.key.raw, r.slots, len(r.header_bytes), h.payload_len, h.namespace.raw, h.parent.raw)
+                )
+                puts += 1
+                nbytes += h.payload_len
+                if ack_now:
+                    res = stored.get(r.tier)
+                    if res is None:
+                        res = stored[r.tier] = PutResult(Status.STORED, r.tier, False)
+                    results[i] = res
+                else:
+                    to_disk.append((i, r))
+            for name, todo in per_tier.items():
+                memory[name].commit_many(todo)  # all or none
+                committed.add(name)
+                if self._disk is not None and self._write_back:
+                    self._dirty.update(x[0] for x in todo)
+        except BaseException:
+            for r in pending:
+                if r.tier not in committed:
+                    free(r)
+            raise
         counters = self._counters
         if invalid:
             counters["put_invalid"] += invalid

@@ -110,3 +110,34 @@ async def test_another_tenants_key_in_a_batch_is_busy_never_exists(node):
     assert res[0] is Status.BUSY and res[1] is Status.EXISTS and res[3] is Status.BUSY
     assert isinstance(res[2], Reservation)
     node.state.abort([res[2]])
+
+
+async def test_a_commit_that_fails_part_way_gives_every_slot_back(cfg_factory, tmp_path):
+    """A commit whose tier refuses its batch (here: one key was indexed in DRAM meanwhile, by
+    a path outside the writer) raises, and every reservation it had taken out is given back:
+    none is left neither reserved (so never expiring) nor indexed (so never evicted). Before,
+    the reservations after the refused key kept their slots for ever."""
+    cfg = cfg_factory(dram__capacity="4MiB", disk__capacity="64MiB", disk__path=str(tmp_path / "disk"))
+    node = await NodeStore.open(cfg)
+    try:
+        dram = node.stack.by_name["dram"]
+        blocks = make_blocks(4, seed=7)
+        res = await node.writer.reserve([h for h, _ in blocks])
+        assert all(isinstance(r, Reservation) for r in res)
+        for r, (_, p) in zip(res, blocks):
+            r.view[:] = p
+        before = dram.used_bytes
+        # the third block's key is indexed in DRAM behind the writer's back
+        h2, p2 = blocks[2]
+        header = h2.encode()
+        slot = dram.reserve(header, h2.payload_len)
+        dram.fill(slot, p2)
+        dram.commit(h2.key.raw, slot, len(header), h2.payload_len)
+        with pytest.raises(ValueError, match="already indexed"):
+            await node.writer.commit(res)
+        # only the block committed behind the writer's back holds a slot now
+        assert dram.used_bytes == before - sum(r.view.nbytes for r in res) + h2.payload_len
+        assert await node.contains([h.key for h, _ in blocks]) == [None, None, "dram", None]
+        assert not node.state.leases.reserved_keys
+    finally:
+        await node.close()

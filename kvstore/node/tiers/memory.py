@@ -143,18 +143,20 @@ class MemoryTier(LruIndex):
         """:meth:`commit` of each (key, slots, header_len, payload_len, namespace id, parent
         key) in order (the order the eviction order sees them added), with the header's
         fields as the caller decoded them (no decode of the header again) and one access time
-        for the batch. ValueError at a key already indexed (those before it are committed)."""
+        for the batch. All or none: ValueError, before anything is indexed, when a key is
+        already indexed or twice in ``items``."""
         index, spans, span_of, add = self._index, self._spans, self.alloc.span_of, self._index_add
+        seen: set[bytes] = set()
+        for key, *_ in items:  # check every key, then commit: a failure leaves the tier as it was
+            if key in index or key in seen:
+                raise ValueError(f"{self.name}: key {key.hex()} already indexed")
+            seen.add(key)
         atime, total = now_s(), 0
-        try:
-            for key, slots, hlen, plen, ns, parent in items:
-                if key in index:
-                    raise ValueError(f"{self.name}: key {key.hex()} already indexed")
-                add(key, slots[0], hlen, plen, atime, ns, parent, False)
-                spans.setdefault(span_of(slots[0]), {})[key] = slots[1]
-                total += plen
-        finally:
-            self.payload_bytes += total
+        for key, slots, hlen, plen, ns, parent in items:
+            add(key, slots[0], hlen, plen, atime, ns, parent, False)
+            spans.setdefault(span_of(slots[0]), {})[key] = slots[1]
+            total += plen
+        self.payload_bytes += total
 
     def abandon(self, slots: Slot) -> None:
         """Return a reserved, uncommitted slot."""
