@@ -11,7 +11,8 @@ the request's chain ``keys``):
   batches that end within their deadline. ``load_parallel`` reads in flight and one more batch being copied (a
   batch holds its staging slot until its copy ended), each through the store's
   one read (``StoreClient.read``: in process the DRAM slots are lent, else a staging slot is
-  filled), each batch under ``load_deadline_s``: a dead or hung node costs at most one deadline
+  filled), each batch under ``load_deadline_s`` (its wait for a staging slot included, see
+  ``load_staging_bytes``): a dead or hung node costs at most one deadline
   while a slow-but-moving load goes on. Few large reads, not many small ones: a batch is one
   request per node, which the store client streams over its connections.
 - Each block is verified before use (key, parent, token ids, checksum, by the store; its
@@ -48,7 +49,7 @@ import torch
 from connector.config import ConnectorConfig
 from connector.metrics import ConnectorMetrics
 from connector.policy import CostModel
-from connector.staging import StagingPool, StagingSlot
+from connector.staging import StagingFull, StagingPool, StagingSlot
 from kvstore.client import Expect, Status, StoreClient
 from kvstore.keys import BlockKey, KeyBatch, tokens_le_bytes
 
@@ -129,19 +130,22 @@ class Loader:
             Expect(keys[g - 1] if g > 0 else parent0, toks[(g - lo) * step : (g - lo + 1) * step])
             for g in range(lo, hi)
         ]
+        ts = time.perf_counter()
         try:
-            # concurrent loads past load_staging_bytes wait for a slot, within the deadline
+            # concurrent loads past load_staging_bytes wait for a slot: the wait and the read
+            # share one deadline
             slot = await self.staging.take(self.cfg.load_deadline_s)
         except BaseException:
             held.release()
             raise
-        ts = time.perf_counter()
+        waited = time.perf_counter() - ts  # for the slot (not for the reads before this one)
         try:
             async with reading:
                 tr = time.perf_counter()
-                read = await self.store().read(
-                    keys[lo:hi], slot.rows[: hi - lo], exp, self.cfg.load_deadline_s
-                )
+                left = self.cfg.load_deadline_s - waited
+                if left <= 0:
+                    raise StagingFull(f"no time left to read after {waited:.3f} s waiting for a staging slot")
+                read = await self.store().read(keys[lo:hi], slot.rows[: hi - lo], exp, left)
         except BaseException:
             self.staging.give(slot)
             held.release()
