@@ -464,6 +464,17 @@ def main() -> None:
     ap.add_argument(
         "--only-tiers", default="", help="simulate only these tiers (dram or dram+disk); merge into --json"
     )
+    ap.add_argument(
+        "--only-policies", default="", help="simulate only the cells of these policies; merge into --json"
+    )
+    ap.add_argument(
+        "--only-capacities",
+        default="",
+        help="simulate only these capacities (blocks, or unlimited); merge into --json",
+    )
+    ap.add_argument(
+        "--only-nodes", type=int, default=0, help="simulate only cells of this many nodes (0: all)"
+    )
     a = ap.parse_args()
     if a.markdown:
         print(markdown(json.loads(Path(a.json).read_text())))
@@ -475,6 +486,15 @@ def main() -> None:
     pols = a.policies.split(",") if a.policies else POLICIES
     cells = sweep_cells(traces, n_req, a.quick, a.orphan_every, pols)
     cells = [c for c in cells if not a.only_tiers or c[3] == a.only_tiers]
+    only_caps = (
+        {None if c == "unlimited" else int(c) for c in a.only_capacities.split(",")}
+        if a.only_capacities
+        else set()
+    )
+    cells = [c for c in cells if not only_caps or c[4] in only_caps]
+    cells = [c for c in cells if not a.only_nodes or c[2] == a.only_nodes]
+    only_pols = set(a.only_policies.split(",")) if a.only_policies else set()
+    cells = [c for c in cells if not only_pols or c[5] in only_pols]
     cells.sort(key=lambda c: -(c[4] or 10**6))  # the slowest (largest) first: the pool ends together
     rows = []
     if not a.no_sweep:
@@ -487,10 +507,15 @@ def main() -> None:
                     "conversation", d_req, nodes, tiers, cap, pol, a.payload, a.speedup, a.orphan_every
                 )
             )
-    if (a.only_tiers or a.no_sweep) and Path(a.json).exists():  # keep the other rows of the last run
+    partial = a.only_tiers or a.only_policies or a.only_capacities or a.only_nodes or a.no_sweep
+    if partial and Path(a.json).exists():  # keep the other rows of the last run, marked not re-run
         ident = ("trace", "nodes", "tiers", "capacity_blocks", "policy", "source", "orphan_pass_every")
         fresh = {tuple(r.get(k) for k in ident) for r in rows}
         old = [r for r in json.loads(Path(a.json).read_text()) if tuple(r.get(k) for k in ident) not in fresh]
+        for r in rows:
+            r["rerun"] = True
+        for r in old:
+            r.setdefault("rerun", False)
         order = {tuple(r.get(k) for k in ident): i for i, r in enumerate(old + rows)}
         rows = sorted(
             old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r.get(k) for k in ident)])

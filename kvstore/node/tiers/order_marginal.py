@@ -21,6 +21,15 @@ any tier size, where an additive one is either too slow for large tiers or too c
 small ones. The share starts at one half (no evidence either way; ``eviction.probation`` is
 ``prefix-2q``'s and ``prefix-arc``'s) and stays in [``_MIN_SHARE``, ``_MAX_SHARE``].
 
+No wind-up: while probation holds less than its share the share decides nothing (the order
+evicts the older leaf of either segment), and near misses of probation used to keep raising
+it with no effect on evictions and nothing to bring it back. A chain returns whole, one near
+miss a block, so one request could do it: over the conversation trace one returning 149-block
+chain took the disk's share from 0.54 to 0.99 in one PUT, and the disk stayed a FIFO over its
+writes for the rest of the replay -- at 2,990 and 3,010 blocks, not at 3,000 (hit ratio 0.073
+against 0.087, the first 1,500 requests; tests/store/test_probation_windup.py). So each step
+starts from the smaller of the share and the share probation holds now.
+
 Every other rule is ``prefix-2q``'s: leaves only (a chain leaves from its tail), orphans
 first, a ghost hit skips probation. O(1) per ghost hit on top of ``prefix-2q``'s O(log n)
 heap operations. Not thread-safe.
@@ -75,7 +84,12 @@ class MarginalOrder(PrefixLruOrder):
         if ago >= _WINDOW * max(len(self._at), 1):
             return
         self.near_misses[seg] += 1
-        odds = self.probation / (1.0 - self.probation) * (1.0 + _STEP) ** sign
+        # A share above what probation holds decides nothing (the older leaf of either segment
+        # goes), so a step starts from the smaller of the two: without this the share wound
+        # up to 0.99 on near misses that no longer changed evictions, and stayed there.
+        held = max(len(self._on_probation) / max(len(self._at), 1), _MIN_SHARE)
+        base = min(self.probation, held)
+        odds = base / (1.0 - base) * (1.0 + _STEP) ** sign
         self.probation = min(max(odds / (1.0 + odds), _MIN_SHARE), _MAX_SHARE)
 
     def stats(self) -> dict:
