@@ -5,10 +5,9 @@ A sender process writes ``--mib`` MiB per round over loopback (blocking ``sendal
 process receives them into ``--view-kib`` KiB views, interleaved rounds, in each mode:
 
   raw        blocking recv_into of the whole buffer (the raw client of bench/peers.py)
-  landing    recv_landing on a blocking socket (SO_RCVTIMEO, SO_RCVLOWAT 1 MiB), views per call
-             as Landing picks, xxh3 of each view as it lands (the client's receive)
+  landing    recv_landing on a blocking socket (SO_RCVTIMEO), views per call as Landing
+             picks, xxh3 of each view as it lands (the client's receive)
   nohash     the same without the digests (what the checksum costs)
-  lowat-1    landing with SO_RCVLOWAT left at 1 (a return per run of bytes that arrived)
   poll-512   recv_landing on a non-blocking socket (MSG_DONTWAIT + poll per wait) with 512
              views per call (the client's receive before 2026-12-01 night)
 
@@ -31,12 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xxhash import xxh3_64  # noqa: E402
 
-from rdma import bursts  # noqa: E402
 from rdma.bursts import IOV_MAX, Landing, recv_landing  # noqa: E402
 
-LOWAT = bursts._LOWAT
-
-MODES = ("raw", "landing", "nohash", "lowat-1", "poll-512")
+MODES = ("raw", "landing", "nohash", "poll-512")
 
 
 def sender(port: int, nbytes: int, rounds: int) -> None:
@@ -58,10 +54,8 @@ def receive(sock: socket.socket, mode: str, views: list[memoryview], flat: memor
     land = Landing(list(views), None if mode == "nohash" else xxh3_64)
     if mode == "poll-512":
         land.per_call = IOV_MAX
-    bursts._LOWAT = 1 if mode == "lowat-1" else LOWAT
     while not land.done:
         recv_landing(sock, land, 0.2)
-    bursts._LOWAT = LOWAT
     sock.setblocking(True)
 
 
