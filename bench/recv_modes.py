@@ -5,8 +5,8 @@ A sender process writes ``--mib`` MiB per round over loopback (blocking ``sendal
 process receives them into ``--view-kib`` KiB views, interleaved rounds, in each mode:
 
   raw        blocking recv_into of the whole buffer (the raw client of bench/peers.py)
-  landing    recv_landing on a blocking socket (SO_RCVTIMEO; SO_RCVLOWAT 1 MiB after the
-             first 2 MiB), views per call as Landing picks, xxh3 of each view as it lands (the client's receive)
+  landing    recv_landing on a blocking socket (SO_RCVTIMEO), views per call as Landing
+             picks, xxh3 of each view as it lands (the client's receive)
   nohash     the same without the digests (what the checksum costs)
   poll-512   recv_landing on a non-blocking socket (MSG_DONTWAIT + poll per wait) with 512
              views per call (the client's receive before 2026-12-01 night)

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 IOV_MAX = 512  # below the kernel's IOV_MAX (1024) with room to spare
-_LOWAT = 1 << 20  # see recv_landing
 _RECV_SPAN = 8 << 20  # bytes of views one receive offers: more than a socket's buffer holds
 
 
@@ -134,15 +133,12 @@ def recv_landing(sock: socket.socket, land: Landing, wait_s: float = 0.0) -> int
 
     On a blocking socket (the client's, made so for its sends) the kernel does that wait inside
     ``recvmsg``, as ``send_slices`` does for sends: ``SO_RCVTIMEO`` = ``wait_s`` bounds it, and
-    no EAGAIN and ``poll`` per wait (bench/recv_modes.py). Once the landing has received
-    2 MiB, ``SO_RCVLOWAT`` (``_LOWAT``, never more than the bytes still to come) lets a call
-    return with a run of about 1 MiB rather than one per segment that arrived: fewer calls,
-    wake-ups and digest updates on bulk fetches (the 256 KiB fetch's client CPU per GB
-    1.2x the raw client's with it, 1.6x without). Not from the first byte: a one-block 2 MiB
-    GET that waited for 1 MiB runs from its start took 4-5x as long
-    (bench/store_throughput.py; why is not pinned down). A call that times out returns what
-    it has. ``SO_RCVLOWAT`` is set back to 1 before returning, so the loop's readiness waits
-    and ``MSG_DONTWAIT`` receives are as before.
+    no EAGAIN and ``poll`` per wait (bench/recv_modes.py). A call that times out returns what
+    it has. No ``SO_RCVLOWAT``: waiting for runs of 1 MiB cut the client's receive CPU per GB
+    of bulk fetches (256 KiB blocks: 1.2x the raw client's with it, 1.6x without) but stalled
+    receives, some for the whole slice (0.2 s): a one-block 2 MiB GET 4-5x slower
+    (bench/store_throughput.py), and 1 in 3 remote loads of bench/ttft.py's 8,000 tokens
+    ~190 ms longer, also with the runs waited for only after a landing's first 2 MiB.
     ConnectionError on EOF or reset (a socket shut down by a cancelled receive included)."""
     land._skip_full()  # empty views
     got = 0
@@ -154,35 +150,24 @@ def recv_landing(sock: socket.socket, land: Landing, wait_s: float = 0.0) -> int
             socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", usec // 1000000, usec % 1000000)
         )
     flags = 0 if blocking else socket.MSG_DONTWAIT
-    lowat = 1
-    try:
-        while not land.done:
-            if blocking and land.received >= 2 * _LOWAT and lowat != min(_LOWAT, land.total - land.received):
-                lowat = min(_LOWAT, land.total - land.received)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-            i, views = land.i, land.views
-            bufs = [views[i][land.pos :], *views[i + 1 : i + land.per_call]]
-            try:
-                n = sock.recvmsg_into(bufs, 0, flags)[0]
-            except (BlockingIOError, InterruptedError, TimeoutError):
-                if wait_s <= 0 or blocking:
-                    break  # nothing (within the slice, when blocking): the caller waits on its loop
-                if poller is None:
-                    poller = select.poll()
-                    poller.register(sock.fileno(), select.POLLIN)
-                if not poller.poll(wait_s * 1000):
-                    break
-                continue
-            except OSError as exc:
-                raise ConnectionError(f"recv failed: {exc}") from exc
-            if n == 0:
-                raise ConnectionError(f"peer closed the connection after {got} of {land.total} bytes")
-            got += n
-            land._landed(n)
-    finally:
-        if lowat != 1:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-            except OSError:
-                pass  # a socket closed meanwhile: nobody waits on it again
+    while not land.done:
+        i, views = land.i, land.views
+        bufs = [views[i][land.pos :], *views[i + 1 : i + land.per_call]]
+        try:
+            n = sock.recvmsg_into(bufs, 0, flags)[0]
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            if wait_s <= 0 or blocking:
+                break  # nothing (within the slice, when blocking): the caller waits on its loop
+            if poller is None:
+                poller = select.poll()
+                poller.register(sock.fileno(), select.POLLIN)
+            if not poller.poll(wait_s * 1000):
+                break
+            continue
+        except OSError as exc:
+            raise ConnectionError(f"recv failed: {exc}") from exc
+        if n == 0:
+            raise ConnectionError(f"peer closed the connection after {got} of {land.total} bytes")
+        got += n
+        land._landed(n)
     return got

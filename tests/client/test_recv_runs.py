@@ -1,9 +1,9 @@
 """The client's blocking receive (rdma/bursts.py ``recv_landing`` on a blocking socket: the
 kernel waits inside ``recvmsg`` with SO_RCVTIMEO): every byte lands in its view with its
 digest whatever the sender's pace, a short tail is received, a sender that stops mid-stream
-makes the call return (the caller then waits on its loop), and the socket is left with
-SO_RCVLOWAT 1 (it waits for runs of up to 1 MiB only after a landing's first 2 MiB), so the
-loop's readiness waits see a reply header of a few bytes."""
+makes the call return (the caller then waits on its loop), and the socket's SO_RCVLOWAT is 1
+throughout, so the loop's readiness waits see a reply header of a few bytes (a wait for
+larger runs stalled one-block GETs: docs/benchmarks-client.md)."""
 
 from __future__ import annotations
 
