@@ -7,13 +7,11 @@ behind a HIT, and the other blocks of the batch are HITs with their own bytes.""
 from __future__ import annotations
 
 import asyncio
-import struct
 
-import msgpack
 import numpy as np
 import pytest
+from stubpeer import frame, serve
 
-from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
@@ -21,11 +19,6 @@ from kvstore.results import Expect, Status
 
 NS = Namespace("lying-node", "uint8", 4)
 N, SIZE = 8, 4096
-
-
-def _frame(h: dict) -> bytes:
-    body = msgpack.packb(h, use_bin_type=True)
-    return struct.pack(">I", len(body)) + body
 
 
 def _blocks():
@@ -54,31 +47,13 @@ async def _node(reply) -> tuple[asyncio.AbstractServer, int]:
     """A peer that says HELLO, then answers each GET with ``reply(req) -> (entries, payload
     bytes, close_after)``."""
 
-    async def handle(reader, writer):
-        try:
-            while True:
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                h = msgpack.unpackb(await reader.readexactly(n), raw=False)
-                if h["op"] == "HELLO":
-                    hello = {"rid": h["rid"], "ok": True, "v": P.PROTOCOL_VERSION, "tenant": "", "salt": ""}
-                    writer.write(_frame({**hello, "ns": [], "max_frame": 1 << 26}))
-                else:
-                    entries, payload, close = reply(h)
-                    plen = sum(e[0] == 0 and len(p) for e, p in entries)
-                    writer.write(
-                        _frame({"rid": h["rid"], "ok": True, "res": [e for e, _ in entries], "plen": plen})
-                    )
-                    writer.write(payload)
-                    if close:
-                        await writer.drain()
-                        writer.close()
-                        return
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    def answer(h: dict):
+        entries, payload, close = reply(h)
+        plen = sum(e[0] == 0 and len(p) for e, p in entries)
+        head = frame({"rid": h["rid"], "ok": True, "res": [e for e, _ in entries], "plen": plen})
+        return head + payload, close
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+    return await serve(answer)
 
 
 def _hit(i: int, payload: bytes | None = None):

@@ -6,14 +6,10 @@ loopback and a stub peer that speaks just HELLO and EXISTS."""
 
 from __future__ import annotations
 
-import asyncio
-import struct
-
-import msgpack
 import pytest
 from storeutil import make_blocks
+from stubpeer import frame, serve
 
-from kvstore import protocol as P
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
@@ -24,32 +20,18 @@ FAST = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=1.0, p
 CFG = ClusterConfig(replicas=2, lookahead=1, probe_interval_s=60.0, outlier_factor=1e6)
 
 
-def _frame(h: dict) -> bytes:
-    body = msgpack.packb(h, use_bin_type=True)
-    return struct.pack(">I", len(body)) + body
-
-
 async def _liar(lie):
     """HELLO ok; every EXISTS answered ``lie(n)`` for its ``n`` keys. (server, port, asked)."""
     asked: list[int] = []
 
-    async def handle(reader, writer):
-        try:
-            while True:
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                h = msgpack.unpackb(await reader.readexactly(n), raw=False)
-                if h["op"] == "HELLO":
-                    welcome = {"rid": h["rid"], "ok": True, "v": P.PROTOCOL_VERSION, "tenant": "", "salt": ""}
-                    writer.write(_frame(welcome | {"ns": [], "max_frame": 1 << 26}))
-                elif h["op"] == "EXISTS":
-                    asked.append(len(h["keys"]) // 16)
-                    writer.write(_frame({"rid": h["rid"], "ok": True, "tiers": lie(len(h["keys"]) // 16)}))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    def answer(h: dict):
+        if h["op"] != "EXISTS":
+            return None
+        asked.append(len(h["keys"]) // 16)
+        return frame({"rid": h["rid"], "ok": True, "tiers": lie(len(h["keys"]) // 16)}), False
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], asked
+    server, port = await serve(answer)
+    return server, port, asked
 
 
 @pytest.mark.parametrize(

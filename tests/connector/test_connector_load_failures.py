@@ -7,6 +7,7 @@ engines and a real in-process store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import torch
 from connutil import make_engine, run
@@ -19,17 +20,26 @@ def _prompt(n: int, seed: int) -> list[int]:
     return torch.randint(6, 250, (n,), generator=g).tolist()
 
 
-async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tiny_model, tmp_path):
-    """The loader's copy thread is stopped (the loader closed), so the batch's copy raises when
-    it is handed on: the load is a miss (counted), no lease on the store's DRAM is left held
-    and every up-front staging slot is idle again; the next load takes no fresh slot."""
-    d = tiny_model()
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2"
-    prompt = _prompt(160, 21)  # 10 full blocks: 5 batches of 2
+@contextlib.asynccontextmanager
+async def _stored(d, tmp_path, seed: int, extra: str = ""):
+    """An engine on an in-process store (batches of 2 blocks, ``extra`` more URL options)
+    that has run and flushed a 160-token prompt (10 full blocks): (engine, prompt)."""
+    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2{extra}"
+    prompt = _prompt(160, seed)
     a = make_engine(d, url)
     try:
         await run(a, prompt)
         assert await a.connector.flush()
+        yield a, prompt
+    finally:
+        await a.stop()
+
+
+async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tiny_model, tmp_path):
+    """The loader's copy thread is stopped (the loader closed), so the batch's copy raises when
+    it is handed on: the load is a miss (counted), no lease on the store's DRAM is left held
+    and every up-front staging slot is idle again; the next load takes no fresh slot."""
+    async with _stored(tiny_model(), tmp_path, 21) as (a, prompt):  # 5 batches of 2 blocks
         conn, eng = a.connector, a.engine
         loader, node = conn.loader, conn.backend.node
         up_front = conn.cfg.load_parallel + 1
@@ -47,21 +57,13 @@ async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tin
         assert conn.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="error") == 30
         # recomputed, so not counted as loaded either
         assert conn.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 0
-    finally:
-        await a.stop()
 
 
 async def test_a_copy_that_fails_on_the_copy_thread_counts_no_hit_tokens(tiny_model, tmp_path):
     """The batches' copies start on the copy thread and raise there (page ids past the engine's
     KV cache): the load loads nothing, every block is a counted fallback, and no block is
     counted as a hit token (it was recomputed, not loaded); the slots and leases are back."""
-    d = tiny_model()
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2"
-    prompt = _prompt(160, 22)  # 10 full blocks: 5 batches of 2
-    a = make_engine(d, url)
-    try:
-        await run(a, prompt)
-        assert await a.connector.flush()
+    async with _stored(tiny_model(), tmp_path, 22) as (a, prompt):
         conn = a.connector
         node = conn.backend.node
         pages_per_block = conn.loader.pages_per_block
@@ -74,18 +76,11 @@ async def test_a_copy_that_fails_on_the_copy_thread_counts_no_hit_tokens(tiny_mo
         assert conn.loader.staging.idle == conn.cfg.load_parallel + 1
         assert len(node.state.leases.leases) == 0
         node.check()
-    finally:
-        await a.stop()
 
 
 async def _concurrent_loads(tmp_path, d, extra: str, n_loads: int):
     """``n_loads`` loads of one stored prompt at once; (tokens each loaded, the loader)."""
-    url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2{extra}"
-    prompt = _prompt(160, 23)  # 10 full blocks: 5 batches of 2
-    a = make_engine(d, url)
-    try:
-        await run(a, prompt)
-        assert await a.connector.flush()
+    async with _stored(d, tmp_path, 23, extra) as (a, prompt):
         conn, eng = a.connector, a.engine
         pages = [eng.bm.take([], 10) for _ in range(n_loads)]
         reqs = [ConnectorRequest(f"c{i}", tuple(prompt), tuple(p), 0) for i, p in enumerate(pages)]
@@ -95,8 +90,6 @@ async def _concurrent_loads(tmp_path, d, extra: str, n_loads: int):
         assert conn.loader.staging.lent == 0
         assert len(conn.backend.node.state.leases.leases) == 0
         return loaded, conn.loader
-    finally:
-        await a.stop()
 
 
 async def test_concurrent_loads_past_the_staging_bound_wait_for_a_slot(tiny_model, tmp_path):

@@ -7,20 +7,12 @@ that speaks just enough of the protocol and records what it was asked."""
 
 from __future__ import annotations
 
-import asyncio
-import struct
-
-import msgpack
 import pytest
+from stubpeer import frame, serve
 
 from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import KeyBatch
-
-
-def _frame(h: dict) -> bytes:
-    body = msgpack.packb(h, use_bin_type=True)
-    return struct.pack(">I", len(body)) + body
 
 
 def _codes_of(raw: bytes) -> bytes:
@@ -34,34 +26,19 @@ async def _stub(exists_keys, limit: int | None = None, answer=None):
     over it. Returns (server, port, sizes asked)."""
     asked: list[int] = []
 
-    async def handle(reader, writer):
-        try:
-            while True:
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                h = msgpack.unpackb(await reader.readexactly(n), raw=False)
-                if h["op"] == "HELLO":
-                    welcome = {"rid": h["rid"], "ok": True, "v": P.PROTOCOL_VERSION, "tenant": "", "salt": ""}
-                    welcome |= {"ns": [], "max_frame": 1 << 26}
-                    if exists_keys is not None:
-                        welcome["exists_keys"] = exists_keys
-                    writer.write(_frame(welcome))
-                elif h["op"] == "EXISTS":
-                    keys = h["keys"]
-                    asked.append(len(keys) // 16)
-                    if limit is not None and len(keys) // 16 > limit:
-                        err = f"keys: a batch of {len(keys) // 16} keys, at most {limit} keys"
-                        writer.write(
-                            _frame({"rid": h["rid"], "ok": False, "code": P.BAD_REQUEST, "err": err})
-                        )
-                    else:
-                        tiers = answer(keys) if answer else _codes_of(keys)
-                        writer.write(_frame({"rid": h["rid"], "ok": True, "tiers": tiers}))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    def reply(h: dict):
+        if h["op"] != "EXISTS":
+            return None
+        keys = h["keys"]
+        asked.append(len(keys) // 16)
+        if limit is not None and len(keys) // 16 > limit:
+            err = f"keys: a batch of {len(keys) // 16} keys, at most {limit} keys"
+            return frame({"rid": h["rid"], "ok": False, "code": P.BAD_REQUEST, "err": err}), False
+        tiers = answer(keys) if answer else _codes_of(keys)
+        return frame({"rid": h["rid"], "ok": True, "tiers": tiers}), False
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1], asked
+    server, port = await serve(reply, None if exists_keys is None else {"exists_keys": exists_keys})
+    return server, port, asked
 
 
 def _keys(n: int, seed: int) -> KeyBatch:
