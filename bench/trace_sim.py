@@ -34,6 +34,7 @@ from kvstore.client.placement import Node, rank_many  # noqa: E402
 from kvstore.keys import BlockKey, Namespace  # noqa: E402
 from kvstore.node.depth_order import commit_order  # noqa: E402
 from kvstore.node.tiers.order import make_order  # noqa: E402
+from kvstore.node.tiers.order_marginal import START_SHARE  # noqa: E402
 
 BLOCK_TOKENS = 512  # the traces' block size
 GET_BATCH = 256  # keys per GET of the replay (bench/trace.py): the node holds them until it ends
@@ -91,10 +92,17 @@ class ChainKeys:
 
 class SimTier:
     def __init__(
-        self, name: str, capacity: int | None, policy: str, probation: float, top: bool = True
+        self,
+        name: str,
+        capacity: int | None,
+        policy: str,
+        probation: float,
+        top: bool = True,
+        marginal_start: float = START_SHARE,
     ) -> None:
         self.name, self.capacity = name, capacity
-        self.order = make_order(policy, probation, marks_orphans=top)  # as kvstore.node.tiers.build
+        # as kvstore.node.tiers.build
+        self.order = make_order(policy, probation, marks_orphans=top, marginal_start=marginal_start)
         self.keys: set[bytes] = set()
         self.reserved = 0  # slots taken by a PUT not committed yet
 
@@ -113,9 +121,20 @@ class SimTier:
 class SimNode:
     """A node: DRAM, and disk (write-through) when ``disk_blocks`` is not 0."""
 
-    def __init__(self, dram_blocks: int | None, disk_blocks: int | None, policy: str, probation: float):
-        self.dram = SimTier("dram", dram_blocks, policy, probation)
-        self.disk = SimTier("disk", disk_blocks, policy, probation, top=False) if disk_blocks != 0 else None
+    def __init__(
+        self,
+        dram_blocks: int | None,
+        disk_blocks: int | None,
+        policy: str,
+        probation: float,
+        marginal_start: float = START_SHARE,
+    ):
+        self.dram = SimTier("dram", dram_blocks, policy, probation, marginal_start=marginal_start)
+        self.disk = (
+            SimTier("disk", disk_blocks, policy, probation, False, marginal_start)
+            if disk_blocks != 0
+            else None
+        )
         self.parent: dict[bytes, bytes] = {}
         self.hits = {"dram": 0, "disk": 0}
 
@@ -281,17 +300,19 @@ def simulate(
     ids: list[str] | None = None,
     sample_every: int = 200,
     orphan_every: int = 0,
+    marginal_start: float = START_SHARE,
 ) -> Replay:
     """Replay ``requests`` over ``nodes`` simulated nodes holding ``capacity`` blocks in all
     (None: unlimited). ``tiers``: "dram" (DRAM only) or "dram+disk" (DRAM holds a quarter
     of ``capacity``, disk all of it, write-through). Orphans are counted against capacity.
     ``orphan_every``: requests between two orphan passes on more than one node (0: none; an
-    unlimited cluster evicts nothing, so its passes would find nothing and are skipped)."""
+    unlimited cluster evicts nothing, so its passes would find nothing and are skipped).
+    ``probation``, ``marginal_start``: as ``[eviction]``'s (the node's defaults)."""
     ids = ids or node_ids(nodes)
     per = None if capacity is None else capacity // nodes
     dram = per if tiers == "dram" else (None if per is None else max(per // 4, 1))
     disk = 0 if tiers == "dram" else per
-    sims = {i: SimNode(dram, disk, policy, probation) for i in ids}
+    sims = {i: SimNode(dram, disk, policy, probation, marginal_start) for i in ids}
     view = [Node(i) for i in ids]
     chain = ChainKeys(trace_namespace())
     root = chain.ns.id.raw

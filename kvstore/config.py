@@ -205,6 +205,8 @@ class EvictionSection:
     policy: Literal["lru", "prefix-lru", "prefix-2q", "prefix-arc", "prefix-marginal"] = "prefix-marginal"
     probation: float = 0.1  # prefix-2q: the share of a tier's blocks new, unread ones may hold
     ghosts: float = 4.0  # prefix-2q: keys evicted from probation remembered, x blocks held
+    # prefix-marginal: where its probation share starts (kvstore.node.tiers.order_marginal)
+    marginal_start: float = 0.2
     # a namespace holding at most this share of a tier's bytes keeps them against another
     # namespace's writes (that namespace's own blocks go first); 0: no shares
     tenant_share: float = 0.25
@@ -214,6 +216,8 @@ class EvictionSection:
             raise ConfigError(f"eviction.probation: must be in [0, 1), got {self.probation}")
         if not 0.0 <= self.ghosts <= 64.0:
             raise ConfigError(f"eviction.ghosts: must be in [0, 64], got {self.ghosts}")
+        if not 0.01 <= self.marginal_start <= 0.99:
+            raise ConfigError(f"eviction.marginal_start: must be in [0.01, 0.99], got {self.marginal_start}")
         if not 0.0 <= self.tenant_share <= 1.0:
             raise ConfigError(f"eviction.tenant_share: must be in [0, 1], got {self.tenant_share}")
 

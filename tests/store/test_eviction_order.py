@@ -107,8 +107,8 @@ def _reused_after(order, distance: int, writes: int = 2000) -> int:
 def test_near_misses_from_probation_grow_its_share_to_the_reuse_distance():
     """Probation holds 50 blocks (half of 100) and new blocks come back after 58 writes:
     8 evictions after they left, inside the window of 10. The share grows until probation
-    keeps them (59 blocks), and then stays."""
-    order = MarginalOrder()
+    keeps them (59 blocks), and then stays. (Starts at one half, not the default.)"""
+    order = MarginalOrder(start=0.5)
     assert _reused_after(order, 58) == 0, "the share did not grow to the reuse distance"
     s = order.stats()
     assert s["near_misses_probation"] >= 8 and s["near_misses_main"] == 0, s
@@ -118,8 +118,9 @@ def test_near_misses_from_probation_grow_its_share_to_the_reuse_distance():
 
 def test_ghost_hits_beyond_the_window_leave_the_share_alone():
     """New blocks come back after 70 writes: 20 evictions after they left probation, a ghost
-    hit (they skip probation) but beyond a tenth of the tier: the share does not move."""
-    order = MarginalOrder()
+    hit (they skip probation) but beyond a tenth of the tier: the share does not move. (Starts
+    at one half, not the default: probation then holds 50 blocks, as the distances assume.)"""
+    order = MarginalOrder(start=0.5)
     assert _reused_after(order, 70) == 500
     s = order.stats()
     assert s["ghost_hits"] > 1000 and s["near_misses_probation"] == s["near_misses_main"] == 0, s

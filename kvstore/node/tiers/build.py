@@ -20,7 +20,7 @@ def _order(cfg: StoreConfig, top: bool) -> EvictionOrder:
     """A new eviction order for one tier, as ``[eviction]`` configures it; ``top``: the node's
     first tier, the only one whose own evictions tell a block's parent is gone from the node."""
     e = cfg.eviction
-    return make_order(e.policy, e.probation, e.ghosts, marks_orphans=top)
+    return make_order(e.policy, e.probation, e.ghosts, marks_orphans=top, marginal_start=e.marginal_start)
 
 
 def _shares(cfg: StoreConfig) -> TenantShares:

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator
 from typing import Protocol
 
-from kvstore.node.tiers.order_marginal import MarginalOrder
+from kvstore.node.tiers.order_marginal import START_SHARE, MarginalOrder
 from kvstore.node.tiers.order_prefix import PrefixLruOrder
 
 POLICIES = ("lru", "prefix-lru", "prefix-2q", "prefix-arc", "prefix-marginal")
@@ -110,11 +110,15 @@ class LruOrder:
 
 
 def make_order(
-    policy: str, probation: float = 0.1, ghosts: float = 4.0, marks_orphans: bool = True
+    policy: str,
+    probation: float = 0.1,
+    ghosts: float = 4.0,
+    marks_orphans: bool = True,
+    marginal_start: float = START_SHARE,
 ) -> EvictionOrder:
     """The order of a policy named in ``POLICIES`` (ValueError naming it otherwise);
     ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
-    ``prefix-marginal``'s, whose share starts at one half). ``marks_orphans``: whether a block whose
+    ``prefix-marginal``'s, whose share starts at ``marginal_start``). ``marks_orphans``: whether a block whose
     parent this tier evicted is an orphan (first to go); only the node's top tier knows that
     (below it the parent may still be in a tier above: a DRAM hit does not touch the disk copy)."""
     if policy == "lru":
@@ -128,5 +132,5 @@ def make_order(
     if policy == "prefix-arc":
         return PrefixLruOrder(probation, ghosts, adaptive=True, marks_orphans=marks_orphans)
     if policy == "prefix-marginal":
-        return MarginalOrder(ghosts, marks_orphans)
+        return MarginalOrder(ghosts, marks_orphans, marginal_start)
     raise ValueError(f"eviction policy {policy!r} is not one of {POLICIES}")
