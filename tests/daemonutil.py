@@ -142,6 +142,17 @@ def frame(header: dict[str, Any], plen: int = 0) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def unread_bytes(port: int, local_port: int) -> int | None:
+    """Bytes the daemon listening on ``port`` has not yet read from the connection whose client
+    end is ``local_port`` (its receive queue in /proc/net/tcp), None when not found."""
+    with open("/proc/net/tcp") as f:
+        for row in (line.split() for line in f.readlines()[1:]):
+            here, there = int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)
+            if here == port and there == local_port and row[3] == "01":
+                return int(row[4].split(":")[1], 16)
+    return None
+
+
 class RawPeer:
     """One connection. ``rcvbuf`` shrinks the receive buffer before connecting, so a reader
     that stops reading stalls the sender quickly."""

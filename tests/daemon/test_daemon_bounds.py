@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from daemonutil import RawPeer, frame
+from daemonutil import RawPeer, frame, unread_bytes
 from polling import until
 from scraping import scrape
 
@@ -120,17 +120,6 @@ def test_a_peer_that_stops_reading_replies_is_closed_and_counted(daemon, ns):
     )
 
 
-def _unread(port: int, local_port: int) -> int | None:
-    """Bytes the daemon has not yet read from the connection whose client end is
-    ``local_port`` (its receive queue in /proc/net/tcp), None when not found."""
-    with open("/proc/net/tcp") as f:
-        for row in (line.split() for line in f.readlines()[1:]):
-            here, there = int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)
-            if here == port and there == local_port and row[3] == "01":
-                return int(row[4].split(":")[1], 16)
-    return None
-
-
 def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of):
     """GET [A, B1..B12]: A is leased in DRAM first, then the Bs (too big for a DRAM slot) are
     read from disk, each read an await. Meanwhile another connection deletes A and PUTs C:
@@ -153,7 +142,7 @@ def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of
     reader.request({"op": "GET", "keys": b"".join([ha.key.raw] + [h.key.raw for h, _ in bs])})
     # once the daemon has read the GET it has leased A (no await before): now delete and reuse
     until(
-        lambda: _unread(d.data_port, reader.sock.getsockname()[1]),
+        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
         20.0,
         "the GET read by the daemon",
         ok=lambda n: n == 0,

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from daemonutil import RawPeer, frame
+from daemonutil import RawPeer, frame, unread_bytes
 from polling import until
 from scraping import scrape
 
@@ -53,26 +53,30 @@ def _put(p: RawPeer, h, payload: bytes) -> dict:
     return rep
 
 
-def _unread(port: int, local_port: int) -> int | None:
-    """Bytes the daemon has not yet read from the connection whose client end is ``local_port``."""
-    with open("/proc/net/tcp") as f:
-        for row in (line.split() for line in f.readlines()[1:]):
-            here, there = int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)
-            if here == port and there == local_port and row[3] == "01":
-                return int(row[4].split(":")[1], 16)
-    return None
-
-
 def _both_read(d, reader: RawPeer) -> None:
     """Wait until the daemon has read the reader's two GETs: the second is then prepared (its
     lease taken with no await after its header), its reply queued behind the first's."""
     until(
-        lambda: _unread(d.data_port, reader.sock.getsockname()[1]),
+        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
         20.0,
         "both GETs read by the daemon",
         ok=lambda n: n == 0,
     )
     time.sleep(0.3)
+
+
+def _stalled_reader(d, ns, zs, hx) -> RawPeer:
+    """A reader with a small receive buffer that sent GET [Z1, Z2, Z3] then GET [X] and reads
+    nothing yet: the first reply stalls in the daemon's socket buffer, the second is prepared
+    behind it (both read by the daemon when this returns)."""
+    reader = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
+    reader.hello("", ns)
+    reader.send(
+        frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in zs)})
+        + frame({"op": "GET", "rid": 2, "keys": hx.key.raw})
+    )
+    _both_read(d, reader)
+    return reader
 
 
 def _leases(p: RawPeer) -> int:
@@ -119,13 +123,7 @@ def test_a_slot_of_a_queued_reply_is_not_reused_when_its_block_is_deleted(overla
     Y's while X's reply waits to be sent. The reader then reads both replies: X's bytes are X's."""
     d, writer, zs, (hx, px) = overlap()
     [(hy, py)] = blocks_of(ns, 1, BLOCK, seed=8)
-    reader = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
-    reader.hello("", ns)
-    reader.send(
-        frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in zs)})
-        + frame({"op": "GET", "rid": 2, "keys": hx.key.raw})
-    )
-    _both_read(d, reader)
+    reader = _stalled_reader(d, ns, zs, hx)
     writer.request({"op": "DELETE", "keys": hx.key.raw})
     assert writer.reply()["res"] == b"\x01"
     _put(writer, hy, py)  # a freed slot would be X's: the only one not held by the replies
@@ -145,13 +143,7 @@ def test_a_reader_that_stalls_with_a_reply_queued_costs_only_its_connection(over
     counted once, and both replies' leases end with it, the queued one's too: the four blocks
     delete and four new ones take the whole DRAM. Another connection is served meanwhile."""
     d, writer, zs, (hx, px) = overlap(transfer_timeout_s=2.0)
-    reader = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
-    reader.hello("", ns)
-    reader.send(
-        frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in zs)})
-        + frame({"op": "GET", "rid": 2, "keys": hx.key.raw})
-    )
-    _both_read(d, reader)
+    reader = _stalled_reader(d, ns, zs, hx)
     assert _leases(writer) == 2, "both replies hold their lease while queued"
     other = RawPeer(d.data_port, timeout=30)
     other.hello("", ns)
@@ -224,7 +216,7 @@ def test_stop_does_not_cut_a_request_that_began_after_the_reader_was_judged_idle
     reader.hello("", ns)
     reader.send(frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in blocks[:4])}))
     until(
-        lambda: _unread(d.data_port, reader.sock.getsockname()[1]),
+        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
         20.0,
         "the GET read by the daemon",
         ok=lambda n: n == 0,
