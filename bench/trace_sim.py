@@ -181,8 +181,9 @@ class SimNode:
         through to disk in one batch in that order, as the node does."""
         new, in_dram = [], set()
         for key, parent in items:
-            if self.has(key):
-                continue  # EXISTS
+            if self.has(key):  # EXISTS: the node touches it in its highest tier, as a read
+                (self.dram if key in self.dram.keys else self.disk).order.touch(key)  # type: ignore[union-attr]
+                continue
             self.parent[key] = parent
             while self.dram.full():
                 victim = next(self.dram.order.candidates(), None)

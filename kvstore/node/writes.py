@@ -54,7 +54,8 @@ class Writer:
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, object]]) -> list[PutResult]:
         """Store (header, payload) pairs: reserve, copy, commit. INVALID when the payload does
-        not match its header, EXISTS when the key is stored, BUSY when it is being written."""
+        not match its header, EXISTS when the key is stored (the block counts as used, as a
+        read), BUSY when it is being written."""
         results: list[PutResult | None] = [None] * len(blocks)
         headers, payloads, idx = [], [], []
         for i, (h, p) in enumerate(blocks):
@@ -86,7 +87,8 @@ class Writer:
         make_room: bool = True,
         sees: Callable[[bytes | None], bool] | None = None,
     ) -> list[Reservation | Status]:
-        """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise). The
+        """Phase one of a write: a slot per header (EXISTS / BUSY / NO_SPACE otherwise; an
+        EXISTS touches the block in the highest tier holding it, as a read does). The
         slot is invisible to readers until :meth:`commit`; it expires after the lease TTL.
         A reservation without a host slot (disk, GPU) gets a private buffer; with ``lazy`` that
         buffer is not allocated here: its ``view`` is empty and the caller hands the payload
@@ -112,6 +114,10 @@ class Writer:
                     if sees is not None and not sees(t.namespace(key)):
                         out.append(Status.BUSY)
                         continue
+                    # A stored block written again is wanted again: counted as a use, as
+                    # a read is (on three nodes the blocks below a cut chain come back so;
+                    # docs/eviction-policy.md, "a PUT of a stored block refreshes it").
+                    t.touch(key)
                     exists += 1
                     out.append(Status.EXISTS)
                     continue

@@ -72,7 +72,9 @@ def _order_stats(stats: dict) -> dict:
 async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(cfg_factory):
     """Promotions included: a disk hit moved into DRAM is read there and so touched (it joins
     DRAM's main segment); the simulation once left it on probation and drifted from the node
-    at the first promotion (bench/trace.py: the one-node DRAM + disk daemon cell)."""
+    at the first promotion (bench/trace.py: the one-node DRAM + disk daemon cell). An older
+    request's blocks are written again now and then: a stored block's EXISTS touches it in its
+    highest tier on both (three nodes' PUTs do that after a chain was cut)."""
     ns = trace_namespace()
     body = bytes(PAYLOAD)
     hlen = len(_header(ns, ns.id.raw, ns.id.raw, 0, body).encode())  # every header here: one length
@@ -86,7 +88,8 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
     sim = SimNode(DRAM_BLOCKS, DISK_BLOCKS, "prefix-marginal", cfg.eviction.probation)
     chain = ChainKeys(ns)
     root = ns.id.raw
-    promoted = 0
+    promoted = rewritten = 0
+    history: list[tuple[int, ...]] = []
     try:
         for n, hash_ids in enumerate(_requests(300, seed=19)):
             raws = chain.keys(hash_ids)
@@ -109,6 +112,19 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
                 res = await node.writer.put(blocks)
                 assert [r.status for r in res] == [Status.STORED] * len(blocks), res
             sim.put(list(zip(raws, parents))[hit:])
+            if n % 7 == 6:  # an older request's blocks written again: EXISTS touches, as a read
+                old_ids = history[-20] if len(history) >= 20 else history[0]
+                old_raws = chain.keys(old_ids)
+                old_parents = [root, *old_raws[:-1]]
+                was = [sim.has(k) for k in old_raws]
+                res = await node.writer.put(
+                    [(_header(ns, k, p, i, body), body) for k, p, i in zip(old_raws, old_parents, old_ids)]
+                )
+                want = [Status.EXISTS if w else Status.STORED for w in was]
+                assert [r.status for r in res] == want, f"request {n}: the second PUT"
+                sim.put(list(zip(old_raws, old_parents)))
+                rewritten += sum(was)
+            history.append(hash_ids)
             dram, disk = node.stack.top, node.stack.disk
             assert set(dram.keys()) == sim.dram.keys, f"request {n}: DRAM holds other keys"
             assert set(disk.keys()) == sim.disk.keys, f"request {n}: disk holds other keys"
@@ -124,4 +140,4 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
     finally:
         await node.close()
     # the sequence exercises what it is about: promotions, and a disk that evicts
-    assert promoted > 10 and disk_evictions > 10, (promoted, disk_evictions)
+    assert promoted > 10 and disk_evictions > 10 and rewritten > 20, (promoted, disk_evictions, rewritten)
