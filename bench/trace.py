@@ -10,7 +10,11 @@ blocks, the cluster's total: one node, or three nodes of a third each (rendezvou
 one copy). Tiers: ``dram`` (DRAM only) or ``dram+disk`` (DRAM a quarter of the capacity,
 disk all of it, write-through). Hit token ratio = hit tokens / input tokens; orphan ratio =
 blocks stored whose parent is stored nowhere, over capacity (time average in the
-simulation, at the end of the replay on daemons). Three nodes are a static cluster
+simulation, at the end of the replay on daemons). Which keys share a node depends on the
+nodes' addresses (rendezvous hashes a key with each address), so a simulated three-node cell
+is the mean over ``--placements`` draws of the addresses (each draw's hit ratio is in its
+row); the daemons run one draw, their ports, beside the simulation of the same addresses.
+Three nodes are a static cluster
 (``cluster.peers``) running the orphan pass (kvstore/client/orphans.py) every
 ``--orphan-every`` requests, node after node (the daemons asked through
 ``POST /v1/orphans/pass``, the simulation at the same points); ``--orphan-every 0``: none.
@@ -39,7 +43,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.append(str(REPO / "tests"))  # tests/daemonutil.py imports its neighbours by name
 
-from trace_sim import BLOCK_TOKENS, GET_BATCH, ChainKeys, load_trace, simulate, trace_namespace  # noqa: E402
+from trace_sim import (  # noqa: E402
+    BLOCK_TOKENS,
+    GET_BATCH,
+    ChainKeys,
+    load_trace,
+    node_ids,
+    simulate,
+    trace_namespace,
+)
 
 from kvstore.block import make_header  # noqa: E402
 from kvstore.config import EvictionSection  # noqa: E402
@@ -52,34 +64,46 @@ DEFAULT_POLICY = EvictionSection().policy
 
 
 def _sim_cell(args: tuple) -> dict:
-    trace, n_req, nodes, tiers, cap, policy, every = args
+    """One simulated cell. More than one node with a capacity: the mean over ``placements``
+    draws of the node addresses (trace_sim.node_ids), each draw's hit ratio kept in the row;
+    one node, or no capacity (nothing is evicted), does not depend on them: one run."""
+    trace, n_req, nodes, tiers, cap, policy, every, placements = args
     reqs = load_trace(trace, n_req)
     t0 = time.perf_counter()
-    r = simulate(reqs, nodes, cap, tiers, policy, orphan_every=every)
-    hits = r.hits["dram"] + r.hits["disk"]
-    return {
+    draws = placements if nodes > 1 and cap is not None else 1
+    runs = [
+        simulate(reqs, nodes, cap, tiers, policy, ids=node_ids(nodes, p), orphan_every=every)
+        for p in range(draws)
+    ]
+    ratios = [r.hit_token_ratio for r in runs]
+    dram, disk = sum(r.hits["dram"] for r in runs), sum(r.hits["disk"] for r in runs)
+    row = {
         "trace": trace,
         "nodes": nodes,
         "tiers": tiers,
         "capacity_blocks": cap,
         "policy": policy,
         "default": policy == DEFAULT_POLICY,
-        "hit_token_ratio": round(r.hit_token_ratio, 5),
-        "orphan_bytes_ratio": round(r.orphan_ratio, 5),
-        "disk_hit_share": round(r.hits["disk"] / hits, 4) if hits else 0.0,
+        "hit_token_ratio": round(sum(ratios) / draws, 5),
+        "orphan_bytes_ratio": round(sum(r.orphan_ratio for r in runs) / draws, 5),
+        "disk_hit_share": round(disk / (dram + disk), 4) if dram + disk else 0.0,
         "orphan_pass_every": every if nodes > 1 else 0,
-        "orphans_evicted": r.orphans_evicted,
+        "orphans_evicted": round(sum(r.orphans_evicted for r in runs) / draws),
         "requests": len(reqs),
         "source": "simulation",
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    if draws > 1:
+        row["placement_hit_token_ratios"] = [round(x, 5) for x in ratios]
+    return row
 
 
 def sweep_cells(
-    traces: list[str], n_req: int | None, quick: bool, every: int, policies: list[str]
+    traces: list[str], n_req: int | None, quick: bool, every: int, policies: list[str], placements: int
 ) -> list[tuple]:
     """Every policy at one node, DRAM only; LRU and the default for 3 nodes and two tiers
-    (with the orphan pass every ``every`` requests, and in DRAM once without it: its effect)."""
+    (with the orphan pass every ``every`` requests, and in DRAM once without it: its effect),
+    each three-node cell over ``placements`` draws of the node addresses."""
     cells = []
     caps = [1000, 3000, 6000, None] if quick else CAPACITIES
     two = sorted({"lru", DEFAULT_POLICY})
@@ -88,9 +112,11 @@ def sweep_cells(
             pols = policies if (nodes, tiers) == (1, "dram") else two
             for cap in caps:
                 for pol in pols if cap is not None else two:
-                    cells.append((trace, n_req, nodes, tiers, cap, pol, every if nodes > 1 else 0))
+                    cells.append(
+                        (trace, n_req, nodes, tiers, cap, pol, every if nodes > 1 else 0, placements)
+                    )
                     if nodes > 1 and every and cap is not None and tiers == "dram":
-                        cells.append((trace, n_req, nodes, tiers, cap, pol, 0))
+                        cells.append((trace, n_req, nodes, tiers, cap, pol, 0, placements))
     return cells
 
 
@@ -364,7 +390,12 @@ def markdown(rows: list[dict]) -> str:
                 name = f"{pol} (default)" if pol == DEFAULT_POLICY else pol
                 where = f"{nodes} node{'s' if nodes > 1 else ''}, {tiers}"
                 out.append(f"| {where} | {name} | " + " | ".join(vals) + " |")
-        out += ["", f"{trace}: 3 nodes / 1 node, orphaned bytes (share of capacity, time average):", ""]
+        out += [
+            "",
+            f"{trace}: 3 nodes / 1 node (the mean over the placements; the worst placement in "
+            "brackets), orphaned bytes (share of capacity, time average):",
+            "",
+        ]
         fin = [c for c in caps if c is not None]
         out.append("| tiers | policy | orphan pass | " + " | ".join(_cap(c) for c in fin) + " |")
         out.append("| --- | --- | --- |" + " --- |" * len(fin))
@@ -380,7 +411,9 @@ def markdown(rows: list[dict]) -> str:
                             vals.append("")
                             continue
                         ratio = three["hit_token_ratio"] / one["hit_token_ratio"]
-                        vals.append(f"{ratio:.3f}x, {100 * three['orphan_bytes_ratio']:.1f} %")
+                        draws = three.get("placement_hit_token_ratios", [])
+                        worst = f" (min {min(draws) / one['hit_token_ratio']:.3f}x)" if len(draws) > 1 else ""
+                        vals.append(f"{ratio:.3f}x{worst}, {100 * three['orphan_bytes_ratio']:.1f} %")
                     if any(vals):
                         label = f"every {ev} requests" if ev else "none"
                         out.append(f"| {tiers} | {pol} | {label} | " + " | ".join(vals) + " |")
@@ -448,13 +481,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", default="conversation,synthetic")
     ap.add_argument("--requests", type=int, default=0, help="simulate the first N requests (0: all)")
-    ap.add_argument("--daemon-requests", type=int, default=1500, help="requests per daemon cell (0: none)")
+    ap.add_argument(
+        "--daemon-requests",
+        type=int,
+        default=None,
+        help="requests per daemon cell (0: none; default 1,500, with --quick 300)",
+    )
     ap.add_argument("--payload", type=int, default=4096, help="bytes per 512-token block on the daemons")
     ap.add_argument("--speedup", type=float, default=0.0, help="replay timestamps / SPEEDUP (0: no waits)")
     ap.add_argument("--quick", action="store_true", help="2,000 requests, 4 capacities, 300 per daemon cell")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument(
         "--orphan-every", type=int, default=10, help="requests between orphan passes on 3 nodes (0: none)"
+    )
+    ap.add_argument(
+        "--placements",
+        type=int,
+        default=5,
+        help="draws of the node addresses each three-node cell is averaged over (rendezvous "
+        "placement depends on them)",
     )
     ap.add_argument("--policies", default="", help="one-node DRAM policies to sweep (default: all)")
     ap.add_argument("--no-sweep", action="store_true", help="only the daemon cells")
@@ -481,10 +526,12 @@ def main() -> None:
         return
     traces = a.traces.split(",")
     n_req = 2000 if a.quick else (a.requests or None)
-    d_req = 300 if a.quick else a.daemon_requests
+    d_req = a.daemon_requests if a.daemon_requests is not None else (300 if a.quick else 1500)
     load = os.getloadavg()[0]
     pols = a.policies.split(",") if a.policies else POLICIES
-    cells = sweep_cells(traces, n_req, a.quick, a.orphan_every, pols)
+    if a.placements < 1:
+        ap.error(f"--placements: must be >= 1, got {a.placements}")
+    cells = sweep_cells(traces, n_req, a.quick, a.orphan_every, pols, a.placements)
     cells = [c for c in cells if not a.only_tiers or c[3] == a.only_tiers]
     only_caps = (
         {None if c == "unlimited" else int(c) for c in a.only_capacities.split(",")}
@@ -495,7 +542,9 @@ def main() -> None:
     cells = [c for c in cells if not a.only_nodes or c[2] == a.only_nodes]
     only_pols = set(a.only_policies.split(",")) if a.only_policies else set()
     cells = [c for c in cells if not only_pols or c[5] in only_pols]
-    cells.sort(key=lambda c: -(c[4] or 10**6))  # the slowest (largest) first: the pool ends together
+    # the slowest first (three nodes over several placements, the largest capacities): the
+    # pool's workers end together
+    cells.sort(key=lambda c: -(c[4] or 10**6) * (c[7] if c[2] > 1 and c[4] else 1))
     rows = []
     if not a.no_sweep:
         with ProcessPoolExecutor(a.jobs) as pool:
@@ -515,7 +564,7 @@ def main() -> None:
         for r in rows:
             r["rerun"] = True
         for r in old:
-            r.setdefault("rerun", False)
+            r["rerun"] = False  # a row re-run by an earlier partial run is not this run's
         order = {tuple(r.get(k) for k in ident): i for i, r in enumerate(old + rows)}
         rows = sorted(
             old + rows, key=lambda r: (r["source"] != "simulation", order[tuple(r.get(k) for k in ident)])

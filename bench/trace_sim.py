@@ -287,8 +287,13 @@ def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, ro
     return len(doomed)
 
 
-def node_ids(n: int) -> list[str]:
-    return [f"127.0.0.1:{20000 + i}" for i in range(n)]
+def node_ids(n: int, placement: int = 0) -> list[str]:
+    """The addresses of ``n`` simulated nodes. Rendezvous placement hashes each key with each
+    node's address, so which keys share a node -- and so how evenly a window of writes loads
+    the nodes -- depends on the addresses: ``placement`` p names another set of addresses
+    (ports ``20000 + p * n`` on), one more draw of the same cluster (bench/trace.py averages
+    three-node cells over several)."""
+    return [f"127.0.0.1:{20000 + placement * n + i}" for i in range(n)]
 
 
 def simulate(
