@@ -86,12 +86,12 @@ def test_a_one_off_scan_does_not_flush_a_reused_prefix(policy):
     assert kept == (0 if policy == "lru" else 20), (policy, kept)
 
 
-def _reused_after(order, distance: int, writes: int = 2000) -> int:
-    """A tier of 100 blocks, all read (main), then ``writes`` new blocks, never read, each
-    written again ``distance`` writes later when gone; returns how many of the last 500 were
-    gone by then."""
-    tier = Tier(order, capacity=100)
-    for i in range(100):
+def _reused_after(order, distance: int, capacity: int = 1000, writes: int = 20000) -> int:
+    """A tier of ``capacity`` blocks, all read (main), then ``writes`` new blocks, never read,
+    each written again ``distance`` writes later when gone; returns how many of the last
+    quarter were gone by then."""
+    tier = Tier(order, capacity=capacity)
+    for i in range(capacity):
         tier.access(f"m{i}".encode())
         tier.access(f"m{i}".encode())
     keys = [f"k{i}".encode() for i in range(writes)]
@@ -100,31 +100,45 @@ def _reused_after(order, distance: int, writes: int = 2000) -> int:
         tier.write(key)
         if i >= distance and keys[i - distance] not in tier.parent:
             tier.write(keys[i - distance])
-            gone += i >= writes - 500
+            gone += i >= writes - writes // 4
     return gone
 
 
 def test_near_misses_from_probation_grow_its_share_to_the_reuse_distance():
-    """Probation holds 50 blocks (half of 100) and new blocks come back after 58 writes:
-    8 evictions after they left, inside the window of 10. The share grows until probation
-    keeps them (59 blocks), and then stays. (Starts at one half, not the default.)"""
+    """Probation holds 500 blocks (half of 1,000) and new blocks come back after 580 writes:
+    80 evictions after they left, inside the window of 100. The share grows until probation
+    keeps them (581 blocks), and then stays. (Starts at one half, not the default.)"""
     order = MarginalOrder(start=0.5)
-    assert _reused_after(order, 58) == 0, "the share did not grow to the reuse distance"
+    assert _reused_after(order, 580) == 0, "the share did not grow to the reuse distance"
     s = order.stats()
-    assert s["near_misses_probation"] >= 8 and s["near_misses_main"] == 0, s
-    assert 0.55 < order.probation < 0.65 and s["probation_blocks"] >= 58, s
-    assert _reused_after(make_order("prefix-2q", probation=0.5), 58) == 500, "a fixed share misses"
+    assert s["near_misses_probation"] >= 80 and s["near_misses_main"] == 0, s
+    assert 0.55 < order.probation < 0.65 and s["probation_blocks"] >= 580, s
+    assert _reused_after(make_order("prefix-2q", probation=0.5), 580) == 5000, "a fixed share misses"
 
 
 def test_ghost_hits_beyond_the_window_leave_the_share_alone():
-    """New blocks come back after 70 writes: 20 evictions after they left probation, a ghost
-    hit (they skip probation) but beyond a tenth of the tier: the share does not move. (Starts
-    at one half, not the default: probation then holds 50 blocks, as the distances assume.)"""
+    """New blocks come back after 700 writes: 200 evictions after they left probation, a
+    ghost hit (they skip probation) but beyond a tenth of the tier: the share does not move.
+    (Starts at one half, not the default: probation then holds 500 blocks, as the distances
+    assume.)"""
     order = MarginalOrder(start=0.5)
-    assert _reused_after(order, 70) == 500
+    assert _reused_after(order, 700) == 5000
     s = order.stats()
-    assert s["ghost_hits"] > 1000 and s["near_misses_probation"] == s["near_misses_main"] == 0, s
+    assert s["ghost_hits"] > 10000 and s["near_misses_probation"] == s["near_misses_main"] == 0, s
     assert order.probation == 0.5
+
+
+def test_a_small_tiers_window_is_at_least_a_hundred_evictions():
+    """A tier of 100 blocks (a third of 300 per node; a DRAM quarter over a disk): probation
+    holds 50 and new blocks come back after 64 writes, 14 evictions after they left it:
+    beyond a tenth of the tier but inside the window's floor of 100 evictions. They are near
+    misses, and the share grows until probation keeps them (before the floor, a window of 10:
+    the share never moved and every one of them was gone)."""
+    order = MarginalOrder(start=0.5)
+    assert _reused_after(order, 64, capacity=100, writes=2000) == 0
+    s = order.stats()
+    assert s["near_misses_probation"] >= 14 and s["near_misses_main"] == 0, s
+    assert order.probation > 0.6 and s["probation_blocks"] >= 64, s
 
 
 def test_near_misses_from_main_shrink_its_share():

@@ -9,7 +9,8 @@ a key evicted four tiers ago says nothing about a share the tier could give, so 
 between the two (1.40x at 3,000, 1.11x at 6,000).
 
 This order moves the share only by *near misses*: a key evicted from probation that comes
-back within the last ``_WINDOW`` x the tier's blocks of probation's evictions is a hit a
+back within the last ``_WINDOW`` x the tier's blocks of probation's evictions (and at least
+``_MIN_WINDOW`` of them) is a hit a
 probation that much larger would have made; one evicted from the main segment within that
 many of main's evictions is a hit a main segment that much larger would have made (a
 segment of n blocks keeps a block for its next n evictions, so "k evictions ago" is "k blocks
@@ -49,6 +50,14 @@ from kvstore.node.tiers.order_prefix import PrefixLruOrder
 # segment's evictions. bench/trace_sim.py, conversation trace, 1 node, 6,000 blocks (with an
 # additive step): 0.05 and 0.25 both did worse than 0.1 (1.17x and 1.14x LRU against 1.28x).
 _WINDOW = 0.1
+# ... and at least this many evictions, whatever the tier's size: a tenth of a small tier is
+# too few evictions to tell the segments apart. The window of a 1,000-block tier, where 0.1
+# was measured; below it only (a third of 1,000 blocks per node, a DRAM quarter over a disk).
+# bench/trace.py, three nodes of a third of 1,000 blocks each, synthetic trace, DRAM (the mean
+# of five placements): 0.950x one node's hits without it, 0.956x / 0.969x / 0.982x / 0.977x /
+# 0.977x / 0.967x at 50 / 80 / 100 / 125 / 150 / 200 (docs/eviction-policy.md, "A floor on
+# the near-miss window").
+_MIN_WINDOW = 100
 # Odds step per near miss; 0.003 and 0.01 adapt too slowly to reach 1.25x LRU at 6,000 blocks
 # (1.16x, 1.24x) from a start of one half. An additive step (4 blocks' worth a near miss) was
 # too slow either way: from 0.1, 0.97x LRU at 30,000 blocks; from 0.5, 1.17x at 6,000.
@@ -91,7 +100,7 @@ class MarginalOrder(PrefixLruOrder):
         self.ghost_hits += 1
         seg = _PROBATION if sign > 0 else _MAIN
         ago = self._evictions[seg] - ghosts.pop(key)
-        if ago >= _WINDOW * max(len(self._at), 1):
+        if ago >= max(_WINDOW * len(self._at), _MIN_WINDOW):
             return
         self.near_misses[seg] += 1
         # A share above what probation holds decides nothing (the older leaf of either segment
