@@ -31,12 +31,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvstore.client.placement import Node, rank_many  # noqa: E402
+from kvstore.config import EvictionSection  # noqa: E402
 from kvstore.keys import BlockKey, Namespace  # noqa: E402
 from kvstore.node.depth_order import commit_order  # noqa: E402
 from kvstore.node.tiers.order import make_order  # noqa: E402
 from kvstore.node.tiers.order_marginal import START_SHARE  # noqa: E402
 
 BLOCK_TOKENS = 512  # the traces' block size
+UPPER_TIERS = EvictionSection().upper_tiers  # the node's default
 GET_BATCH = 256  # keys per GET of the replay (bench/trace.py): the node holds them until it ends
 # gzip-compressed as published (JSON lines): 1 MiB in the repository instead of 4
 TRACES = {"conversation": "conversation_trace.jsonl.gz", "synthetic": "synthetic_trace.jsonl.gz"}
@@ -128,8 +130,12 @@ class SimNode:
         policy: str,
         probation: float,
         marginal_start: float = START_SHARE,
+        upper_tiers: str = UPPER_TIERS,
     ):
-        self.dram = SimTier("dram", dram_blocks, policy, probation, marginal_start=marginal_start)
+        # DRAM above the write-through disk keeps recency unless upper_tiers says "policy"
+        # (kvstore.node.tiers.build: EvictionSection.tier_policy)
+        dram_policy = EvictionSection(policy=policy, upper_tiers=upper_tiers).tier_policy(disk_blocks != 0)  # type: ignore[arg-type]
+        self.dram = SimTier("dram", dram_blocks, dram_policy, probation, marginal_start=marginal_start)
         self.disk = (
             SimTier("disk", disk_blocks, policy, probation, False, marginal_start)
             if disk_blocks != 0
@@ -307,18 +313,20 @@ def simulate(
     sample_every: int = 200,
     orphan_every: int = 0,
     marginal_start: float = START_SHARE,
+    upper_tiers: str = UPPER_TIERS,
 ) -> Replay:
     """Replay ``requests`` over ``nodes`` simulated nodes holding ``capacity`` blocks in all
     (None: unlimited). ``tiers``: "dram" (DRAM only) or "dram+disk" (DRAM holds a quarter
     of ``capacity``, disk all of it, write-through). Orphans are counted against capacity.
     ``orphan_every``: requests between two orphan passes on more than one node (0: none; an
     unlimited cluster evicts nothing, so its passes would find nothing and are skipped).
-    ``probation``, ``marginal_start``: as ``[eviction]``'s (the node's defaults)."""
+    ``probation``, ``marginal_start``, ``upper_tiers``: as ``[eviction]``'s (the node's
+    defaults)."""
     ids = ids or node_ids(nodes)
     per = None if capacity is None else capacity // nodes
     dram = per if tiers == "dram" else (None if per is None else max(per // 4, 1))
     disk = 0 if tiers == "dram" else per
-    sims = {i: SimNode(dram, disk, policy, probation, marginal_start) for i in ids}
+    sims = {i: SimNode(dram, disk, policy, probation, marginal_start, upper_tiers) for i in ids}
     view = [Node(i) for i in ids]
     chain = ChainKeys(trace_namespace())
     root = chain.ns.id.raw

@@ -210,6 +210,10 @@ class EvictionSection:
     # a namespace holding at most this share of a tier's bytes keeps them against another
     # namespace's writes (that namespace's own blocks go first); 0: no shares
     tenant_share: float = 0.25
+    # the order of the memory tiers (hbm, dram) above a write-through disk: "recency" (what
+    # they evict is still on disk, so scan resistance is the disk's job: prefix-lru, or lru
+    # under policy lru) or "policy" (``policy`` in every tier); see tier_policy
+    upper_tiers: Literal["recency", "policy"] = "recency"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.probation < 1.0:
@@ -220,6 +224,19 @@ class EvictionSection:
             raise ConfigError(f"eviction.marginal_start: must be in [0.01, 0.99], got {self.marginal_start}")
         if not 0.0 <= self.tenant_share <= 1.0:
             raise ConfigError(f"eviction.tenant_share: must be in [0, 1], got {self.tenant_share}")
+        if self.upper_tiers not in ("recency", "policy"):
+            raise ConfigError(f"eviction.upper_tiers: must be recency or policy, got {self.upper_tiers!r}")
+
+    def tier_policy(self, over_write_through_disk: bool) -> str:
+        """The eviction order of one tier. ``policy``, except in a memory tier above a
+        write-through disk under ``upper_tiers = "recency"``: every block it holds is on the
+        disk too (or goes down to it when the disk has dropped it), so its evictions lose
+        nothing and the node's scan resistance lives in the disk's order, while the memory
+        tier keeps what was read last (prefix-aware unless ``policy`` is ``lru``).
+        docs/eviction-policy.md "DRAM over a write-through disk keeps recency"."""
+        if not over_write_through_disk or self.upper_tiers == "policy":
+            return self.policy
+        return "lru" if self.policy == "lru" else "prefix-lru"
 
 
 @dataclass(frozen=True)

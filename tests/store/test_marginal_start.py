@@ -36,9 +36,13 @@ def test_a_start_outside_the_shares_range_is_refused(start, cfg_factory):
 
 @pytest.mark.parametrize("start", [None, 0.35])
 async def test_every_tier_of_a_node_starts_at_the_configured_share(start, cfg_factory):
-    """DRAM over a disk: both tiers' orders start at ``eviction.marginal_start``."""
+    """DRAM over a disk, both running the policy (``upper_tiers = "policy"``; by default DRAM
+    above a write-through disk keeps recency, tests/store/test_upper_tiers.py): both tiers'
+    orders start at ``eviction.marginal_start``."""
     kw = {} if start is None else {"eviction__marginal_start": start}
-    node = await NodeStore.open(cfg_factory(eviction__policy="prefix-marginal", **kw))
+    node = await NodeStore.open(
+        cfg_factory(eviction__policy="prefix-marginal", eviction__upper_tiers="policy", **kw)
+    )
     try:
         shares = [t.eviction_stats()["probation_share"] for t in node.tiers]
         assert len(shares) == 2, shares

@@ -16,11 +16,16 @@ from kvstore.node.tiers.shares import TenantShares
 from kvstore.node.tiers.tasks import Finishing
 
 
-def _order(cfg: StoreConfig, top: bool) -> EvictionOrder:
-    """A new eviction order for one tier, as ``[eviction]`` configures it; ``top``: the node's
-    first tier, the only one whose own evictions tell a block's parent is gone from the node."""
+def _order(cfg: StoreConfig, top: bool, in_memory: bool) -> EvictionOrder:
+    """A new eviction order for one tier, as ``[eviction]`` configures it
+    (EvictionSection.tier_policy: a memory tier above a write-through disk may keep
+    recency: ``in_memory``); ``top``: the node's first tier, the only one whose own evictions tell a block's
+    parent is gone from the node."""
     e = cfg.eviction
-    return make_order(e.policy, e.probation, e.ghosts, marks_orphans=top, marginal_start=e.marginal_start)
+    over_disk = in_memory and cfg.disk.enabled and cfg.disk.write_mode == "write-through"
+    return make_order(
+        e.tier_policy(over_disk), e.probation, e.ghosts, marks_orphans=top, marginal_start=e.marginal_start
+    )
 
 
 def _shares(cfg: StoreConfig) -> TenantShares:
@@ -34,13 +39,15 @@ async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[Slot
     memory: list[SlotTier] = []
     if cfg.hbm.capacity:
         arena = CudaArena(cfg.hbm.capacity, cfg.hbm.device)
-        memory.append(MemoryTier("hbm", arena, cfg.hbm.slab_size, _order(cfg, True), _shares(cfg)))
+        memory.append(MemoryTier("hbm", arena, cfg.hbm.slab_size, _order(cfg, True, True), _shares(cfg)))
     if cfg.dram.capacity:
         size = cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size
         # in a thread: prefaulting or pinning a large arena takes seconds, and the daemon's
         # loop answers /readyz (503) meanwhile
         arena = await asyncio.to_thread(HostArena, size, cfg.dram.pin, cfg.dram.prefault)
-        memory.append(MemoryTier("dram", arena, cfg.dram.slab_size, _order(cfg, not memory), _shares(cfg)))
+        memory.append(
+            MemoryTier("dram", arena, cfg.dram.slab_size, _order(cfg, not memory, True), _shares(cfg))
+        )
     disk = None
     if cfg.disk.enabled:
         d = cfg.disk
@@ -51,7 +58,7 @@ async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[Slot
             sync=d.sync,
             writemap=d.writemap,
             finishing=finishing,
-            order=_order(cfg, not memory),
+            order=_order(cfg, not memory, False),
             shares=_shares(cfg),
         )
     return memory, disk
