@@ -4,8 +4,9 @@ tenant that may see it; another tenant's PUT of it (BUSY) changes nothing.
 Why: on three nodes a chain's blocks live on different nodes, and one node evicting its block
 cuts the chain for the others; the next request's PUT writes the cut block again and sends the
 blocks below it to their owners, who already hold them. Counted as a use, those blocks stay
-with the chain they belong to again (docs/eviction-policy.md, "Three nodes: a PUT of a stored
-block refreshes it"). Block counts only, no timing."""
+with the chain they belong to again (docs/eviction-policy.md, "Three nodes: one placement is
+one draw", its paragraph "The PUT refresh": what it moved on the traces). Block counts only,
+no timing."""
 
 from __future__ import annotations
 
