@@ -132,7 +132,7 @@ class SimNode:
         marginal_start: float = START_SHARE,
         upper_tiers: str = UPPER_TIERS,
     ):
-        # DRAM above the write-through disk keeps recency unless upper_tiers says "policy"
+        # DRAM above the write-through disk runs the policy, or keeps recency under upper_tiers "recency"
         # (kvstore.node.tiers.build: EvictionSection.tier_policy)
         dram_policy = EvictionSection(policy=policy, upper_tiers=upper_tiers).tier_policy(disk_blocks != 0)  # type: ignore[arg-type]
         self.dram = SimTier("dram", dram_blocks, dram_policy, probation, marginal_start=marginal_start)

@@ -210,10 +210,12 @@ class EvictionSection:
     # a namespace holding at most this share of a tier's bytes keeps them against another
     # namespace's writes (that namespace's own blocks go first); 0: no shares
     tenant_share: float = 0.25
-    # the order of the memory tiers (hbm, dram) above a write-through disk: "recency" (what
-    # they evict is still on disk, so scan resistance is the disk's job: prefix-lru, or lru
-    # under policy lru) or "policy" (``policy`` in every tier); see tier_policy
-    upper_tiers: Literal["recency", "policy"] = "recency"
+    # the order of the memory tiers (hbm, dram) above a write-through disk: "policy"
+    # (``policy`` in every tier) or "recency" (prefix-lru, or lru under policy lru: what they
+    # evict is still on disk). Not "recency" by default: the disk's order never sees the reads
+    # DRAM serves, so a one-off scan then flushes a prefix read only from DRAM off the whole
+    # node (tests/store/test_upper_tiers.py); see tier_policy
+    upper_tiers: Literal["recency", "policy"] = "policy"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.probation < 1.0:
@@ -232,8 +234,10 @@ class EvictionSection:
         write-through disk under ``upper_tiers = "recency"``: every block it holds is on the
         disk too (or goes down to it when the disk has dropped it), so its evictions lose
         nothing and the node's scan resistance lives in the disk's order, while the memory
-        tier keeps what was read last (prefix-aware unless ``policy`` is ``lru``).
-        docs/eviction-policy.md "DRAM over a write-through disk keeps recency"."""
+        tier keeps what was read last (prefix-aware unless ``policy`` is ``lru``). The disk's
+        order does not see the reads the memory tier serves, so under "recency" a one-off scan
+        can flush a prefix read only from memory off the node.
+        docs/eviction-policy.md "DRAM over a write-through disk keeping recency"."""
         if not over_write_through_disk or self.upper_tiers == "policy":
             return self.policy
         return "lru" if self.policy == "lru" else "prefix-lru"
