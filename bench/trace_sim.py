@@ -2,7 +2,7 @@
 
 Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
 operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
-prefix (a read touches; a disk hit moves into DRAM when that evicts only blocks disk also
+prefix (a read touches, a DRAM hit the disk copy too; a disk hit moves into DRAM when that evicts only blocks disk also
 holds and none the same GET read, and is touched there: the node's lease reads the DRAM
 copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
 disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
@@ -154,7 +154,7 @@ class SimNode:
             held = set()
         held.add(key)
         if key in self.dram.keys:
-            self.dram.order.touch(key)
+            self._touch_dram(key)
             self.hits["dram"] += 1
             return True
         if self.disk is None or key not in self.disk.keys:
@@ -167,8 +167,15 @@ class SimNode:
             # probation. Without this touch the simulation drifted from the node from the
             # first promotion on (tests/store/test_sim_matches_node.py).
             self.dram.add(key, self.parent[key])
-            self.dram.order.touch(key)
+            self._touch_dram(key)
         return True
+
+    def _touch_dram(self, key: bytes) -> None:
+        """A use of ``key`` in DRAM: touched there and in the disk's order (a no-op where the
+        disk has no copy), as kvstore.node.tiers.stack.TierStack.touch does."""
+        self.dram.order.touch(key)
+        if self.disk is not None:
+            self.disk.order.touch(key)
 
     def _room_without_io(self, held: set[bytes]) -> bool:
         disk = self.disk.keys  # type: ignore[union-attr]
@@ -188,7 +195,10 @@ class SimNode:
         new, in_dram = [], set()
         for key, parent in items:
             if self.has(key):  # EXISTS: the node touches it in its highest tier, as a read
-                (self.dram if key in self.dram.keys else self.disk).order.touch(key)  # type: ignore[union-attr]
+                if key in self.dram.keys:
+                    self._touch_dram(key)
+                else:
+                    self.disk.order.touch(key)  # type: ignore[union-attr]
                 continue
             self.parent[key] = parent
             while self.dram.full():

@@ -134,7 +134,7 @@ class Leaser:
         st.sweep()
         p = PackedLease(lt.next_id(), lt.deadline(ttl_s))
         lt.add_packed(p)
-        where, disk, holds = st.where, self._disk, lt.holds
+        where, disk, holds, touch = st.where, self._disk, lt.holds, self._tiers.touch
         pk, pat, pviews, pheaders, ptiers = p.keys, p.at, p.views, p.headers, p.tiers
         mem: list[int] = []  # which of them are read from memory (a disk read counts itself)
         read = 0
@@ -154,7 +154,7 @@ class Leaser:
                 pviews.append(t.lease_view(k)[0])
                 pheaders.append(t.header_sync(k))
                 ptiers.append(t.name)
-                t.touch(k)
+                touch(t, k)
                 continue
             plen = t.payload_len(k)
             if max_read_bytes is not None and read + plen > max_read_bytes:
@@ -188,7 +188,7 @@ class Leaser:
         """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
         raw = bytes(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
-        t.touch(key.raw)
+        self._tiers.touch(t, key.raw)
         lease = self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
         lease.from_disk = from_disk
         return lease

@@ -37,6 +37,7 @@ class Writer:
         write_back: bool,
         finishing: Finishing | None = None,
     ) -> None:
+        self._stack = tiers
         self._tiers = tiers.memory
         self._memory = tiers.by_name
         self._disk = tiers.disk
@@ -103,7 +104,7 @@ class Writer:
         # so), one await per such block, each evicting what that block needs: the blocks
         # reserved so far are not yet indexed, so a PUT's own blocks never evict each other.
         where, doomed, reserved = self._where, self._doomed, self._leases.reserved_keys
-        add, place_now = self._leases.add_reservation, self._place_now
+        add, place_now, touch = self._leases.add_reservation, self._place_now, self._stack.touch
         expires = self._leases.deadline(None)
         out: list[Reservation | Status] = []
         exists = no_space = 0
@@ -117,7 +118,7 @@ class Writer:
                     # A stored block written again is wanted again: counted as a use, as
                     # a read is (on three nodes the blocks below a cut chain come back so;
                     # docs/eviction-policy.md, "a PUT of a stored block refreshes it").
-                    t.touch(key)
+                    touch(t, key)
                     exists += 1
                     out.append(Status.EXISTS)
                     continue

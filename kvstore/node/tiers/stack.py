@@ -30,5 +30,15 @@ class TierStack:
         rest: list[Tier] = [*self.memory[self.memory.index(tier) + 1 :]]
         return rest if self.disk is None else [*rest, self.disk]
 
+    def touch(self, tier: Tier, key: bytes) -> None:
+        """``key`` was used (read, or written again) in ``tier``: touched there and, for a memory
+        tier, in the disk's order too (a no-op where the disk has no copy). A block read from
+        DRAM is a block in use on the node: were the disk's order not told, a one-off scan
+        would flush a prefix read only from DRAM off the disk, and off the node with it once
+        DRAM keeps recency (docs/eviction-policy.md, "A DRAM hit touches the disk copy")."""
+        tier.touch(key)
+        if tier is not self.disk and self.disk is not None:
+            self.disk.touch(key)
+
     def in_memory(self, key: bytes) -> bool:
         return any(key in t for t in self.memory)
