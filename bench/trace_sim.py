@@ -2,7 +2,8 @@
 
 Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
 operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
-prefix (a read touches, a DRAM hit the disk copy too; a disk hit moves into DRAM when that evicts only blocks disk also
+prefix (a read touches, a DRAM hit the disk copy too, a GET's DRAM uses deepest first when
+it ends; a disk hit moves into DRAM when that evicts only blocks disk also
 holds and none the same GET read, and is touched there: the node's lease reads the DRAM
 copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
 disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
@@ -147,28 +148,33 @@ class SimNode:
     def has(self, key: bytes) -> bool:
         return key in self.dram.keys or (self.disk is not None and key in self.disk.keys)
 
-    def read(self, key: bytes, held: set[bytes] | None = None) -> bool:
-        """Read ``key`` as one key of a GET: ``held`` collects the keys that GET read so far,
-        leased by the node until it ends, so a promotion does not evict them from DRAM."""
-        if held is None:
-            held = set()
-        held.add(key)
-        if key in self.dram.keys:
+    def get(self, keys: list[bytes]) -> None:
+        """One GET of ``keys`` (in chain order) as the node's lease of them
+        (kvstore/node/leasing.py): the keys read so far are held until it ends, so a promotion
+        does not evict them from DRAM; a disk hit touches the disk's copy as it is read; the
+        DRAM uses (a DRAM hit, a promoted block read from its new slot) are marked when the
+        GET ends, deepest first, each on the disk's copy too (``_touch_dram``)."""
+        held: set[bytes] = set()
+        used: list[bytes] = []
+        for key in keys:
+            held.add(key)
+            if key in self.dram.keys:
+                used.append(key)
+                self.hits["dram"] += 1
+                continue
+            if self.disk is None or key not in self.disk.keys:
+                continue
+            self.disk.order.touch(key)
+            self.hits["disk"] += 1
+            if self._room_without_io(held):
+                # the node's lease of a promoted block reads it from its new DRAM slot, and that
+                # read touches it (kvstore/node/leasing.py): it joins DRAM's main segment, not
+                # probation. Without this touch the simulation drifted from the node from the
+                # first promotion on (tests/store/test_sim_matches_node.py).
+                self.dram.add(key, self.parent[key])
+                used.append(key)
+        for key in reversed(used):
             self._touch_dram(key)
-            self.hits["dram"] += 1
-            return True
-        if self.disk is None or key not in self.disk.keys:
-            return False
-        self.disk.order.touch(key)
-        self.hits["disk"] += 1
-        if self._room_without_io(held):
-            # the node's lease of a promoted block reads it from its new DRAM slot, and that
-            # read touches it (kvstore/node/leasing.py): it joins DRAM's main segment, not
-            # probation. Without this touch the simulation drifted from the node from the
-            # first promotion on (tests/store/test_sim_matches_node.py).
-            self.dram.add(key, self.parent[key])
-            self._touch_dram(key)
-        return True
 
     def _touch_dram(self, key: bytes) -> None:
         """A use of ``key`` in DRAM: touched there and in the disk's order (a no-op where the
@@ -355,9 +361,11 @@ def simulate(
                 break
             hit += 1
         for start in range(0, hit, GET_BATCH):  # the replay's GETs, one per owner
-            held: dict[str, set[bytes]] = {}
+            gets: dict[str, list[bytes]] = {}
             for k in keys[start : min(hit, start + GET_BATCH)]:
-                sims[owner[k]].read(k, held.setdefault(owner[k], set()))
+                gets.setdefault(owner[k], []).append(k)
+            for node, got in gets.items():
+                sims[node].get(got)
         out.hit_tokens += hit * BLOCK_TOKENS
         parents = [root, *keys[:-1]]
         batches: dict[str, list[tuple[bytes, bytes]]] = {}

@@ -13,8 +13,8 @@ a chain from the tail, as one node does (bench/trace.py measures the difference)
   before its child on the same node (the eviction order judges a child by its parent's state
   when it is added, kvstore/node/tiers/order.py).
 
-Only writes: marking a GET's blocks used in reverse too moved the three-node hit ratio by at
-most 0.5 % in the simulation (bench/trace_sim.py), so reads touch in batch order.
+Reads follow the same rule: a lease marks the blocks it read from memory used deepest first
+when it ends (kvstore/node/leasing.py ``_touch_deepest_first``).
 """
 
 from __future__ import annotations

@@ -89,33 +89,38 @@ class Leaser:
         owner: str | None,
     ) -> None:
         """:meth:`claim`'s loop, appending to ``out`` as it goes (so that what it took is
-        there to release when it is cancelled)."""
+        there to release when it is cancelled). The blocks it leases from memory are marked
+        used when it ends, deepest first (:meth:`_touch_deepest_first`)."""
         where = self._state.where
         read = 0
-        for key in keys:
-            t = where(key.raw)
-            if t is not None and sees is not None and not sees(t.namespace(key.raw)):
-                out.append(Status.MISS)  # another tenant's: answered before any work on it
-                continue
-            if t is not None and t is self._disk:
-                plen = t.payload_len(key.raw)
-                if max_read_bytes is not None and read + plen > max_read_bytes:
-                    self._counters["lease_over_bound"] += 1
+        touched: list[tuple[SlotTier, bytes]] = []
+        try:
+            for key in keys:
+                t = where(key.raw)
+                if t is not None and sees is not None and not sees(t.namespace(key.raw)):
+                    out.append(Status.MISS)  # another tenant's: answered before any work on it
+                    continue
+                if t is not None and t is self._disk:
+                    plen = t.payload_len(key.raw)
+                    if max_read_bytes is not None and read + plen > max_read_bytes:
+                        self._counters["lease_over_bound"] += 1
+                        out.append(Status.MISS)
+                        continue
+                    read += plen
+                    lease = await self._lease_from_disk(key, plen, ttl_s, touched)
+                    if isinstance(lease, Lease) and owner is not None:
+                        self._leases.charge(lease, owner)
+                    out.append(lease)
+                    continue
+                if t is None:
                     out.append(Status.MISS)
                     continue
-                read += plen
-                lease = await self._lease_from_disk(key, plen, ttl_s)
-                if isinstance(lease, Lease) and owner is not None:
-                    self._leases.charge(lease, owner)
+                lease = self._lease_in(t, key, ttl_s, touched)
+                self._counters[f"hits_{t.name}"] += 1
+                self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
                 out.append(lease)
-                continue
-            if t is None:
-                out.append(Status.MISS)
-                continue
-            lease = self._lease_in(t, key, ttl_s)
-            self._counters[f"hits_{t.name}"] += 1
-            self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
-            out.append(lease)
+        finally:
+            self._touch_deepest_first(touched)
 
     async def lease_packed(
         self,
@@ -134,7 +139,8 @@ class Leaser:
         st.sweep()
         p = PackedLease(lt.next_id(), lt.deadline(ttl_s))
         lt.add_packed(p)
-        where, disk, holds, touch = st.where, self._disk, lt.holds, self._tiers.touch
+        where, disk, holds = st.where, self._disk, lt.holds
+        touched: list[tuple[SlotTier, bytes]] = []  # marked used at the end, deepest first
         pk, pat, pviews, pheaders, ptiers = p.keys, p.at, p.views, p.headers, p.tiers
         mem: list[int] = []  # which of them are read from memory (a disk read counts itself)
         read = 0
@@ -154,7 +160,7 @@ class Leaser:
                 pviews.append(t.lease_view(k)[0])
                 pheaders.append(t.header_sync(k))
                 ptiers.append(t.name)
-                touch(t, k)
+                touched.append((t, k))
                 continue
             plen = t.payload_len(k)
             if max_read_bytes is not None and read + plen > max_read_bytes:
@@ -162,9 +168,10 @@ class Leaser:
                 continue
             read += plen
             try:
-                got = await self._lease_from_disk(BlockKey(k), plen, ttl_s)
+                got = await self._lease_from_disk(BlockKey(k), plen, ttl_s, touched)
             except BaseException:  # cancelled (or failed): what it holds goes back now
                 st.release([p])
+                self._touch_deepest_first(touched)
                 raise
             if not isinstance(got, Lease):
                 continue
@@ -178,17 +185,38 @@ class Leaser:
             pviews.append(got.view)
             pheaders.append(got.raw_header)
             ptiers.append(got.tier)
+        self._touch_deepest_first(touched)
         c = self._counters
         for j in mem:  # the token count off each header (one C-level unpack, no BlockHeader)
             c[f"hits_{ptiers[j]}"] += 1
             c[f"hit_tokens_{ptiers[j]}"] += len(unpackb(pheaders[j])["tokens"]) // 4
         return p
 
-    def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None, from_disk: bool = False) -> Lease:
-        """Lease ``key``'s copy in memory tier ``t``, with that copy's own header."""
+    def _touch_deepest_first(self, touched: list[tuple[SlotTier, bytes]]) -> None:
+        """Mark the blocks one read leased from memory used, in reverse key order: a read's
+        keys come in chain order, so its chain's head ends the most recently used and every
+        node eats a chain read together from its tail, as one node's prefix order does (on
+        three nodes a node's run of a chain whose parent is elsewhere is a leaf there; touched
+        in key order the chain's head would be its node's first victim, cutting the chain for
+        the others: docs/eviction-policy.md, "A GET touches deepest first"). A key gone
+        meanwhile is skipped (a touch of an absent key is a no-op)."""
+        touch = self._tiers.touch
+        for t, k in reversed(touched):
+            touch(t, k)
+
+    def _lease_in(
+        self,
+        t: SlotTier,
+        key: BlockKey,
+        ttl_s: float | None,
+        touched: list[tuple[SlotTier, bytes]],
+        from_disk: bool = False,
+    ) -> Lease:
+        """Lease ``key``'s copy in memory tier ``t``, with that copy's own header; the use is
+        left in ``touched`` (:meth:`_touch_deepest_first`)."""
         raw = bytes(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
-        self._tiers.touch(t, key.raw)
+        touched.append((t, key.raw))
         lease = self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
         lease.from_disk = from_disk
         return lease
@@ -205,7 +233,9 @@ class Leaser:
         self._leases.add_lease(lease)
         return lease
 
-    async def _lease_from_disk(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | Status:
+    async def _lease_from_disk(
+        self, key: BlockKey, plen: int, ttl_s: float | None, touched: list[tuple[SlotTier, bytes]]
+    ) -> Lease | Status:
         """Lease a disk-only block of ``plen`` bytes (as indexed now). When it moves up into a
         host-memory top tier it is read from disk straight into its new slot: one copy, where
         reading it into a buffer and promoting that would copy it twice. Otherwise it is read
@@ -216,7 +246,7 @@ class Leaser:
         disk = self._disk
         top = self._tiers.top
         if top is None or top.host_buffer is None or not self._placement.promote_on_read:
-            return await self._lease_copied(key, plen, ttl_s)
+            return await self._lease_copied(key, plen, ttl_s, touched)
         version = disk.version(k)  # type: ignore[union-attr]  # of the copy ``plen`` describes
         hdr = await disk.read_header(k)  # type: ignore[union-attr]
         slot = self._placement.promotion_slot(k, bytes(hdr), plen) if hdr is not None else None
@@ -240,13 +270,15 @@ class Leaser:
         if n == plen and r.header.encode() == slot[1] and self._unchanged(k, version):
             top.commit(k, slot, len(slot[1]), plen)
             self._counters["promotions"] += 1
-            return self._lease_in(top, key, ttl_s, from_disk=True)
+            return self._lease_in(top, key, ttl_s, touched, from_disk=True)
         # the key changed while it was read: the slot goes back, the bytes read are copied out
         copy = bytes(buf[:n])
         top.abandon(slot)
         return self._add_lease(key, r.header, memoryview(copy), None, "disk", ttl_s)
 
-    async def _lease_copied(self, key: BlockKey, plen: int, ttl_s: float | None) -> Lease | Status:
+    async def _lease_copied(
+        self, key: BlockKey, plen: int, ttl_s: float | None, touched: list[tuple[SlotTier, bytes]]
+    ) -> Lease | Status:
         """A disk block read into a private buffer, offered to the placement (which may copy it
         up into a GPU top tier) when the copy read is still the one stored."""
         k = key.raw
@@ -260,7 +292,7 @@ class Leaser:
             self._placement.promote(r.header, scratch)
         dram = self._tiers.dram
         if dram is not None and k in dram and k not in self._state.doomed:
-            return self._lease_in(dram, key, ttl_s, from_disk=True)
+            return self._lease_in(dram, key, ttl_s, touched, from_disk=True)
         view = memoryview(scratch)[: r.header.payload_len].toreadonly()
         return self._add_lease(key, r.header, view, None, "disk", ttl_s)
 

@@ -109,9 +109,7 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
             if hit:
                 got = await node.reader.get_into(keys[:hit], [bytearray(PAYLOAD) for _ in range(hit)])
                 assert [g.status for g in got] == [Status.HIT] * hit, got
-            held: set[bytes] = set()  # one GET: the node leases its blocks until it ends
-            for k in raws[:hit]:
-                sim.read(k, held)
+            sim.get(raws[:hit])  # one GET, as the node's
             parents = [root, *raws[:-1]]
             blocks = [
                 (_header(ns, raws[i], parents[i], hash_ids[i], body), body) for i in range(hit, len(raws))

@@ -120,7 +120,8 @@ def make_order(
     ``probation`` and ``ghosts``: see :class:`PrefixLruOrder` (``probation``: not
     ``prefix-marginal``'s, whose share starts at ``marginal_start``). ``marks_orphans``: whether a block whose
     parent this tier evicted is an orphan (first to go); only the node's top tier knows that
-    (below it the parent may still be in a tier above: a DRAM hit does not touch the disk copy)."""
+    (below it the parent may still be in a tier above: the disk may drop a chain's prefix while
+    DRAM still serves it)."""
     if policy == "lru":
         return LruOrder()
     if policy == "prefix-lru":

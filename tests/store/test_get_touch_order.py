@@ -1,0 +1,66 @@
+"""A read marks its blocks used deepest first (kvstore/node/leasing.py): of one GET's blocks
+the chain's head is the most recently used, so on every node a chain read together leaves
+from its tail, as a PUT's blocks do (kvstore/node/depth_order.py). On three nodes a node holds
+a chain's blocks in runs, each run's parent elsewhere: each run's head is a leaf there, and
+touched in key order it was the oldest of the GET, the node's first victim, cutting the chain
+for the other nodes (docs/eviction-policy.md, "A GET touches deepest first"). The simulation
+(bench/trace_sim.py ``SimNode.get``) touches the same way; tests/store/test_sim_matches_node.py
+checks them together."""
+
+from __future__ import annotations
+
+import pytest
+from storeutil import make_blocks
+
+from kvstore.keys import KeyBatch
+from kvstore.node.store import NodeStore
+from kvstore.results import Status
+
+FILLERS = 30  # DRAM holds 32 blocks of 256 KiB
+
+
+@pytest.mark.parametrize("policy", ["lru", "prefix-lru", "prefix-marginal"])
+async def test_a_gets_deepest_block_goes_before_its_head(cfg_factory, policy):
+    """Blocks 0 and 2 of a chain on this node (block 1 on another, as rendezvous placement
+    spreads a chain): both are leaves here. One GET reads both, then the other blocks are read,
+    then a new block needs room: block 2 goes, block 0 stays."""
+    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
+    try:
+        chain = make_blocks(3, seed=1)
+        head, deep = chain[0], chain[2]
+        fillers = [make_blocks(1, seed=100 + i)[0] for i in range(FILLERS)]
+        for blocks in ([head], [deep], fillers):
+            assert all(r.status is Status.STORED for r in await node.writer.put(blocks))
+        for blocks in ([head, deep], fillers):  # one GET of the two, then the fillers read
+            got = await node.reader.get_into(
+                [h.key for h, _ in blocks], [bytearray(h.payload_len) for h, _ in blocks]
+            )
+            assert [r.status for r in got] == [Status.HIT] * len(blocks)
+        new = make_blocks(1, seed=999)
+        assert [r.status for r in await node.writer.put(new)] == [Status.STORED]
+        assert await node.contains([head[0].key, deep[0].key]) == ["dram", None]
+        node.check()
+    finally:
+        await node.close()
+
+
+async def test_a_packed_get_touches_deepest_first_too(cfg_factory):
+    """The daemon's streamed GET leases a batch as one packed lease: the same order."""
+    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
+    try:
+        chain = make_blocks(3, seed=1)
+        head, deep = chain[0], chain[2]
+        fillers = [make_blocks(1, seed=100 + i)[0] for i in range(FILLERS)]
+        for blocks in ([head], [deep], fillers):
+            assert all(r.status is Status.STORED for r in await node.writer.put(blocks))
+        p = await node.leaser.lease_packed(KeyBatch.of([head[0].key, deep[0].key]))
+        assert len(p.keys) == 2
+        node.state.release([p])
+        got = await node.reader.get_into(
+            [h.key for h, _ in fillers], [bytearray(h.payload_len) for h, _ in fillers]
+        )
+        assert [r.status for r in got] == [Status.HIT] * FILLERS
+        assert [r.status for r in await node.writer.put(make_blocks(1, seed=999))] == [Status.STORED]
+        assert await node.contains([head[0].key, deep[0].key]) == ["dram", None]
+    finally:
+        await node.close()
