@@ -1,6 +1,6 @@
 """``[eviction] upper_tiers``: a memory tier above a write-through disk runs the policy
 (default "policy") or keeps recency ("recency": every block it holds is on the disk too, so
-its evictions lose nothing, but the disk's order never sees the reads the memory tier serves;
+its evictions lose nothing, and its reads count in the disk's order too;
 docs/eviction-policy.md "DRAM over a write-through disk keeping recency"). Everywhere else a
 tier runs ``[eviction] policy``. The simulation (bench/trace_sim.py) builds its DRAM order by
 the same rule."""
