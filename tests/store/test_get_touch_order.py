@@ -19,26 +19,41 @@ from kvstore.results import Status
 FILLERS = 30  # DRAM holds 32 blocks of 256 KiB
 
 
+async def _store_a_split_chain(node: NodeStore) -> tuple[list, list]:
+    """Blocks 0 and 2 of a chain (block 1 is on another node, as rendezvous placement spreads a
+    chain: both are leaves here), then ``FILLERS`` one-block chains; DRAM is full. Returns
+    ([block 0, block 2], the fillers)."""
+    chain = make_blocks(3, seed=1)
+    split = [chain[0], chain[2]]
+    fillers = [make_blocks(1, seed=100 + i)[0] for i in range(FILLERS)]
+    for blocks in ([split[0]], [split[1]], fillers):
+        assert all(r.status is Status.STORED for r in await node.writer.put(blocks))
+    return split, fillers
+
+
+async def _get(node: NodeStore, blocks: list) -> None:
+    got = await node.reader.get_into(
+        [h.key for h, _ in blocks], [bytearray(h.payload_len) for h, _ in blocks]
+    )
+    assert [r.status for r in got] == [Status.HIT] * len(blocks)
+
+
+async def _where_after_one_more_block(node: NodeStore, split: list) -> list[str | None]:
+    """A new block needs room: where the two blocks are afterwards."""
+    assert [r.status for r in await node.writer.put(make_blocks(1, seed=999))] == [Status.STORED]
+    return await node.contains([h.key for h, _ in split])
+
+
 @pytest.mark.parametrize("policy", ["lru", "prefix-lru", "prefix-marginal"])
 async def test_a_gets_deepest_block_goes_before_its_head(cfg_factory, policy):
-    """Blocks 0 and 2 of a chain on this node (block 1 on another, as rendezvous placement
-    spreads a chain): both are leaves here. One GET reads both, then the other blocks are read,
-    then a new block needs room: block 2 goes, block 0 stays."""
+    """One GET reads blocks 0 and 2, then the fillers are read, then a new block needs room:
+    block 2 goes, block 0 stays."""
     node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
     try:
-        chain = make_blocks(3, seed=1)
-        head, deep = chain[0], chain[2]
-        fillers = [make_blocks(1, seed=100 + i)[0] for i in range(FILLERS)]
-        for blocks in ([head], [deep], fillers):
-            assert all(r.status is Status.STORED for r in await node.writer.put(blocks))
-        for blocks in ([head, deep], fillers):  # one GET of the two, then the fillers read
-            got = await node.reader.get_into(
-                [h.key for h, _ in blocks], [bytearray(h.payload_len) for h, _ in blocks]
-            )
-            assert [r.status for r in got] == [Status.HIT] * len(blocks)
-        new = make_blocks(1, seed=999)
-        assert [r.status for r in await node.writer.put(new)] == [Status.STORED]
-        assert await node.contains([head[0].key, deep[0].key]) == ["dram", None]
+        split, fillers = await _store_a_split_chain(node)
+        await _get(node, split)
+        await _get(node, fillers)
+        assert await _where_after_one_more_block(node, split) == ["dram", None]
         node.check()
     finally:
         await node.close()
@@ -48,19 +63,11 @@ async def test_a_packed_get_touches_deepest_first_too(cfg_factory):
     """The daemon's streamed GET leases a batch as one packed lease: the same order."""
     node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
     try:
-        chain = make_blocks(3, seed=1)
-        head, deep = chain[0], chain[2]
-        fillers = [make_blocks(1, seed=100 + i)[0] for i in range(FILLERS)]
-        for blocks in ([head], [deep], fillers):
-            assert all(r.status is Status.STORED for r in await node.writer.put(blocks))
-        p = await node.leaser.lease_packed(KeyBatch.of([head[0].key, deep[0].key]))
+        split, fillers = await _store_a_split_chain(node)
+        p = await node.leaser.lease_packed(KeyBatch.of([h.key for h, _ in split]))
         assert len(p.keys) == 2
         node.state.release([p])
-        got = await node.reader.get_into(
-            [h.key for h, _ in fillers], [bytearray(h.payload_len) for h, _ in fillers]
-        )
-        assert [r.status for r in got] == [Status.HIT] * FILLERS
-        assert [r.status for r in await node.writer.put(make_blocks(1, seed=999))] == [Status.STORED]
-        assert await node.contains([head[0].key, deep[0].key]) == ["dram", None]
+        await _get(node, fillers)
+        assert await _where_after_one_more_block(node, split) == ["dram", None]
     finally:
         await node.close()
