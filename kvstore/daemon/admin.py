@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from kvstore.daemon.admin_inspect import add_inspect_routes
+from kvstore.daemon.admin_inspect import block_json as _info
 from kvstore.daemon.auth import OPERATOR, TokenTable
 from kvstore.daemon.logs import kv
 from kvstore.daemon.metrics import DaemonMetrics, plain
@@ -23,7 +24,6 @@ from kvstore.keys import BlockKey
 
 log = logging.getLogger("kvstore.daemon.admin")
 _OPEN = ("/healthz", "/readyz")
-_MAX_LIMIT = 10000
 
 
 def _key(text: str, name: str) -> BlockKey:
@@ -31,20 +31,6 @@ def _key(text: str, name: str) -> BlockKey:
         return BlockKey.from_hex(text)
     except KeyFormatError as exc:
         raise web.HTTPBadRequest(text=f"{name}: {exc}") from exc
-
-
-def _info(info) -> dict[str, Any]:
-    return {
-        "key": info.key.hex,
-        "namespace": info.namespace.hex,
-        "tiers": list(info.tiers),
-        "payload_len": info.payload_len,
-        "num_tokens": info.num_tokens,
-        "created": info.created,
-        "last_access": info.last_access,
-        "leases": info.leases,
-        "pinned": info.pinned,
-    }
 
 
 def make_app(
@@ -100,23 +86,6 @@ def make_app(
         out["daemon"] = metrics.snapshot()
         return web.json_response(out)
 
-    async def blocks(request):
-        q = request.query
-        tier = q.get("tier") or None
-        ns = _key(q["namespace"], "namespace") if q.get("namespace") else None
-        after = _key(q["after"], "after") if q.get("after") else None
-        try:
-            limit = int(q.get("limit", "100"))
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"limit: not an integer: {q.get('limit')!r}") from exc
-        if not 1 <= limit <= _MAX_LIMIT:
-            raise web.HTTPBadRequest(text=f"limit: must be in [1, {_MAX_LIMIT}]")
-        if tier not in (None, "hbm", "dram", "disk"):
-            raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
-        items = await node_of().inspector.list_blocks(tier=tier, namespace=ns, after=after, limit=limit)
-        nxt = items[-1].key.hex if len(items) == limit else None
-        return web.json_response({"blocks": [_info(i) for i in items], "next": nxt})
-
     async def block(request):
         key = _key(request.match_info["key"], "key")
         d = await node_of().inspector.describe(key)
@@ -168,7 +137,6 @@ def make_app(
             web.get("/readyz", readyz),
             web.get("/metrics", metrics_route),
             web.get("/v1/stats", stats),
-            web.get("/v1/blocks", blocks),
             web.get("/v1/blocks/{key}", block),
             web.delete("/v1/blocks/{key}", delete),
             web.post("/v1/blocks/{key}/pin", pin),
@@ -176,5 +144,5 @@ def make_app(
         ]
     )
     app.add_routes([web.post("/v1/orphans/pass", orphan_pass)])
-    add_inspect_routes(app, node_of)  # verify, lookup, evict by namespace (kvstore/daemon/admin_inspect.py)
+    add_inspect_routes(app, node_of)  # listing, verify, lookup, evict (kvstore/daemon/admin_inspect.py)
     return app

@@ -1,29 +1,34 @@
 """Admin routes for the inspection CLI (``kvstore ls/show/lookup/verify/evict``), beside the
 base routes of :mod:`kvstore.daemon.admin` and behind the same auth middleware.
 
+- ``GET /v1/blocks?tier=&namespace=&after=&limit=``: one page of blocks in key order,
+  ``{"blocks": [...], "next": hex|null}``. ``next`` is the cursor of the next page (the last
+  key this page looked at); a page may be short, even empty, and not be the last: only
+  ``next`` null ends a listing, and a listing followed to its end holds every block stored
+  for its whole duration (kvstore/node/listing.py).
 - ``POST /v1/verify`` ``{"keys": [hex, ...] | null, "repair": bool}``: re-check the checksum of
   every copy (every tier) of the given blocks, or of all blocks when ``keys`` is null/absent;
   with ``repair`` the corrupt copies are dropped. Answers
   ``{"checked": int, "corrupt": ["<key>@<tier>", ...], "dropped": int}``. Paged form (for a
   progress bar): ``{"after": hex|null, "limit": n, "repair": bool}`` checks the next ``n``
-  stored keys after ``after`` and adds ``"total"`` (keys stored now), ``"keys"`` (keys in this
-  page) and ``"next"`` (the
-  ``after`` of the next page, null at the end).
+  keys of the key order after the cursor ``after`` (those still stored) and adds ``"total"``
+  (keys stored when the pass began), ``"keys"`` (keys checked in this page) and ``"next"``
+  (the cursor of the next page, null only at the end).
 - ``POST /v1/lookup`` ``{"keys": [hex, ...]}``: per key, in order,
   ``{"key", "tier": str|null, "tiers": [...], "payload_len": int|null, "pinned": bool}``
   (``tier`` is the highest tier holding it, where a read would be served from).
 - ``POST /v1/evict`` ``{"namespace": hex}``: delete every block of a namespace from every
   tier; answers ``{"deleted": int}``.
 
-At most ``MAX_KEYS`` keys per request; bad input is a 400 naming the field.
+At most ``MAX_KEYS`` keys per request; bad input is a 400 naming the field. Every route runs
+on the daemon's event loop in slices (kvstore.node.listing.LoopSlices): a listing, a verify or
+an evict of a large node never holds the data port for more than a slice.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import logging
-import sys
 from typing import Any
 
 from aiohttp import web
@@ -31,10 +36,14 @@ from aiohttp import web
 from kvstore.daemon.logs import kv
 from kvstore.errors import KeyFormatError
 from kvstore.keys import BlockKey
+from kvstore.node.listing import LoopSlices
+from kvstore.results import BlockInfo
 
 log = logging.getLogger("kvstore.daemon.admin")
 MAX_KEYS = 10000
 _DELETE_CHUNK = 1000
+_TIERS = ("hbm", "dram", "disk")
+_ROWS_PER_DUMP = 256  # rows JSON-encoded between two yields to the loop
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -49,36 +58,78 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return doc
 
 
+def _key(text: Any, field: str) -> BlockKey:
+    try:
+        return BlockKey.from_hex(text)
+    except (KeyFormatError, TypeError) as exc:
+        raise web.HTTPBadRequest(text=f"{field}: {exc}") from exc
+
+
 def _keys(value: Any, field: str) -> list[BlockKey]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise web.HTTPBadRequest(text=f"{field}: expected a list of hex block keys")
     if len(value) > MAX_KEYS:
         raise web.HTTPBadRequest(text=f"{field}: at most {MAX_KEYS} keys per request, got {len(value)}")
-    try:
-        return [BlockKey.from_hex(v) for v in value]
-    except KeyFormatError as exc:
-        raise web.HTTPBadRequest(text=f"{field}: {exc}") from exc
+    return [_key(v, field) for v in value]
 
 
-def _page(node, doc: dict[str, Any]) -> tuple[list[BlockKey], dict[str, Any]]:
-    """The next ``limit`` stored keys (every tier, key order) after ``after``."""
-    limit = doc["limit"]
-    if not isinstance(limit, int) or not 1 <= limit <= MAX_KEYS:
-        raise web.HTTPBadRequest(text=f"limit: expected an integer in [1, {MAX_KEYS}], got {limit!r}")
-    after = doc.get("after")
-    try:
-        lo = BlockKey.from_hex(after).raw if after else b""
-    except (KeyFormatError, TypeError) as exc:
-        raise web.HTTPBadRequest(text=f"after: {exc}") from exc
-    stored = {k for t in node.tiers for k in t.keys()}  # noqa: SIM118 - tiers are not dicts
-    keys = heapq.nsmallest(limit, (k for k in stored if k > lo))
-    nxt = keys[-1].hex() if len(keys) == limit else None
-    return [BlockKey(k) for k in keys], {"total": len(stored), "keys": len(keys), "next": nxt}
+def _limit(value: Any) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise web.HTTPBadRequest(text=f"limit: not an integer: {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_KEYS:
+        raise web.HTTPBadRequest(text=f"limit: expected an integer in [1, {MAX_KEYS}], got {value!r}")
+    return value
+
+
+def block_json(info: BlockInfo) -> dict[str, Any]:
+    """A block's row in the admin API (``GET /v1/blocks`` and ``/v1/blocks/{key}``)."""
+    return {
+        "key": info.key.hex,
+        "namespace": info.namespace.hex,
+        "tiers": list(info.tiers),
+        "payload_len": info.payload_len,
+        "num_tokens": info.num_tokens,
+        "created": info.created,
+        "last_access": info.last_access,
+        "leases": info.leases,
+        "pinned": info.pinned,
+    }
+
+
+async def _rows_json(infos: list[BlockInfo]) -> bytes:
+    """``[row, ...]`` as JSON bytes, encoded a slice at a time (a page of 10,000 rows at once
+    would hold the loop for tens of milliseconds)."""
+    slices = LoopSlices()
+    parts: list[str] = []
+    for off in range(0, len(infos), _ROWS_PER_DUMP):
+        rows = [block_json(i) for i in infos[off : off + _ROWS_PER_DUMP]]
+        parts.append(json.dumps(rows)[1:-1])
+        await slices.tick()
+    return ("[" + ",".join(p for p in parts if p) + "]").encode()
 
 
 def add_inspect_routes(app: web.Application, node_of) -> None:
     """Register the inspection routes on ``app`` (``node_of()``: the NodeStore; the app
     answers 503 before these run while it is None; loop thread only)."""
+
+    async def blocks(request: web.Request) -> web.Response:
+        q = request.query
+        tier = q.get("tier") or None
+        if tier not in (None, *_TIERS):
+            raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
+        ns = _key(q["namespace"], "namespace") if q.get("namespace") else None
+        after = _key(q["after"], "after") if q.get("after") else None
+        limit = _limit(q.get("limit", "100"))
+        try:
+            page = await node_of().inspector.page(tier=tier, namespace=ns, after=after, limit=limit)
+        except ValueError as exc:  # a tier this node does not have
+            raise web.HTTPBadRequest(text=f"tier: {exc}") from exc
+        nxt = json.dumps(None if page.next is None else page.next.hex)
+        body = b'{"blocks": ' + await _rows_json(page.blocks) + b', "next": ' + nxt.encode() + b"}"
+        return web.Response(body=body, content_type="application/json")
 
     async def verify(request: web.Request) -> web.Response:
         doc = await _body(request)
@@ -89,7 +140,11 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         if doc.get("keys") is not None:
             keys = _keys(doc["keys"], "keys")
         elif doc.get("limit") is not None:
-            keys, page = _page(node_of(), doc)
+            limit = _limit(doc["limit"])
+            after = _key(doc["after"], "after") if doc.get("after") else None
+            kp = await node_of().inspector.key_page(after, limit)
+            keys = kp.keys
+            page = {"total": kp.total, "keys": len(kp.keys), "next": None if kp.next is None else kp.next.hex}
         else:
             keys = None
         out = {**await node_of().inspector.verify(keys, repair=repair), **page}
@@ -102,6 +157,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         keys = _keys(doc.get("keys"), "keys")
         tops = await node_of().contains(keys)
         rows = []
+        slices = LoopSlices()
         for key, top in zip(keys, tops):
             row: dict[str, Any] = {"key": key.hex, "tier": top, "tiers": [], "payload_len": None}
             row["pinned"] = False
@@ -111,6 +167,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
                     _, info = d
                     row.update(tiers=list(info.tiers), payload_len=info.payload_len, pinned=info.pinned)
             rows.append(row)
+            await slices.tick()
         return web.json_response({"blocks": rows})
 
     async def evict(request: web.Request) -> web.Response:
@@ -118,20 +175,22 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         ns_hex = doc.get("namespace")
         if not isinstance(ns_hex, str):
             raise web.HTTPBadRequest(text="namespace: expected a hex namespace id")
-        try:
-            ns = BlockKey.from_hex(ns_hex)
-        except KeyFormatError as exc:
-            raise web.HTTPBadRequest(text=f"namespace: {exc}") from exc
-        infos = await node_of().inspector.list_blocks(namespace=ns, limit=sys.maxsize)
-        keys = [i.key for i in infos]
+        ns = _key(ns_hex, "namespace")
         deleted = 0
-        for off in range(0, len(keys), _DELETE_CHUNK):
-            deleted += sum(await node_of().delete(keys[off : off + _DELETE_CHUNK]))
+        cursor = None
+        while True:  # page by page: each page's blocks deleted before the next is listed
+            page = await node_of().inspector.page(namespace=ns, after=cursor, limit=_DELETE_CHUNK)
+            if page.blocks:
+                deleted += sum(await node_of().delete([i.key for i in page.blocks]))
+            if page.next is None:
+                break
+            cursor = page.next
         log.info(kv("admin_evict", namespace=ns.hex, deleted=deleted))
         return web.json_response({"deleted": deleted})
 
     app.add_routes(
         [
+            web.get("/v1/blocks", blocks),
             web.post("/v1/verify", verify),
             web.post("/v1/lookup", lookup),
             web.post("/v1/evict", evict),

@@ -88,11 +88,21 @@ async def _ask(node: AdminClient, keys: list[str]) -> list[dict]:
     return rows
 
 
+async def _node_holds_namespace(node: AdminClient, ns: str) -> bool:
+    """Whether ``node`` stores a block of ``ns``: its listing followed until one block or its
+    end (a filtered page may be empty and not be the last)."""
+    params = {"namespace": ns, "limit": "1"}
+    while True:
+        page = await node.call("GET", "/v1/blocks", params=params)
+        if page["blocks"]:
+            return True
+        if page.get("next") is None:
+            return False
+        params = {**params, "after": page["next"]}
+
+
 async def _namespace_seen(ctx: Context, ns: str) -> bool:
-    pages = await gather_nodes(
-        ctx, lambda n: n.call("GET", "/v1/blocks", params={"namespace": ns, "limit": "1"})
-    )
-    return any(p["blocks"] for p in pages)
+    return any(await gather_nodes(ctx, lambda n: _node_holds_namespace(n, ns)))
 
 
 async def lookup(ctx: Context) -> int:
