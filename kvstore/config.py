@@ -85,6 +85,9 @@ class LimitsSection:
     transfer_timeout_s: float = 60.0  # one request's header and payload, in or out
     max_unauthenticated: int = 64  # open connections that have not passed HELLO
     max_conns_per_tenant: int = 256  # open authenticated connections per tenant
+    # namespaces one tenant may hold on a node (declared by a live connection or holding
+    # blocks): a HELLO past it is refused; the shares sum a tenant's bytes over them all
+    max_namespaces_per_tenant: int = 256
     max_header_unauthenticated: Size = Size(64 * 1024)  # frame header before HELLO
     max_leases_per_conn: int = 4096  # LEASE + RESERVE handles one connection may hold
     max_lease_ttl_s: float = 300.0  # the longest LEASE ttl a client may ask for
@@ -117,6 +120,7 @@ class LimitsSection:
         for name in (
             "max_unauthenticated",
             "max_conns_per_tenant",
+            "max_namespaces_per_tenant",
             "max_leases_per_conn",
             "max_header_objects_unauthenticated",
             "max_header_objects",

@@ -64,6 +64,7 @@ from kvstore.daemon.replies import ReplyQueue
 from kvstore.daemon.session import Session
 from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
+from kvstore.node.tiers.owners import NamespaceCapError
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError, decode_header, header_length, payload_len
 from rdma.transport import TransportError
@@ -311,6 +312,8 @@ class DataServer:
                 finally:  # even when cancelled again during close (which waits for its sender)
                     ch.close()
                     self._drop_session(sess)
+                    if not sess.all_namespaces:
+                        self.node.owners.release(sess.namespaces)
                     self.admission.leave(sess)
                     self.metrics.connections.dec()
 
@@ -503,6 +506,14 @@ class DataServer:
         if not self.admission.authenticate(sess, tenant):
             self.metrics.refused_connections.labels("per_tenant").inc()
             raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
+        if not peer:  # the node's shares count this tenant's bytes over all its namespaces
+            try:
+                self.node.owners.claim(tenant, ids, previous=sess.namespaces)
+            except NamespaceCapError as exc:
+                self.metrics.refused_connections.labels("namespaces").inc()
+                raise _Fatal(P.BUSY, str(exc)) from None
+        elif sess.namespaces:  # a peer HELLO after a tenant's: it declares none
+            self.node.owners.release(sess.namespaces)
         sess.tenant, sess.token, sess.salt = tenant, hello.token, salt
         if sess.verbs is not None:  # a second HELLO replaces the queue pair (and its windows)
             for table in (sess.leases, sess.reservations):

@@ -84,9 +84,17 @@ def _eviction_families(tiers: dict, node: dict):
         labels=["tier"],
     )
     ns_bytes = GaugeMetricFamily(
-        "tierkv_tier_namespace_bytes", "Bytes per tier and namespace (a tenant's salt is in it)",
+        "tierkv_tier_namespace_bytes",
+        "Bytes per tier of its largest namespaces (a tenant's salt is in each id); the rest "
+        'summed as namespace="other"',
         labels=["tier", "namespace"],
-    )  # fmt: skip
+    )
+    tenant_bytes = GaugeMetricFamily(
+        "tierkv_tier_tenant_bytes",
+        "Bytes per tier and tenant, summed over its namespaces (the tenant shares' unit); "
+        'namespaces no HELLO claimed as tenant="(unclaimed)"',
+        labels=["tier", "tenant"],
+    )
     for name, t in tiers.items():
         hit_tokens.add_metric([name], node.get(f"hit_tokens_{name}", 0))
         if name == "disk":
@@ -102,7 +110,25 @@ def _eviction_families(tiers: dict, node: dict):
         orphans.add_metric([name], t.get("orphan_bytes", 0))
         for ns, nbytes in (t.get("namespaces") or {}).items():
             ns_bytes.add_metric([name, ns], nbytes)
-    yield from (hit_tokens, by_reason, refused, orphans, ns_bytes)
+        ns_bytes.add_metric([name, "other"], (t.get("namespaces_other") or {}).get("bytes", 0))
+        for tenant, nbytes in (t.get("tenants") or {}).items():
+            tenant_bytes.add_metric([name, tenant], nbytes)
+        tenant_bytes.add_metric([name, "(unclaimed)"], t.get("unclaimed_bytes", 0))
+    yield from (hit_tokens, by_reason, refused, orphans, ns_bytes, tenant_bytes)
+
+
+class _Collected:
+    """Families already collected: ``render`` formats them (in a worker thread: the text of a
+    large scrape is the costly part, and it touches no node state)."""
+
+    def __init__(self, families: list) -> None:
+        self._families = families
+
+    def collect(self):
+        return iter(self._families)
+
+    def render(self) -> bytes:
+        return generate_latest(self)  # type: ignore[arg-type]
 
 
 class DaemonMetrics:
@@ -148,6 +174,12 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def collect(self) -> _Collected:
+        """Every family's samples now (on the loop: the collectors read the node's state),
+        for :meth:`_Collected.render` off it. Bounded in size: per tier, tenants and the top
+        namespaces (kvstore.node.tiers.index.NamespaceIds.usage_summary)."""
+        return _Collected(list(self.registry.collect()))
 
     def snapshot(self) -> dict[str, float]:
         """Counter totals for ``/v1/stats`` and the STATS op."""

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore.node.tiers.visibility import Visibility
+
 
 @dataclass
 class Held:
@@ -50,11 +52,17 @@ class Session:
     active: int = 0  # the reader serving a request (1) and the reply sender sending (1)
     replies: Any = None  # kvstore.daemon.replies.ReplyQueue: the replies not yet sent
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _visibility: Visibility | None = None  # sees, built again when the namespaces change
 
-    def sees(self, namespace_id: bytes | None) -> bool:
-        """True when blocks of ``namespace_id`` are this session's to see: one this tenant
-        declared (and the daemon salted), or any for a peer session."""
-        return namespace_id is not None and (self.all_namespaces or namespace_id in self.namespaces)
+    @property
+    def sees(self) -> Visibility:
+        """``sees(namespace_id)``: True when blocks of that namespace are this session's to
+        see: one this tenant declared (and the daemon salted), or any for a peer session. A
+        :class:`Visibility`, so a batch probe asks only this session's namespaces."""
+        v = self._visibility
+        if v is None or v.namespaces is not self.namespaces or v.everything != self.all_namespaces:
+            v = self._visibility = Visibility(self.namespaces, self.all_namespaces)
+        return v
 
     def allows(self, header) -> bool:
         """:meth:`sees` for ``header``'s namespace."""

@@ -14,7 +14,10 @@ STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evic
   "owners_unreachable", "bytes": {"<tier>": {"<namespace id hex>": bytes}}},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures", "policy", "hit_tokens", "share_refusals", "orphan_bytes",
-  "namespaces": {"<namespace id hex>": bytes}}}, "raw": <the node's /v1/stats document>}]}
+  "namespaces": {"<namespace id hex>": bytes}, "tenants": {"<tenant>": bytes}}},
+  "raw": <the node's /v1/stats document>}]}
+  (namespaces: a tier's 16 largest, the rest summed in raw's namespaces_other; tenants: bytes
+  summed over each tenant's namespaces, the tenant shares' unit)
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
   hit_ratio is null before the first read)
   (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
@@ -104,7 +107,8 @@ def summarize(url: str, raw: dict) -> dict:
             "hit_tokens": int(node.get(f"hit_tokens_{name}", 0)),
             "share_refusals": t.get("share_refusals", 0),
             "orphan_bytes": t.get("orphan_bytes", 0),
-            "namespaces": t.get("namespaces", {}),
+            "namespaces": t.get("namespaces", {}),  # the largest ones (the rest summed)
+            "tenants": t.get("tenants", {}),
         }
     return {
         "node": url,
@@ -128,10 +132,10 @@ def summarize(url: str, raw: dict) -> dict:
 
 def _eviction_table(ctx: Context, nodes: list[dict]) -> None:
     """Per node and tier: the eviction policy, hit tokens, share refusals, orphaned bytes and
-    the bytes of each namespace (a tenant's share)."""
+    the bytes of each tenant (summed over its namespaces: the shares' unit)."""
     from kvstore.inspect.cmd_blocks import node_label
 
-    cols = ["NODE", "TIER", "POLICY", "HIT TOKENS", "SHARE REFUSED", "ORPHANED", "NAMESPACES"]
+    cols = ["NODE", "TIER", "POLICY", "HIT TOKENS", "SHARE REFUSED", "ORPHANED", "TENANTS"]
     rows = [
         [
             node_label(s["node"]),
@@ -140,7 +144,7 @@ def _eviction_table(ctx: Context, nodes: list[dict]) -> None:
             str(t["hit_tokens"]),
             str(t["share_refusals"]),
             human_size(t["orphan_bytes"]),
-            " ".join(f"{ns[:8] or '-'}:{human_size(b)}" for ns, b in sorted(t["namespaces"].items())) or "-",
+            " ".join(f"{ten or '-'}:{human_size(b)}" for ten, b in sorted(t["tenants"].items())) or "-",
         ]
         for s in nodes
         for name, t in s["tiers"].items()

@@ -41,6 +41,7 @@ from kvstore.node.reads import Reader
 from kvstore.node.state import NodeState
 from kvstore.node.tiers.base import BottomTier, SlotTier
 from kvstore.node.tiers.build import build_tiers
+from kvstore.node.tiers.owners import NamespaceOwners
 from kvstore.node.tiers.stack import TierStack
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.node.tombstones import Tombstones
@@ -80,6 +81,10 @@ class NodeStore:
         write_back = cfg.disk.write_mode == "write-back"
         self.writer = Writer(self.stack, self.state, self.placement, write_back, finishing)
         self.inspector = Inspector(self.name, self.stack, self.state)
+        # which tenant each namespace is (the daemon's HELLOs claim them): the shares' unit
+        self.owners = NamespaceOwners(cfg.limits.max_namespaces_per_tenant)
+        for t in self.tiers:
+            t.attach_owners(self.owners)  # type: ignore[attr-defined]
         if disk is not None:
             disk.protect(self.state.protected)  # a leased or pinned block stays on disk too
 

@@ -19,8 +19,9 @@ the eviction order.
 
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from itertools import islice, repeat
 from operator import and_, rshift
 
@@ -30,6 +31,8 @@ import numpy as np
 from kvstore.keys import KeyBatch
 from kvstore.keytable import KeyTable, key_pairs
 from kvstore.node.tiers.order import EvictionOrder, LruOrder
+from kvstore.node.tiers.owners import NamespaceOwners
+from kvstore.node.tiers.visibility import Visibility
 
 _OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
 _NS_SHIFT = _OFF_BITS
@@ -41,6 +44,7 @@ MAX_HEADER_LEN = (1 << _HLEN_BITS) - 1
 MAX_OFFSET = _OFF_MASK
 MAX_PAYLOAD_LEN = (1 << _LEN_BITS) - 1
 _TABLE_MAX = 1 << 30  # the probe table's bound: far past any tier's block count
+_TOP_NAMESPACES = 16  # namespaces a tier's stats name one by one (the rest summed)
 _SYNC_EVERY = 8192  # changed keys that make the probe table catch up at once (bounds the marks)
 
 
@@ -109,58 +113,100 @@ class NamespaceIds:
     """Small ids for the namespaces a tier's blocks belong to (a node holds a few: one per
     model, dtype and block size). Id 0 is "no namespace". Reference-counted, so an id whose
     last block is gone is reused: blocks written under ever new namespaces cannot grow it
-    past the number of blocks held."""
+    past the number of blocks held. The bytes of each id are summed per owner too (its
+    tenant, see kvstore.node.tiers.owners; the namespace itself until a HELLO claims it): the
+    unit of the tenant shares, read in O(1)."""
 
     def __init__(self) -> None:
         self._ids: dict[bytes, int] = {}
         self._ns: list[bytes | None] = [None]
         self._refs: list[int] = [0]  # blocks holding each id (id 0 counted too, never freed)
-        self._bytes: list[int] = [0]  # bytes of the blocks holding each id (tenant shares)
+        self._bytes: list[int] = [0]  # bytes of the blocks holding each id
+        self._owner: list[Hashable] = [None]  # each id's owner (see owner_of)
+        self._owner_bytes: dict[Hashable, int] = {}  # owner -> bytes of its blocks (tenant shares)
         self._free: list[int] = []
+        self.owners: NamespaceOwners | None = None  # set by NamespaceOwners.watch's caller
 
     def acquire(self, ns: bytes | None, nbytes: int = 0) -> int:
         """The id of ``ns`` (one more block, of ``nbytes``, holds it); 0 for None."""
         if ns is None:
-            self._refs[0] += 1
-            self._bytes[0] += nbytes
-            return 0
-        i = self._ids.get(ns)
-        if i is None:
-            if self._free:
-                i = self._free.pop()
-                self._ns[i] = ns
-            else:
-                i = len(self._ns)
-                self._ns.append(ns)
-                self._refs.append(0)
-                self._bytes.append(0)
-            self._ids[ns] = i
+            i = 0
+        else:
+            i = self._ids.get(ns)  # type: ignore[assignment]
+            if i is None:
+                owner = self.owners.owner(ns) if self.owners is not None else ns
+                if self._free:
+                    i = self._free.pop()
+                    self._ns[i] = ns
+                    self._owner[i] = owner
+                else:
+                    i = len(self._ns)
+                    self._ns.append(ns)
+                    self._refs.append(0)
+                    self._bytes.append(0)
+                    self._owner.append(owner)
+                self._ids[ns] = i
         self._refs[i] += 1
         self._bytes[i] += nbytes
+        self._add_owner_bytes(self._owner[i], nbytes)
         return i
 
     def release(self, i: int, nbytes: int = 0) -> None:
         """One block holding id ``i`` (of ``nbytes``) is gone."""
         self._bytes[i] -= nbytes
+        self._add_owner_bytes(self._owner[i], -nbytes)
         self._refs[i] -= 1
         if i and self._refs[i] == 0:
             del self._ids[self._ns[i]]  # type: ignore[arg-type]
             self._ns[i] = None
+            self._owner[i] = None
             self._free.append(i)
+
+    def _add_owner_bytes(self, owner: Hashable, nbytes: int) -> None:
+        left = self._owner_bytes.get(owner, 0) + nbytes
+        if left:
+            self._owner_bytes[owner] = left
+        else:  # an owner with no bytes here takes no entry (fresh namespaces cannot grow it)
+            self._owner_bytes.pop(owner, None)
+
+    def retag(self, ns: bytes, owner: Hashable) -> None:
+        """Count ``ns``'s bytes under ``owner`` from now on (a HELLO claimed it)."""
+        i = self._ids.get(ns)
+        if i is None or self._owner[i] == owner:
+            return
+        self._add_owner_bytes(self._owner[i], -self._bytes[i])
+        self._owner[i] = owner
+        self._add_owner_bytes(owner, self._bytes[i])
+
+    def holds(self, ns: bytes) -> bool:
+        """Whether a block here holds ``ns``."""
+        return ns in self._ids
+
+    def id_of(self, ns: bytes) -> int | None:
+        return self._ids.get(ns)
+
+    def refs(self, i: int) -> int:
+        return self._refs[i]
+
+    def owner_of(self, i: int) -> Hashable:
+        return self._owner[i]
+
+    def owner_usage(self, owner: Hashable) -> int:
+        """Bytes of the blocks of every namespace ``owner`` holds (one lookup)."""
+        return self._owner_bytes.get(owner, 0)
 
     def get(self, i: int) -> bytes | None:
         return self._ns[i]
 
     def ids_where(self, accept: Callable[[bytes | None], bool]) -> frozenset[int]:
-        """The ids whose namespace ``accept`` takes (0, "no namespace", asked as None): a
-        tier holds a few namespaces, so this is a few calls, not one per block."""
+        """The ids whose namespace ``accept`` takes (0, "no namespace", asked as None): one
+        call per id. :meth:`LruIndex.probe` asks only a :class:`Visibility`'s own namespaces."""
         return frozenset(i for i, ns in enumerate(self._ns) if accept(ns))
 
     def all_held_in(self, ids: frozenset[int]) -> bool:
-        """Whether every block here holds an id of ``ids`` (no block holds any other id): a
-        few ids to check, not one per block."""
+        """Whether every block here holds an id of ``ids`` (no block holds any other id)."""
         refs = self._refs
-        return all(i in ids or not refs[i] for i in range(len(refs)))
+        return sum(refs[i] for i in ids) == sum(refs)
 
     def count(self) -> int:
         """How many ids exist (in use or free), 0 included: ids are ``range(count())``."""
@@ -172,6 +218,34 @@ class NamespaceIds:
         if self._bytes[0]:
             out[""] = self._bytes[0]
         return out
+
+    def usage_summary(self, top: int) -> dict:
+        """Bounded, whatever the namespaces held: the ``top`` namespaces by bytes (hex id ->
+        bytes; blocks with none: ""), the rest summed (``namespaces_other``: count, bytes),
+        and bytes per tenant (``tenants``; namespaces no HELLO claimed summed as
+        ``unclaimed_bytes``). Its cost is one pass over the ids, on the loop."""
+        held = [(ns, i) for ns, i in self._ids.items()]
+        best = heapq.nlargest(top, held, key=lambda item: self._bytes[item[1]])
+        namespaces = {ns.hex(): self._bytes[i] for ns, i in best}
+        if self._bytes[0]:
+            namespaces[""] = self._bytes[0]
+        tenants: dict[str, int] = {}
+        unclaimed = 0
+        for owner, nbytes in self._owner_bytes.items():
+            if isinstance(owner, str):
+                tenants[owner] = nbytes
+            elif owner is not None:
+                unclaimed += nbytes
+        shown = sum(self._bytes[i] for _, i in best)
+        return {
+            "namespaces": namespaces,
+            "namespaces_other": {
+                "count": len(held) - len(best),
+                "bytes": sum(self._bytes) - self._bytes[0] - shown,
+            },
+            "tenants": tenants,
+            "unclaimed_bytes": unclaimed,
+        }
 
     def usage(self, ns: bytes | None) -> int:
         """Bytes of the blocks of ``ns`` (None: of blocks with no namespace)."""
@@ -268,18 +342,28 @@ class LruIndex:
     def probe(self, pairs: np.ndarray, sees: Callable[[bytes | None], bool]) -> tuple[np.ndarray, np.ndarray]:
         """Per key (rows of ``pairs``, packed keys: :func:`~kvstore.keytable.key_pairs`),
         whether this tier holds it and whether it holds it in a namespace ``sees`` accepts
-        (two bool arrays): numpy passes over the probe table, no Python per key. ``sees`` is
-        asked once per namespace id of the tier; the key's id decides per key (exact, as
-        :meth:`namespace` then ``sees`` would). When no block of the tier holds an id
-        ``sees`` refuses (one tenant's blocks, the usual case), every held key is visible."""
+        (two bool arrays): numpy passes over the probe table, no Python per key. A
+        :class:`~kvstore.node.tiers.visibility.Visibility` is read for its own namespaces (a
+        few dict lookups: the work does not grow with the namespaces other tenants hold); any
+        other callable is asked once per namespace id of the tier. The key's id decides per
+        key (exact, as :meth:`namespace` then ``sees`` would). When every block of the tier
+        holds an id ``sees`` accepts (one tenant's blocks, the usual case), held is visible."""
         self._sync_table()
         ids = self._table.find(pairs)
         held = ids >= 0
-        ok = self._ns_ids.ids_where(sees)
-        if self._ns_ids.all_held_in(ok):  # every block here is visible: held is the answer
+        nsi = self._ns_ids
+        if isinstance(sees, Visibility):
+            if sees.everything:
+                return held, held
+            ok = [i for ns in sees.namespaces if (i := nsi.id_of(ns)) is not None]
+            if sum(map(nsi.refs, ok)) == len(self._index):  # every block here is visible
+                return held, held
+            return held, held & np.isin(ids, ok)
+        ok_ids = nsi.ids_where(sees)
+        if nsi.all_held_in(ok_ids):
             return held, held
-        seen = np.zeros(self._ns_ids.count(), dtype=bool)
-        seen[list(ok)] = True
+        seen = np.zeros(nsi.count(), dtype=bool)
+        seen[list(ok_ids)] = True
         return held, held & seen.take(np.maximum(ids, 0))
 
     def payload_len(self, key: bytes) -> int:
@@ -297,6 +381,25 @@ class LruIndex:
     def namespace_usage(self, ns: bytes | None) -> int:
         """Bytes (payloads and headers) of this tier's blocks of namespace ``ns``."""
         return self._ns_ids.usage(ns)
+
+    def attach_owners(self, owners: NamespaceOwners) -> None:
+        """Sum this tier's bytes per tenant as ``owners`` (the node's) says (tenant shares)."""
+        self._ns_ids.owners = owners
+        owners.watch(self._ns_ids)
+
+    def owner(self, key: bytes) -> Hashable:
+        """The owner ``key``'s bytes count under (kvstore.node.tiers.owners), None when absent."""
+        e = self._index.get(key)
+        return None if e is None else self._ns_ids.owner_of((e >> _NS_SHIFT) & _OFF_MASK)
+
+    def owner_of_namespace(self, ns: bytes | None) -> Hashable:
+        """The owner a block of namespace ``ns`` would count under."""
+        owners = self._ns_ids.owners
+        return owners.owner(ns) if owners is not None else ns
+
+    def owner_usage(self, owner: Hashable) -> int:
+        """Bytes (payloads and headers) of this tier's blocks that ``owner`` holds."""
+        return self._ns_ids.owner_usage(owner)
 
     def touch(self, key: bytes) -> None:
         """Mark ``key`` used now (no-op when absent)."""
@@ -327,13 +430,13 @@ class LruIndex:
 
     def eviction_stats(self) -> dict:
         """The order's policy and counters (see kvstore.node.tiers.order), the bytes of its
-        orphans, and the bytes each namespace holds (hex id -> bytes: tenant shares)."""
+        orphans, and the bytes per tenant and of the top namespaces (:meth:`NamespaceIds.usage_summary`)."""
         orphans = getattr(self._order, "orphans", ())
         idx = self._index
         return {
             **self._order.stats(),
             "orphan_bytes": sum(entry_payload_len(idx[k]) + entry_header_len(idx[k]) for k in orphans),
-            "namespaces": self._ns_ids.usage_by_namespace(),
+            **self._ns_ids.usage_summary(_TOP_NAMESPACES),
         }
 
     def keys(self) -> Iterator[bytes]:
