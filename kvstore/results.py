@@ -30,6 +30,10 @@ class Status(enum.IntEnum):
     INVALID = 9  # write: header does not describe the payload (length, checksum)
     ERROR = 10  # an internal error (I/O); counted and logged
     TIMEOUT = 11  # client side: the deadline passed
+    # write, a peer session's PUT only (another node's repair): this node deleted the key after
+    # the pushed copy was written (its tombstone is newer than the header's ``created``);
+    # nothing stored, and the pusher may drop its copy (docs/cluster.md)
+    DELETED = 12
 
     @property
     def ok(self) -> bool:

@@ -4,8 +4,9 @@ Contract: no method raises for a node problem. A timeout, reset, refused connect
 node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, ``None`` for
 EXISTS, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
 ``counters``. A node that fails (refused, reset, closed; a call past its deadline too, unless
-a ``late`` judge was given: :class:`NodeClient`) is marked down and skipped (instant misses)
-until a background probe reconnects. Every call has a deadline (``deadline_s``, default
+a ``late`` judge was given: :class:`NodeClient`) is marked down and skipped (instant misses
+for reads, ``Status.ERROR`` for writes: never an answer about a key) until a background
+probe reconnects. Every call has a deadline (``deadline_s``, default
 ``op_timeout_s``).
 Caller bugs (a buffer list of the wrong length, a payload that does not match its header)
 raise ValueError/TypeError at once.
@@ -60,6 +61,7 @@ _STRIPE_MIN = 1 << 20  # bytes per stripe below which a batch is not split over 
 # an offloaded receive waits for input in its worker this long at a time (each connection of
 # the pool has a worker of its own), so a streamed batch costs one hand-off, not one per EAGAIN
 _WORKER_WAIT_S = 0.2
+_READ_OPS = frozenset({"GET", P.LeaseRequest.OP})  # a call skipped on a down node: a miss
 _FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolError, NodeRefused, EOFError)
 
 
@@ -204,8 +206,10 @@ class NodeClient:
         """``fn`` on a pooled connection within the deadline, or the Status of its failure."""
         if not self.up or self._closed:
             self.counters["skipped"] += 1
-            await asyncio.sleep(0)  # an instant miss still yields, so retry loops cannot starve the loop
-            return Status.MISS
+            await asyncio.sleep(0)  # an instant answer still yields, so retry loops cannot starve the loop
+            # nothing was asked: a read is a miss, anything else failed -- never an answer
+            # about the key (a write refused as MISS once read as "deleted there": issue 33)
+            return Status.MISS if op in _READ_OPS else Status.ERROR
         t0 = time.monotonic()
         try:
             # wait_for, not asyncio.timeout on this task: with the latter, 32 clients opening

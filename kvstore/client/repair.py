@@ -5,9 +5,11 @@ Contract: :class:`Repair` runs inside a daemon that is a cluster member. Each pa
 node's own blocks in batches; per block it computes the owners (rendezvous over the current
 members, as clients place it), asks every other owner with one batched EXISTS per owner, and
 pushes the block to the reachable owners that lack it. An owner that deleted the block
-while this node was away answers the push with MISS (its tombstone: kvstore/node/tombstones.py);
-this node then deletes its own copy too (``copies_dropped_deleted_elsewhere``), so an eviction
-sticks across a node's absence. Exactly one holder pushes a block:
+while this node was away answers the push with DELETED (its tombstone is newer than the copy:
+kvstore/node/tombstones.py); this node then drops that copy (``copies_dropped_deleted_elsewhere``;
+an eviction, never a tombstone of its own), so an eviction sticks across a node's absence. No
+other answer drops anything: an owner that fails, times out, stalls or is marked down has
+deleted nothing (``push_failures``; the next pass tries again). Exactly one holder pushes a block:
 the first owner (in rendezvous order) that holds it, or, when no owner holds it, every
 non-owner that does (a write redirected past a failed owner). Unreachable owners are skipped
 in this pass (their node client probes them). A pass runs after each membership change
@@ -34,6 +36,7 @@ from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank
 from kvstore.config import RepairSection
 from kvstore.keys import BlockKey
+from kvstore.node import orphans as node_orphans
 from kvstore.results import Status
 
 log = logging.getLogger("kvstore.client.repair")
@@ -163,14 +166,30 @@ class Repair:
             await self._pace(nbytes)
             res = await self.peers.get(addr).put(part, self.cfg.deadline_s)
             ok = sum(1 for r in res if r.status.ok)
-            dead = [h.key for (h, _), r in zip(part, res) if r.status is Status.MISS]
-            if dead:  # the owner deleted these while this node was away: so does this node
-                gone = sum(await self.node.delete(dead))
-                c["copies_dropped_deleted_elsewhere"] += gone
-                log.info("event=repair_drop_deleted peer=%s blocks=%d", addr, gone)
+            # Only the owner's explicit answer that it deleted the key after this copy was
+            # written drops the copy; a failure, a timeout or a peer marked down says nothing
+            # about the key, however it is spelled (issue 33: silence is never a delete).
+            dead = [h for (h, _), r in zip(part, res) if r.status is Status.DELETED]
+            if dead:
+                c.update(await self._drop_deleted(addr, dead))
             c["copies_pushed"] += ok
             c["push_failures"] += len(res) - ok - len(dead)
             c["bytes_pushed"] += sum(h.payload_len for (h, _), r in zip(part, res) if r.status.ok)
+        return c
+
+    async def _drop_deleted(self, addr: str, pushed: list) -> Counter[str]:
+        """Drop this node's copies of ``pushed`` (headers an owner answered DELETED) that are
+        still the copies pushed (a client's write since then is newer than that delete).
+        An eviction, not a delete: the repair writes no tombstone (the owner holds it)."""
+        c: Counter[str] = Counter()
+        keys = [h.key.raw for h in pushed]
+        now = await node_orphans.created(self.node, keys)
+        same = [k for k, h, t in zip(keys, pushed, now) if t is not None and t <= h.created]
+        c["copies_kept_written_since"] += len(keys) - len(same)
+        if same:
+            gone = (await node_orphans.drop(self.node, same, reason="deleted_elsewhere"))["dropped"]
+            c["copies_dropped_deleted_elsewhere"] += gone
+            log.info("event=repair_drop_deleted peer=%s blocks=%d", addr, gone)
         return c
 
     async def _pace(self, nbytes: int) -> None:
@@ -206,6 +225,7 @@ class _RepairCollector:
         "push_failures",
         "owners_unreachable",
         "copies_dropped_deleted_elsewhere",
+        "copies_kept_written_since",
     )
 
     def __init__(self, repair: Repair) -> None:

@@ -6,7 +6,8 @@ handler queues its one reply on the connection's :class:`~kvstore.daemon.replies
 (sent in request order while the next request is read); a GET's reply owns its packed lease,
 marked in transfer before it is queued and released when its bytes have left (or never will). Every reply about
 another tenant's block is the reply about an absent key (docs/security.md): GET answers
-``[MISS, nil, nil]``, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Owned by
+``[MISS, nil, nil]``, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Only a peer session
+(another node's repair) is ever answered DELETED: a push of a copy this node deleted since. Owned by
 :class:`~kvstore.daemon.dataport.DataServer`, which gives it what it uses in its constructor
 (:meth:`BlockOps.ops` names the handlers); event loop thread only.
 """
@@ -31,7 +32,7 @@ from kvstore.results import PutResult, Status
 _DISCARD_CHUNK = 1 << 20  # the scratch buffer a refused PUT payload is received into
 _MISS = P.GetEntry(Status.MISS)  # another tenant's block answers exactly as an absent one
 _INVALID = PutResult(Status.INVALID)  # (results are frozen: one instance serves many blocks)
-_DELETED = PutResult(Status.MISS)  # a peer's repair of a block this node deleted
+_DELETED = PutResult(Status.DELETED)  # a peer's repair of a copy this node deleted since
 
 
 class BlockOps:
@@ -159,12 +160,16 @@ class BlockOps:
         if sum(lens) != plen:
             raise P.bad(f"plen {plen} is not the sum of the headers' payload lengths")
         res: list[PutResult] = [_INVALID] * n  # refused (may_write) unless set below
-        # a peer's repair must not bring back what this node deleted: MISS says "deleted here"
-        if sess.all_namespaces and any(dead := self.node.tombstoned([x.key for x in hdrs])):
-            allowed = [i for i, d in enumerate(dead) if not d]
-            for i, d in enumerate(dead):
-                if d:
+        # a peer's repair must not bring back what this node deleted: DELETED says "deleted
+        # here after your copy was written" (a copy written after the delete is taken)
+        dead = self.node.state.tombstones
+        if sess.all_namespaces and len(dead):
+            allowed = []
+            for i, x in enumerate(hdrs):
+                if dead.refuses(x.key.raw, x.created):
                     res[i] = _DELETED
+                else:
+                    allowed.append(i)
         else:
             allowed = range(n)
         may_write = sess.may_write

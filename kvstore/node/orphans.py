@@ -1,5 +1,6 @@
-"""A node's side of the cluster's orphan pass (kvstore/client/orphans.py): reading its blocks'
-parents, and dropping the blocks the pass found orphaned.
+"""A node's side of the cluster's orphan pass (kvstore/client/orphans.py) and of the repair's
+drop (kvstore/client/repair.py): reading its blocks' parents and ``created`` times, and dropping
+the blocks the pass found orphaned or another node deleted since they were written.
 
 An orphan is a block whose parent is stored nowhere in the cluster: no hit prefix can reach
 it again (a lookup stops at the missing parent), so its bytes are wasted until it is evicted.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+
+from msgpack import unpackb
 
 from kvstore.node.tiers.index import header_fields
 
@@ -54,10 +57,39 @@ def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
     return c
 
 
-async def drop(node, keys: Sequence[bytes]) -> Counter[str]:
-    """Evict ``keys`` from every tier of ``node`` as orphans: ``dropped`` (blocks), ``held``
-    (leased or pinned: kept). Node counters: ``evictions_<tier>`` and
-    ``evictions_<tier>_orphan``."""
+async def created(node, keys: Sequence[bytes]) -> list[float | None]:
+    """Per key, its stored header's ``created`` (the highest tier holding it; None where the
+    key is gone or its header does not parse): which copy of a key this node holds now."""
+    out: list[float | None] = [None] * len(keys)
+    on_disk: list[int] = []
+    for i, k in enumerate(keys):
+        if not stored(node, k):
+            continue
+        for t in node.memory:
+            if k in t:
+                out[i] = _created(t.header_sync(k))
+                break
+        else:
+            on_disk.append(i)
+    if on_disk:
+        hdrs = await node.disk.read_headers([keys[i] for i in on_disk])
+        for i, h in zip(on_disk, hdrs):
+            out[i] = _created(h)
+    return out
+
+
+def _created(raw: bytes | None) -> float | None:
+    try:
+        return float(unpackb(raw)["created"]) if raw else None
+    except Exception:  # a header that does not parse: no copy to speak of
+        return None
+
+
+async def drop(node, keys: Sequence[bytes], reason: str = "orphan") -> Counter[str]:
+    """Evict ``keys`` from every tier of ``node`` without a tombstone: ``dropped`` (blocks),
+    ``held`` (leased or pinned: kept). ``reason``: ``orphan`` (the orphan pass) or
+    ``deleted_elsewhere`` (the repair, for a copy another node deleted since it was written).
+    Node counters: ``evictions_<tier>`` and ``evictions_<tier>_<reason>``."""
     c: Counter[str] = Counter()
     st = node.state  # leases, pins, dirty keys and the node's counters
     on_disk: list[bytes] = []
@@ -70,12 +102,12 @@ async def drop(node, keys: Sequence[bytes]) -> Counter[str]:
         for t in node.memory:
             if t.remove(k, evicted=True):
                 st.counters[f"evictions_{t.name}"] += 1
-                st.counters[f"evictions_{t.name}_orphan"] += 1
+                st.counters[f"evictions_{t.name}_{reason}"] += 1
         st.dirty.discard(k)
         if node.disk is not None and k in node.disk:
             on_disk.append(k)
         c["dropped"] += 1
     if on_disk:
         gone = sum(await node.disk.delete(on_disk))
-        st.counters["evictions_disk_orphan"] += gone
+        st.counters[f"evictions_disk_{reason}"] += gone
     return c

@@ -11,8 +11,9 @@ restart, kill -9 included; the file is rewritten when it holds more than twice t
 records. Without a path (no disk tier: a restart forgets every block anyway) they are in
 memory only. A file that cannot be read or has a torn last record keeps what it could read
 (logged); one that cannot be written turns tombstones in-memory only (logged once). Never raises
-for an I/O problem. The daemon's peer PUT (kvstore/daemon/block_ops.py) refuses a tombstoned
-key from another node's repair; the repair then drops its own copy (kvstore/client/repair.py).
+for an I/O problem. The daemon's peer PUT (kvstore/daemon/block_ops.py) refuses another node's repair
+push of a copy older than the tombstone with DELETED (:meth:`refuses`); the repair then drops
+that copy, writing no tombstone of its own (kvstore/client/repair.py).
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ class Tombstones:
     def __contains__(self, key: bytes) -> bool:
         t = self._dead.get(key)
         return t is not None and time.time() - t < self.max_age_s
+
+    def deleted_at(self, key: bytes) -> float | None:
+        """When this node deleted ``key`` (wall clock), None without a live tombstone."""
+        t = self._dead.get(key)
+        return t if t is not None and time.time() - t < self.max_age_s else None
+
+    def refuses(self, key: bytes, created: float) -> bool:
+        """Whether a peer's copy of ``key`` written at ``created`` (its header's wall clock)
+        predates this node's delete of it: then the copy is what was deleted, and it is not
+        taken in again. A copy written after the delete (the key stored again elsewhere) is."""
+        t = self.deleted_at(key)
+        return t is not None and t >= created
 
     def add(self, keys: Iterable[bytes]) -> None:
         """Tombstone ``keys`` (16-byte raw keys), now."""

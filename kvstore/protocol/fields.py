@@ -11,7 +11,9 @@ from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
 from kvstore.results import Expect, Status
 from rdma.transport import RemoteDescriptor, TransportError
 
-PROTOCOL_VERSION = 2  # 2: EXISTS and DELETE carry packed keys and one code byte per key
+# 2: EXISTS and DELETE carry packed keys and one code byte per key; 3: a peer PUT of a key
+# the node deleted after the copy was written answers DELETED (12), not MISS
+PROTOCOL_VERSION = 3
 MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
 MAX_BATCH = 4096  # keys (or descriptors, handles) per request
 # keys per EXISTS (one packed bin: 256 KiB of keys, 16 KiB of answers): a 128K-token

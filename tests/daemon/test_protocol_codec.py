@@ -180,9 +180,9 @@ def test_a_bad_reply_field_is_named(blocks_of, ns):
         (P.HelloReply, {"tenant": "", "salt": "", "ns": [b"x"], "v": P.PROTOCOL_VERSION}, 0, "namespace ids"),
         (
             P.HelloReply,
-            {"tenant": "", "salt": "", "ns": [], "v": 1},
+            {"tenant": "", "salt": "", "ns": [], "v": 2},
             0,
-            "node protocol version 1 .* speaks 2",
+            "node protocol version 2 .* speaks 3",
         ),
     ]
     for cls, fields, n, says in cases:

@@ -15,7 +15,7 @@ import msgpack
 import pytest
 from daemonutil import REPO
 
-VERSION = 2  # docs/protocol.md, HELLO
+VERSION = 3  # docs/protocol.md, HELLO
 ABSENT, HBM, DRAM, DISK = 0, 1, 2, 3  # docs/protocol.md, tier codes
 NAMESPACE = {  # a HELLO namespace map: the fields of the doc's HELLO section
     "model": "independent-model",
@@ -169,7 +169,7 @@ def test_a_namespace_not_declared_reads_as_absent(stored):
 
 def test_a_client_of_another_version_gets_one_error_naming_both(start_daemon):
     d = start_daemon(use_disk=False)
-    for version in (1, 3):
+    for version in (2, 4):
         c = Independent(d.data_port)
         try:
             r = c.hello(version)
