@@ -14,10 +14,12 @@ STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evic
   "owners_unreachable", "bytes": {"<tier>": {"<namespace id hex>": bytes}}},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures", "policy", "hit_tokens", "share_refusals", "orphan_bytes",
-  "namespaces": {"<namespace id hex>": bytes}, "tenants": {"<tenant>": bytes}}},
+  "namespaces": {"<namespace id hex>": bytes}, "tenants": {"<tenant>": bytes}, "ram_bytes",
+  "ram_budget_bytes"}},
   "raw": <the node's /v1/stats document>}]}
   (namespaces: a tier's 16 largest, the rest summed in raw's namespaces_other; tenants: bytes
-  summed over each tenant's namespaces, the tenant shares' unit)
+  summed over each tenant's namespaces, the tenant shares' unit; ram_bytes: what the tier's
+  index and in-memory headers are charged of the node's node.index_memory, ram_budget_bytes)
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
   hit_ratio is null before the first read)
   (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
@@ -109,6 +111,9 @@ def summarize(url: str, raw: dict) -> dict:
             "orphan_bytes": t.get("orphan_bytes", 0),
             "namespaces": t.get("namespaces", {}),  # the largest ones (the rest summed)
             "tenants": t.get("tenants", {}),
+            # the RAM its blocks' index and headers are charged (node.index_memory, every tier)
+            "ram_bytes": t.get("ram_bytes", 0),
+            "ram_budget_bytes": t.get("ram_budget_bytes", 0),
         }
     return {
         "node": url,
@@ -135,7 +140,7 @@ def _eviction_table(ctx: Context, nodes: list[dict]) -> None:
     the bytes of each tenant (summed over its namespaces: the shares' unit)."""
     from kvstore.inspect.cmd_blocks import node_label
 
-    cols = ["NODE", "TIER", "POLICY", "HIT TOKENS", "SHARE REFUSED", "ORPHANED", "TENANTS"]
+    cols = ["NODE", "TIER", "POLICY", "HIT TOKENS", "SHARE REFUSED", "ORPHANED", "INDEX RAM", "TENANTS"]
     rows = [
         [
             node_label(s["node"]),
@@ -144,12 +149,13 @@ def _eviction_table(ctx: Context, nodes: list[dict]) -> None:
             str(t["hit_tokens"]),
             str(t["share_refusals"]),
             human_size(t["orphan_bytes"]),
+            f"{human_size(t['ram_bytes'])}/{human_size(t['ram_budget_bytes'])}",
             " ".join(f"{ten or '-'}:{human_size(b)}" for ten, b in sorted(t["tenants"].items())) or "-",
         ]
         for s in nodes
         for name, t in s["tiers"].items()
     ]
-    ctx.out.table("eviction", cols, rows, right={"HIT TOKENS", "SHARE REFUSED", "ORPHANED"})
+    ctx.out.table("eviction", cols, rows, right={"HIT TOKENS", "SHARE REFUSED", "ORPHANED", "INDEX RAM"})
 
 
 def _pct(r: float | None) -> str:

@@ -42,6 +42,7 @@ from kvstore.node.state import NodeState
 from kvstore.node.tiers.base import BottomTier, SlotTier
 from kvstore.node.tiers.build import build_tiers
 from kvstore.node.tiers.owners import NamespaceOwners
+from kvstore.node.tiers.ram import IndexMemory
 from kvstore.node.tiers.stack import TierStack
 from kvstore.node.tiers.tasks import Finishing, to_the_end
 from kvstore.node.tombstones import Tombstones
@@ -72,7 +73,9 @@ class NodeStore:
         self._closed = False
         self._finishing = finishing
         # what this node deleted, so another node's repair cannot bring it back (beside LMDB)
-        tombstones = Tombstones.beside(cfg.disk.path if disk is not None else None)
+        tombstones = Tombstones.beside(
+            cfg.disk.path if disk is not None else None, cfg.tombstones.per_tenant, cfg.tombstones.max_age_s
+        )
         self.state = NodeState(self.stack, cfg.node.lease_ttl_s, tombstones)
         self.evictor = Evictor(self.stack, self.state, finishing)
         self.placement = Placement(self.stack, self.state, self.evictor, cfg.node.promote_on_read)
@@ -83,8 +86,11 @@ class NodeStore:
         self.inspector = Inspector(self.name, self.stack, self.state)
         # which tenant each namespace is (the daemon's HELLOs claim them): the shares' unit
         self.owners = NamespaceOwners(cfg.limits.max_namespaces_per_tenant)
+        # the RAM blocks cost beside their payloads, charged where it is spent
+        self.index_memory = IndexMemory(cfg.node.index_memory)
         for t in self.tiers:
             t.attach_owners(self.owners)  # type: ignore[attr-defined]
+            t.attach_memory(self.index_memory)  # type: ignore[attr-defined]
         if disk is not None:
             disk.protect(self.state.protected)  # a leased or pinned block stays on disk too
 
@@ -159,10 +165,11 @@ class NodeStore:
         return [k.raw in dead for k in keys] if len(dead) else [False] * len(keys)
 
     # ------------------------------------------------------------------ delete
-    async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
+    async def delete(self, keys: Sequence[BlockKey], by: str = "", cause: str = "delete") -> list[bool]:
         """Remove blocks from every tier. A held block disappears at once for readers and is
         freed when its last lease ends (:meth:`NodeState.forget`). False where the key was
-        absent. Every key is tombstoned, absent ones too: a copy elsewhere may come back."""
+        absent. Every key is tombstoned, absent ones too: a copy elsewhere may come back; the
+        tombstones name ``by`` (the deleting tenant) and ``cause`` (kvstore/node/tombstones.py)."""
         st = self.state
         out = []
         disk_keys = []
@@ -177,7 +184,7 @@ class NodeStore:
             if self.disk is not None and k in self.disk:
                 disk_keys.append(k)
         st.counters["deletes"] += sum(out)
-        st.tombstones.add([k.raw for k in keys])
+        st.tombstones.add([k.raw for k in keys], by, cause)
         if disk_keys:
             # to its end even when the caller is cancelled: what raced the disk delete is
             # undone only after it

@@ -96,6 +96,7 @@ class DiskTier(LruIndex):
         self.evictions = 0
         self.checksum_failures = 0
         self.write_errors = 0
+        self.ram_refusals = 0  # blocks refused for the node's RAM budget (kvstore.node.tiers.ram)
         self.map_full_evictions = 0  # blocks dropped because the map, not capacity, was full
         self._last_version = 0  # see version()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="tierkv-disk-w")
@@ -301,23 +302,30 @@ class DiskTier(LruIndex):
         them (into ``evict``), taken from ``candidates`` in eviction order (the ones it
         accepts: unprotected, and where ``shares`` allow it for ``writer_ns[0]``, set here to
         each item's namespace); ``room``: free bytes now."""
+        ram = self.ram_free()  # the node's RAM budget for indexes (kvstore.node.tiers.ram)
         for key, hdr, payload in items:
             if key in self._index or key in queued or not self.fits(memoryview(payload).nbytes, len(hdr)):
                 continue
             need = memoryview(payload).nbytes + len(hdr)
+            ram_need = self.ram_cost(len(hdr))
             writer_ns[0] = header_fields(hdr)[0]
-            while room < need:
+            while room < need or ram < ram_need:
                 victim = next(candidates, None)
                 if victim is None:
                     break
                 if victim in evict:
                     continue
                 evict[victim] = None
-                room += entry_payload_len(self._index[victim]) + entry_header_len(self._index[victim])
-            if room >= need:
+                e = self._index[victim]
+                room += entry_payload_len(e) + entry_header_len(e)
+                ram += self.ram_cost(entry_header_len(e))
+            if room >= need and ram >= ram_need:
                 room -= need
+                ram -= ram_need
                 todo.append((key, hdr, payload))
                 queued.add(key)
+            elif ram < ram_need:
+                self.ram_refusals += 1
 
     async def _write_evicting(self, todo, evict: list[bytes], need: int, keep: set[bytes]) -> bool:
         """Write ``todo`` and delete ``evict`` in one transaction. When the map (the bound on the
@@ -418,6 +426,7 @@ class DiskTier(LruIndex):
             "sync": self.sync,
             **self.eviction_stats(),
             "share_refusals": self.shares.refused,
+            "ram_refusals": self.ram_refusals,
         }
 
     def file_bytes(self) -> int:

@@ -32,6 +32,7 @@ from kvstore.keys import KeyBatch
 from kvstore.keytable import KeyTable, key_pairs
 from kvstore.node.tiers.order import EvictionOrder, LruOrder
 from kvstore.node.tiers.owners import NamespaceOwners
+from kvstore.node.tiers.ram import IndexMemory
 from kvstore.node.tiers.visibility import Visibility
 
 _OFF_BITS, _HLEN_BITS, _LEN_BITS = 42, 20, 36
@@ -269,6 +270,12 @@ class LruIndex:
         self._order: EvictionOrder = order if order is not None else LruOrder()
         self._table = KeyTable(_TABLE_MAX)  # key -> namespace id, for batch probes
         self._changed: dict[bytes, None] = {}  # keys added or removed since the table's sync
+        self._ram: IndexMemory | None = None  # the node's budget (attach_memory)
+        self.ram_bytes = 0  # what this tier's blocks are charged against it
+
+    # a memory tier keeps its headers in RAM: they are charged too, from the reservation on
+    # (MemoryTier.reserve), so reservations in flight cannot pass the budget
+    headers_in_ram = False
 
     def _index_add(
         self,
@@ -287,6 +294,8 @@ class LruIndex:
         ids stay counted)."""
         self._index_pop(key)
         ns_id = self._ns_ids.acquire(ns, header_len + payload_len)
+        if not self.headers_in_ram:  # a memory tier charged it at its reservation
+            self._charge_ram(IndexMemory.cost(0))
         self._index[key] = pack_entry(offset, ns_id, header_len, payload_len, atime)
         self._order.add(key, parent, demoted)
         self._changed[key] = None
@@ -297,6 +306,7 @@ class LruIndex:
         e = self._index.pop(key, None)
         if e is not None:
             self._ns_ids.release(entry_ns_id(e), entry_header_len(e) + entry_payload_len(e))
+            self._charge_ram(-self.ram_cost(entry_header_len(e)))
             self._order.discard(key)
             self._changed[key] = None
         return e
@@ -382,6 +392,29 @@ class LruIndex:
         """Bytes (payloads and headers) of this tier's blocks of namespace ``ns``."""
         return self._ns_ids.usage(ns)
 
+    def attach_memory(self, ram: IndexMemory) -> None:
+        """Charge this tier's blocks against ``ram`` (the node's budget) from now on."""
+        ram.charge(self.ram_bytes)
+        self._ram = ram
+
+    def _charge_ram(self, nbytes: int) -> None:
+        """Charge ``nbytes`` (negative: refund) to this tier and the node's RAM budget."""
+        self.ram_bytes += nbytes
+        if self._ram is not None:
+            self._ram.charge(nbytes)
+
+    def ram_room(self, header_len: int) -> bool:
+        """Whether the node's RAM budget has room for one more block of this header here."""
+        ram = self._ram
+        return ram is None or ram.fits(IndexMemory.cost(header_len if self.headers_in_ram else 0))
+
+    def ram_cost(self, header_len: int) -> int:
+        return IndexMemory.cost(header_len if self.headers_in_ram else 0)
+
+    def ram_free(self) -> float:
+        """Bytes left in the node's RAM budget (infinite when none is attached)."""
+        return float("inf") if self._ram is None else self._ram.free()
+
     def attach_owners(self, owners: NamespaceOwners) -> None:
         """Sum this tier's bytes per tenant as ``owners`` (the node's) says (tenant shares)."""
         self._ns_ids.owners = owners
@@ -435,6 +468,9 @@ class LruIndex:
         idx = self._index
         return {
             **self._order.stats(),
+            "ram_bytes": self.ram_bytes,  # this tier's share of the node's RAM budget
+            "ram_budget_bytes": self._ram.budget if self._ram is not None else 0,
+            "ram_used_bytes": self._ram.used if self._ram is not None else self.ram_bytes,  # every tier
             "orphan_bytes": sum(entry_payload_len(idx[k]) + entry_header_len(idx[k]) for k in orphans),
             **self._ns_ids.usage_summary(_TOP_NAMESPACES),
         }

@@ -47,6 +47,7 @@ class MemoryTier(LruIndex):
     """A :class:`kvstore.node.tiers.base.SlotTier` over ``arena`` (a HostArena or CudaArena)."""
 
     durable = False
+    headers_in_ram = True  # beside the arena: charged to the node's RAM budget
 
     def __init__(
         self,
@@ -95,7 +96,9 @@ class MemoryTier(LruIndex):
         return self.header_room(header_len) and self.alloc.can_alloc(payload_len)
 
     def header_room(self, header_len: int) -> bool:
-        return self.header_bytes + header_len <= self.header_budget
+        """Room for one more header: in the tier's header budget and in the node's RAM budget
+        (kvstore.node.tiers.ram; short of either, the evictor takes the oldest block)."""
+        return self.header_bytes + header_len <= self.header_budget and self.ram_room(header_len)
 
     # ------------------------------------------------------------------ slabs
     def span_of(self, key: bytes) -> int:
@@ -124,6 +127,7 @@ class MemoryTier(LruIndex):
         if off is None:
             return None
         self.header_bytes += len(header)
+        self._charge_ram(self.ram_cost(len(header)))  # refunded by abandon or the index's pop
         return off, bytes(header)
 
     def commit(
@@ -162,6 +166,7 @@ class MemoryTier(LruIndex):
         """Return a reserved, uncommitted slot."""
         self.alloc.free(slots[0])
         self.header_bytes -= len(slots[1])
+        self._charge_ram(-self.ram_cost(len(slots[1])))
 
     def slot_view(self, slots: Slot, payload_len: int) -> memoryview | None:
         """The payload area of a reserved slot in host memory (written in place by recv_into
