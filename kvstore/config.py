@@ -209,6 +209,21 @@ class OrphansSection:
 
 
 @dataclass(frozen=True)
+class TombstonesSection:
+    """What a node remembers of its deletes (docs/cluster.md "Evictions that stick"), kept per
+    deleting tenant: one tenant's deletes never end another's tombstone."""
+
+    per_tenant: int = 65536  # tombstones per tenant; past it that tenant's oldest go
+    max_age_s: float = 7 * 86400.0  # a tombstone older than this ends
+
+    def __post_init__(self) -> None:
+        if self.per_tenant < 1:
+            raise ConfigError(f"tombstones.per_tenant: must be >= 1, got {self.per_tenant}")
+        if not self.max_age_s > 0:
+            raise ConfigError(f"tombstones.max_age_s: must be > 0, got {self.max_age_s}")
+
+
+@dataclass(frozen=True)
 class EvictionSection:
     """Which blocks leave a tier first, and what one namespace may take from another
     (docs/storage.md "Eviction", docs/security.md "Per-tenant shares")."""
@@ -268,6 +283,7 @@ class StoreConfig:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     repair: RepairSection = field(default_factory=RepairSection)
     orphans: OrphansSection = field(default_factory=OrphansSection)
+    tombstones: TombstonesSection = field(default_factory=TombstonesSection)
     eviction: EvictionSection = field(default_factory=EvictionSection)
 
     def __post_init__(self) -> None:

@@ -114,7 +114,7 @@ def make_app(
 
     async def delete(request):
         key = _key(request.match_info["key"], "key")
-        (ok,) = await node_of().delete([key])
+        (ok,) = await node_of().delete([key], by=OPERATOR)  # the operator's, in tombstones
         log.info(kv("admin_delete", key=key.hex, deleted=ok))
         if not ok:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored (or is leased)")

@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvstore.daemon.auth import OPERATOR
 from kvstore.daemon.logs import kv
 from kvstore.errors import KeyFormatError
 from kvstore.keys import BlockKey
@@ -181,7 +182,8 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         while True:  # page by page: each page's blocks deleted before the next is listed
             page = await node_of().inspector.page(namespace=ns, after=cursor, limit=_DELETE_CHUNK)
             if page.blocks:
-                deleted += sum(await node_of().delete([i.key for i in page.blocks]))
+                keys = [i.key for i in page.blocks]  # tombstoned as the operator's eviction
+                deleted += sum(await node_of().delete(keys, by=OPERATOR, cause="evict"))
             if page.next is None:
                 break
             cursor = page.next

@@ -238,7 +238,7 @@ class BlockOps:
         mine = np.flatnonzero(np.frombuffer(await self._visible(sess, keys), dtype=np.uint8))
         done = np.zeros(len(keys), dtype=np.uint8)
         if len(mine):
-            done[mine] = await self.node.delete(keys.take(mine))
+            done[mine] = await self.node.delete(keys.take(mine), by=sess.tenant or "")  # its tombstones
         out.send(P.DeleteReply(req.rid, done.tobytes()).to_wire())
 
     async def _op_stats(self, out, sess, req: P.StatsRequest, plen) -> None:

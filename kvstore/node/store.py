@@ -73,7 +73,9 @@ class NodeStore:
         self._closed = False
         self._finishing = finishing
         # what this node deleted, so another node's repair cannot bring it back (beside LMDB)
-        tombstones = Tombstones.beside(cfg.disk.path if disk is not None else None)
+        tombstones = Tombstones.beside(
+            cfg.disk.path if disk is not None else None, cfg.tombstones.per_tenant, cfg.tombstones.max_age_s
+        )
         self.state = NodeState(self.stack, cfg.node.lease_ttl_s, tombstones)
         self.evictor = Evictor(self.stack, self.state, finishing)
         self.placement = Placement(self.stack, self.state, self.evictor, cfg.node.promote_on_read)
@@ -163,10 +165,11 @@ class NodeStore:
         return [k.raw in dead for k in keys] if len(dead) else [False] * len(keys)
 
     # ------------------------------------------------------------------ delete
-    async def delete(self, keys: Sequence[BlockKey]) -> list[bool]:
+    async def delete(self, keys: Sequence[BlockKey], by: str = "", cause: str = "delete") -> list[bool]:
         """Remove blocks from every tier. A held block disappears at once for readers and is
         freed when its last lease ends (:meth:`NodeState.forget`). False where the key was
-        absent. Every key is tombstoned, absent ones too: a copy elsewhere may come back."""
+        absent. Every key is tombstoned, absent ones too: a copy elsewhere may come back; the
+        tombstones name ``by`` (the deleting tenant) and ``cause`` (kvstore/node/tombstones.py)."""
         st = self.state
         out = []
         disk_keys = []
@@ -181,7 +184,7 @@ class NodeStore:
             if self.disk is not None and k in self.disk:
                 disk_keys.append(k)
         st.counters["deletes"] += sum(out)
-        st.tombstones.add([k.raw for k in keys])
+        st.tombstones.add([k.raw for k in keys], by, cause)
         if disk_keys:
             # to its end even when the caller is cancelled: what raced the disk delete is
             # undone only after it
