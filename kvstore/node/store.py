@@ -135,28 +135,22 @@ class NodeStore:
         accepts its namespace id there (see :meth:`namespaces`), else 0 -- exactly
         :meth:`contains` plus the tenant check, so another tenant's block reads as absent.
         The daemon's EXISTS and DELETE (8,192 keys for a long prompt): numpy passes per tier
-        over the packed keys (:meth:`LruIndex.probe`), each tier asked only about the keys
-        the tiers above it do not hold; no Python per key."""
+        over the packed keys (:meth:`LruIndex.probe`), no Python per key. Constant shape:
+        every tier is asked about every key, whatever the tiers above answered, so another
+        tenant's key costs what an absent one does (docs/security.md)."""
         n = len(keys)
         codes = np.zeros(n, dtype=np.uint8)
-        pairs, left = key_pairs(keys), np.arange(n)
+        pairs = key_pairs(keys)
+        above = np.zeros(n, dtype=bool)  # a tier above holds it: that copy is the one seen
+        for t in self.tiers:
+            held, visible = t.probe(pairs, sees)
+            first = held & ~above
+            codes[first & visible] = TIER_CODES[t.name]
+            above |= held
         doomed = self.state.doomed
         if doomed:  # deleted while held: absent for every reader
             gone = np.fromiter(map(doomed.__contains__, keys.raws()), dtype=bool, count=n)
-            if gone.any():
-                left = left[~gone]
-                pairs = pairs[left]
-        for t in self.tiers:
-            if not len(left):
-                break
-            held, visible = t.probe(pairs, sees)
-            if not held.any():
-                continue
-            # held but not visible: 0, and not asked below (this tier's copy is the one seen)
-            codes[left[visible] if len(left) < n else visible] = TIER_CODES[t.name]
-            keep = np.flatnonzero(~held)
-            left = left[keep]
-            pairs = pairs[keep]
+            codes[gone] = 0
         return codes.tobytes()
 
     def tombstoned(self, keys: Sequence[BlockKey]) -> list[bool]:

@@ -359,16 +359,21 @@ class LruIndex:
         key (exact, as :meth:`namespace` then ``sees`` would). When every block of the tier
         holds an id ``sees`` accepts (one tenant's blocks, the usual case), held is visible."""
         self._sync_table()
-        ids = self._table.find(pairs)
-        held = ids >= 0
         nsi = self._ns_ids
         if isinstance(sees, Visibility):
-            if sees.everything:
+            if sees.everything:  # a peer session: nothing to hide, the run guess is fine
+                held = self._table.find(pairs) >= 0
                 return held, held
+            # a tenant: each key through the index, held or not, so the time of the answer
+            # does not tell another tenant's key from an absent one
+            ids = self._table.find_each(pairs)
+            held = ids >= 0
             ok = [i for ns in sees.namespaces if (i := nsi.id_of(ns)) is not None]
             if sum(map(nsi.refs, ok)) == len(self._index):  # every block here is visible
                 return held, held
             return held, held & np.isin(ids, ok)
+        ids = self._table.find(pairs)
+        held = ids >= 0
         ok_ids = nsi.ids_where(sees)
         if nsi.all_held_in(ok_ids):
             return held, held
