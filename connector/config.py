@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -65,8 +66,15 @@ def _fields() -> dict[str, object]:
     return {k: t for k, t in typing.get_type_hints(ConnectorConfig).items() if k not in ("kind", "target")}
 
 
-def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorConfig:
-    """Parse ``url`` (and the TOML at ``config_path`` or ``?config=``) into a config. TOML
+def parse_connector_url(
+    url: str,
+    config_path: str | None = None,
+    options: Mapping[str, object] | None = None,
+    options_source: str = "options",
+) -> ConnectorConfig:
+    """Parse ``url`` (and the TOML at ``config_path`` or ``?config=``, and ``options``: typed
+    values such as vLLM's ``kv_connector_extra_config``, named ``options_source`` in errors)
+    into a config. Later sources win: TOML, ``options``, the URL query. TOML and ``options``
     values must have their key's type; query values are text, parsed by the same coercion as
     the store's environment (kvstore.config.coerce: sizes by parse_size). Raises ConfigError
     naming the URL, the bad key and where its value came from."""
@@ -91,6 +99,7 @@ def parse_connector_url(url: str, config_path: str | None = None) -> ConnectorCo
                 values.update((k, (v, f"file {path}", False)) for k, v in tomllib.load(f).items())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--kv-connector config {path!r}: {exc}") from exc
+    values.update((k, (v, options_source, False)) for k, v in (options or {}).items())
     values.update((k, (v, "URL query", True)) for k, v in query.items())
     fields = _fields()
     kwargs: dict[str, object] = {}

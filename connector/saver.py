@@ -87,25 +87,41 @@ class Saver:
     def _full(self) -> bool:
         return bool(self._queued_bytes) and self._queued_bytes + self.block_bytes > self.cfg.save_queue_bytes
 
-    async def save(self, request, page_ids: Sequence[int], keys: KeyBatch) -> None:
-        """Queue ``request``'s blocks ``keys`` (one per ``pages_per_block`` of ``page_ids``)."""
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of blocks queued and not yet written or dropped."""
+        return self._queued_bytes
+
+    async def save(
+        self,
+        request,
+        page_ids: Sequence[int],
+        keys: KeyBatch,
+        first: int = 0,
+        gather: Callable[[Sequence[int]], torch.Tensor] | None = None,
+    ) -> None:
+        """Queue ``request``'s blocks ``keys`` (one per ``pages_per_block`` of ``page_ids``),
+        from block ``first`` on (the blocks before it only give the chain its parents).
+        ``gather``: what copies a block's pages out, instead of ``transfer.gather`` (vLLM's
+        connector hands blocks it already copied out of the pages)."""
         self._saving += 1  # flush() waits for saves still copying out, not only the queue
         self._idle.clear()
         try:
-            await self._save(request, page_ids, keys)
+            await self._save(request, page_ids, keys, first, gather or self.transfer.gather)
         finally:
             self._saving -= 1
             if not self._saving:
                 self._idle.set()
 
-    async def _save(self, request, page_ids: Sequence[int], keys: KeyBatch) -> None:
+    async def _save(self, request, page_ids: Sequence[int], keys: KeyBatch, first: int, gather) -> None:
         bt = self.namespace().block_tokens
         ns_id = self.namespace().id
         self.start()
         deadline = time.monotonic() + self.cfg.save_deadline_s
-        parent = ns_id
+        parent = keys[first - 1] if first else ns_id
         gathered: dict[int, torch.Tensor] = {}
-        for j, key in enumerate(keys):
+        for j in range(first, len(keys)):
+            key = keys[j]
             if key.raw not in self._stored:
                 # Bounded in bytes: wait for the writer to make room (the engine holds these
                 # pages meanwhile, inference goes on), and drop the rest past the deadline.
@@ -119,7 +135,7 @@ class Saver:
                     self._tally.add("dropped", "queue_full", n_drop)
                     break
                 if j not in gathered:
-                    gathered = await self._gather_from(j, keys, page_ids)
+                    gathered = await self._gather_from(j, keys, page_ids, gather)
                 payload = gathered.pop(j).view(torch.uint8).reshape(-1).numpy()
                 h = make_header(
                     key=key,
@@ -141,7 +157,9 @@ class Saver:
             parent = key
         self.metrics.save_queue.set(self._queue.qsize())
 
-    async def _gather_from(self, j: int, keys: KeyBatch, page_ids: Sequence[int]) -> dict[int, torch.Tensor]:
+    async def _gather_from(
+        self, j: int, keys: KeyBatch, page_ids: Sequence[int], gather_pages
+    ) -> dict[int, torch.Tensor]:
         """Copy out block ``j`` and the next not-yet-stored blocks, up to _GATHER_BYTES (at
         least one block): on CUDA in one hop to a worker thread (the copies block their
         thread), not one hop per block."""
@@ -150,7 +168,7 @@ class Saver:
         idx = [i for i in range(j, len(keys)) if i == j or keys[i].raw not in self._stored][:most]
 
         def gather() -> dict[int, torch.Tensor]:
-            return {i: self.transfer.gather(page_ids[i * ppb : (i + 1) * ppb]) for i in idx}
+            return {i: gather_pages(page_ids[i * ppb : (i + 1) * ppb]) for i in idx}
 
         return await asyncio.to_thread(gather) if self.transfer.cuda else gather()
 

@@ -42,8 +42,14 @@ log = logging.getLogger("tierkv.connector")
 
 class StoreConnector(KVConnector):
     def __init__(
-        self, ctx: ConnectorContext, cfg: ConnectorConfig, backend: StoreClient | None = None
+        self,
+        ctx: ConnectorContext,
+        cfg: ConnectorConfig,
+        backend: StoreClient | None = None,
+        loads: bool = True,
     ) -> None:
+        """``loads`` False: a connector that never loads (vLLM's scheduler side, which only
+        looks up): no loader, no staging; ``load`` answers 0."""
         self.ctx, self.cfg = ctx, cfg
         self.block_tokens = cfg.block_tokens or ctx.page_size
         self.lookup_deadline_s = cfg.lookup_deadline_s  # the engine waits at least this long
@@ -82,19 +88,24 @@ class StoreConnector(KVConnector):
         self.prefix = PrefixLookup(
             cfg, store, namespace, self.block_bytes, self.cost, self.metrics, self.saver.remember
         )
-        self.loader = Loader(
-            cfg,
-            store,
-            ctx.transfer,
-            self.block_tokens,
-            ppb,
-            (shape, kv.dtype, self.block_bytes),
-            pin,
-            self.layer_groups,
-            self.cost,
-            self.metrics,
+        self.loader = (
+            None
+            if not loads
+            else Loader(
+                cfg,
+                store,
+                ctx.transfer,
+                self.block_tokens,
+                ppb,
+                (shape, kv.dtype, self.block_bytes),
+                pin,
+                self.layer_groups,
+                self.cost,
+                self.metrics,
+            )
         )
-        self.loader.register_staging()
+        if self.loader is not None:
+            self.loader.register_staging()
 
     def _export_store_counters(self) -> None:
         """The store client's own counters (health ejections, under-replicated writes, ...) on
@@ -159,7 +170,7 @@ class StoreConnector(KVConnector):
     async def load(self, request: ConnectorRequest, page_ids: Sequence[int]) -> int:
         bt, ppb = self.block_tokens, self.pages_per_block
         first, n = request.first_token // bt, len(page_ids) // ppb
-        if request.first_token % bt or n == 0:
+        if request.first_token % bt or n == 0 or self.loader is None:
             return 0
         keys = self.keys_for(request, first + n)  # the lookup's keys: no second hash
         found = request.lookup
@@ -181,7 +192,8 @@ class StoreConnector(KVConnector):
 
     async def close(self) -> None:
         await self.flush(self.cfg.save_deadline_s)
-        await self.loader.close()  # buffers still being copied from: let those copies finish
+        if self.loader is not None:
+            await self.loader.close()  # buffers still being copied from: let those copies finish
         await self.saver.close()
         if self._salt_learner is not None:
             self._salt_learner.cancel()
