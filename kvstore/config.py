@@ -197,13 +197,16 @@ class OrphansSection:
     # ranks past a parent's owners also asked: the clients' lookahead (their lookups find a
     # block there, e.g. one written past a down owner), which a node cannot derive
     lookahead: int = 1
+    # a member that left the view (maybe only unreachable: stalled past its etcd lease) counts
+    # this long as holding the parents that rank on it: none is taken for absent meanwhile
+    departed_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.batch_keys < 1:
             raise ConfigError(f"orphans.batch_keys: must be >= 1, got {self.batch_keys}")
         if self.lookahead < 0:
             raise ConfigError(f"orphans.lookahead: must be >= 0, got {self.lookahead}")
-        for name in ("interval_s", "deadline_s"):
+        for name in ("interval_s", "deadline_s", "departed_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"orphans.{name}: must be > 0, got {getattr(self, name)}")
 

@@ -16,7 +16,10 @@ batched EXISTS per node and batch, asks the parents found absent once more right
 drop (one written again meanwhile saves its chain), and evicts (kvstore/node/orphans.py: no
 tombstone; held and pinned blocks stay) every block whose parent is on none of them nor on
 this node, and with it every block of this node below it in its chain. A parent whose node
-does not answer counts as present (an unreachable node is not an empty one). A periodic pass
+does not answer counts as present (an unreachable node is not an empty one), and so does one
+that would rank on a member that left the view within ``orphans.departed_s`` (a member stalled
+past its etcd lease leaves the view, yet comes back with its blocks). A pass whose view
+changes, or that is closed, before its drops end drops nothing more (``passes_cut_short``). A periodic pass
 waits until the view has been unchanged ``repair.settle_s`` (right after a join or leave a
 parent may still sit on a former owner). The orphans of another node's blocks dropped in the
 same pass go in that node's next pass: each pass removes one node-hop of an orphaned chain,
@@ -83,6 +86,11 @@ class OrphanPass:
         self.found_bytes: Counter[tuple[str, str]] = Counter()
         # (stage, keys done in it) of the pass under way; ("idle", 0) between passes
         self.progress: tuple[str, int] = ("idle", 0)
+        # members that left the view (addr -> their node, monotonic time they were last seen):
+        # a node that left may only be unreachable and come back with its blocks, so a parent
+        # that ranks on one is never taken for absent (for ``orphans.departed_s``)
+        self._departed: dict[str, tuple[Node, float]] = {}
+        self._last_view: dict[str, Node] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -136,9 +144,30 @@ class OrphanPass:
             await asyncio.sleep(0)  # serving traffic runs between steps
         self.progress = (stage, len(items))
 
+    def _note_departures(self, view: list[Node]) -> list[Node]:
+        """Remember the members of the last view missing from ``view``; forget those back in it
+        or gone longer than ``orphans.departed_s``. The departed nodes still remembered."""
+        now = time.monotonic()
+        ids = {n.id for n in view}
+        for addr, node in self._last_view.items():
+            if addr not in ids:
+                self._departed.setdefault(addr, (node, now))
+        self._last_view = {n.id: n for n in view}
+        for addr, (_, since) in list(self._departed.items()):
+            if addr in ids or now - since > self.cfg.departed_s:
+                del self._departed[addr]
+        return [node for node, _ in self._departed.values()]
+
+    def _cut_short(self, version: int) -> bool:
+        """True when the view this pass ranked over changed, or the pass is being closed: a
+        parent's nodes may be others now, so nothing more is dropped in this pass."""
+        return self._closed or self.membership.version != version
+
     async def _sweep(self) -> dict[str, int]:
+        version = self.membership.version
         view = [m.node for m in self.membership.members]
         ids = {n.id for n in view}
+        departed = self._note_departures(view)
         await self.peers.forget_except(ids)
         done: Counter[str] = Counter()
         t0 = time.monotonic()
@@ -158,13 +187,13 @@ class OrphanPass:
         remote_set: set[bytes] = set()
         async for batch in self._steps("remote", list(parent_of.values())):
             remote_set.update(p for p in batch if not node_orphans.stored(self.node, p))
-        present = await self._present_elsewhere(sorted(remote_set), view, done)
+        present = await self._present_elsewhere(sorted(remote_set), view, departed, done)
         lost: list[bytes] = []
         async for batch in self._steps("lost", list(parent_of.items())):
             lost.extend(k for k, p in batch if p not in present and not node_orphans.stored(self.node, p))
         if lost:  # a parent written again since its batch was asked saves its chain
             again = sorted({parent_of[k] for k in lost})
-            back = await self._present_elsewhere(again, view, done)
+            back = await self._present_elsewhere(again, view, departed, done)
             back.update(p for p in again if node_orphans.stored(self.node, p))
             done["orphans_parent_back"] = sum(1 for k in lost if parent_of[k] in back)
             lost = [k for k in lost if parent_of[k] not in back]
@@ -172,6 +201,9 @@ class OrphanPass:
         found: Counter[tuple[str, str]] = Counter()
         c: Counter[str] = Counter()
         async for batch in self._steps("drop", doomed):
+            if self._cut_short(version):  # checked before every drop, after every await
+                done["passes_cut_short"] += 1
+                break
             found.update(node_orphans.orphan_bytes(self.node, batch))
             c.update(await node_orphans.drop(self.node, batch))
         done["orphans_found"] = len(doomed)
@@ -188,20 +220,28 @@ class OrphanPass:
         return dict(done)
 
     async def _present_elsewhere(
-        self, parents: list[bytes], view: list[Node], done: Counter[str]
+        self, parents: list[bytes], view: list[Node], departed: list[Node], done: Counter[str]
     ) -> set[bytes]:
         """The ``parents`` some node other than this one holds among the ranks a client's
         lookup asks (the owners and the ``orphans.lookahead`` nodes after them), or that
-        cannot be told (a node that does not answer: present, so nothing is dropped on its
-        silence)."""
+        cannot be told: a node that does not answer, or one that left the view lately and
+        would rank among them (``departed``: it may be only unreachable, with the parent) --
+        present, so nothing is dropped on a node's silence."""
         ask: dict[str, list[bytes]] = defaultdict(list)
         width = self.replicas + self.cfg.lookahead
+        present: set[bytes] = set()
+        gone = {n.id for n in departed}
         async for batch in self._steps("rank", parents):
-            for p, order in zip(batch, rank_many(batch, view, self.replicas)):
+            orders = rank_many(batch, view, self.replicas)
+            with_gone = rank_many(batch, view + departed, self.replicas) if departed else orders
+            for p, order, wide in zip(batch, orders, with_gone):
+                if gone and not gone.isdisjoint(wide[:width]):
+                    present.add(p)
+                    done["parents_on_departed"] += 1
+                    continue
                 for a in order[:width]:
                     if a != self.self_addr:
                         ask[a].append(p)
-        present: set[bytes] = set()
         for addr, ps in ask.items():
             for batch in batches(ps, self.cfg.batch_keys):
                 peer = self.peers.get(addr)
@@ -268,6 +308,8 @@ class _OrphanCollector:
         "owners_unreachable",
         "orphans_parent_back",
         "passes_skipped_settling",
+        "passes_cut_short",
+        "parents_on_departed",
     )
 
     def __init__(self, op: OrphanPass) -> None:

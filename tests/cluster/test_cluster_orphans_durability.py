@@ -1,0 +1,105 @@
+"""The orphan pass never takes a parent for absent on a node it could not reach (issue 33,
+finding 1's cascade): a member that stalls (SIGSTOP) until its etcd lease expires leaves the
+other members' views, and a pass then ranked the parents it held over the nodes left, asked
+them, found nothing and evicted the children -- whole chains gone once the node came back.
+
+Three members over etcd, one copy (replicas 1), no repair: block P (a chain's head) on node B,
+its child C on node A, B among the nodes a lookup asks for P. B is stopped past its lease."""
+
+from __future__ import annotations
+
+import signal
+import urllib.request
+
+from polling import until_async
+from storeutil import make_blocks
+
+from kvstore.client.etcd_membership import EtcdMembership
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.placement import Node, rank
+from kvstore.keys import Namespace
+
+NS = Namespace("orphan-durability", "uint8", 4)
+CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0, connect_timeout_s=1.0)
+
+
+def _counter(admin: str, name: str) -> float:
+    with urllib.request.urlopen(admin + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    line = f"tierkv_orphans_{name}_total "
+    got = [float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)]
+    assert len(got) == 1, (name, got)
+    return got[0]
+
+
+async def _held(addr: str, keys) -> list[bool]:
+    n = NodeClient(addr, CFG)
+    try:
+        tiers = await n.exists(keys, 5.0)
+        assert n.up, f"{addr} did not answer"
+        return [t is not None for t in tiers]
+    finally:
+        await n.close()
+
+
+async def _put(addr: str, blocks) -> None:
+    n = NodeClient(addr, CFG)
+    try:
+        assert [r.status.ok for r in await n.put(blocks, 10.0)] == [True] * len(blocks)
+    finally:
+        await n.close()
+
+
+async def _passes(admin: str, k: int) -> None:
+    start = _counter(admin, "passes")
+    await until_async(
+        lambda: _counter(admin, "passes"),
+        60.0,
+        f"{k} orphan passes",
+        ok=lambda p: p >= start + k,
+        interval_s=0.1,
+    )
+
+
+async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_child(etcd, start_daemon):
+    url = etcd.url("orphans")
+    member = {
+        "cluster": {"join": url, "lease_ttl_s": 2},
+        "repair": {"enabled": False, "replicas": 1, "settle_s": 0.2},
+        "orphans": {"interval_s": 0.1, "deadline_s": 1.0},
+    }
+    ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
+    view_of = EtcdMembership(url)
+    await view_of.start(5.0)
+    try:
+        await until_async(
+            lambda: {m.addr for m in view_of.members},
+            30.0,
+            "three members",
+            ok=lambda got: got == {d.addr for d in ds},
+        )
+        view = [Node(d.addr) for d in ds]
+        p, c = make_blocks(2, 1024, seed=11, ns=NS)
+        a = ds[0]
+        b = next(d for d in ds[1:] if d.addr in [n.id for n in rank(p[0].key.raw, view, 1)[:2]])
+        await _put(b.addr, [p])
+        await _put(a.addr, [c])
+        await _passes(a.admin, 2)
+        assert await _held(a.addr, [c[0].key]) == [True]  # the parent's node answers: kept
+
+        b.signal(signal.SIGSTOP)  # a busy node, not a dead one: past its lease, out of the view
+        try:
+            await until_async(
+                lambda: {m.addr for m in view_of.members},
+                30.0,
+                "the stalled member out of the view",
+                ok=lambda got: b.addr not in got,
+            )
+            await _passes(a.admin, 5)  # past repair.settle_s: passes over the view without B
+        finally:
+            b.signal(signal.SIGCONT)
+        assert await _held(a.addr, [c[0].key]) == [True]
+        assert await _held(b.addr, [p[0].key]) == [True]
+        assert _counter(a.admin, "orphans_dropped") == 0
+    finally:
+        await view_of.close()
