@@ -44,7 +44,6 @@ log = logging.getLogger("kvstore.daemon.admin")
 MAX_KEYS = 10000
 _DELETE_CHUNK = 1000
 _TIERS = ("hbm", "dram", "disk")
-_ROWS_PER_DUMP = 256  # rows JSON-encoded between two yields to the loop
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -100,16 +99,8 @@ def block_json(info: BlockInfo) -> dict[str, Any]:
     }
 
 
-async def _rows_json(infos: list[BlockInfo]) -> bytes:
-    """``[row, ...]`` as JSON bytes, encoded a slice at a time (a page of 10,000 rows at once
-    would hold the loop for tens of milliseconds)."""
-    slices = LoopSlices()
-    parts: list[str] = []
-    for off in range(0, len(infos), _ROWS_PER_DUMP):
-        rows = [block_json(i) for i in infos[off : off + _ROWS_PER_DUMP]]
-        parts.append(json.dumps(rows)[1:-1])
-        await slices.tick()
-    return ("[" + ",".join(p for p in parts if p) + "]").encode()
+def _row_json(info: BlockInfo) -> str:
+    return json.dumps(block_json(info))
 
 
 def add_inspect_routes(app: web.Application, node_of) -> None:
@@ -125,12 +116,14 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         after = _key(q["after"], "after") if q.get("after") else None
         limit = _limit(q.get("limit", "100"))
         try:
-            page = await node_of().inspector.page(tier=tier, namespace=ns, after=after, limit=limit)
+            page = await node_of().inspector.page(
+                tier=tier, namespace=ns, after=after, limit=limit, row=_row_json
+            )
         except ValueError as exc:  # a tier this node does not have
             raise web.HTTPBadRequest(text=f"tier: {exc}") from exc
         nxt = json.dumps(None if page.next is None else page.next.hex)
-        body = b'{"blocks": ' + await _rows_json(page.blocks) + b', "next": ' + nxt.encode() + b"}"
-        return web.Response(body=body, content_type="application/json")
+        body = '{"blocks": [' + ",".join(page.blocks) + '], "next": ' + nxt + "}"
+        return web.Response(body=body.encode(), content_type="application/json")
 
     async def verify(request: web.Request) -> web.Response:
         doc = await _body(request)

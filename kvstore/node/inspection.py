@@ -9,8 +9,9 @@ data port keeps serving while an operator lists or verifies a large node.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError
@@ -23,14 +24,18 @@ from kvstore.results import BlockInfo
 # Keys of the key order one page looks at, at least: a page filtered by namespace or tier
 # that matches few blocks ends there (a short page, with a cursor) instead of walking the node.
 SCAN_MIN = 4096
+# Blocks whose headers are read and rows made at a time: what a page keeps is its rows only,
+# so a page of 10,000 never holds 10,000 headers for the garbage collector to walk.
+_ROW_CHUNK = 256
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True, slots=True)
-class ListPage:
-    """One page of a listing: its blocks in key order, and the cursor of the next page (the
-    last key the page looked at), None only when the page reached the end of the keys."""
+class ListPage(Generic[Row]):
+    """One page of a listing: its blocks' rows in key order, and the cursor of the next page
+    (the last key the page looked at), None only when the page reached the end of the keys."""
 
-    blocks: list[BlockInfo]
+    blocks: list[Row]
     next: BlockKey | None
 
 
@@ -124,12 +129,15 @@ class Inspector:
         namespace: BlockKey | None = None,
         after: BlockKey | None = None,
         limit: int = 100,
-    ) -> ListPage:
+        row: Callable[[BlockInfo], Row] = lambda info: info,
+    ) -> ListPage[Row]:
         """One page of blocks in key order after the cursor ``after`` (exclusive; None: a new
-        listing), at most ``limit``, filtered by the tier holding them and by namespace. A page
-        looks at no more than ``max(limit, SCAN_MIN)`` keys, so a filtered page may be short,
-        even empty, and not be the last: only ``next`` None ends a listing (module doc of
-        kvstore.node.listing). Raises ValueError for an unknown tier name."""
+        listing), at most ``limit``, filtered by the tier holding them and by namespace; each
+        block's :class:`BlockInfo` goes through ``row`` as it is read (default: kept as is; the
+        admin route keeps its JSON text instead). A page looks at no more than
+        ``max(limit, SCAN_MIN)`` keys, so a filtered page may be short, even empty, and not be
+        the last: only ``next`` None ends a listing (module doc of kvstore.node.listing).
+        Raises ValueError for an unknown tier name."""
         sources = self._sources(tier)
         snap = await self.order.current(self.tiers, fresh=after is None)
         keys, at_end = window(snap, None if after is None else after.raw, max(limit, SCAN_MIN))
@@ -148,11 +156,13 @@ class Inspector:
             picked.append(k)
             if len(picked) >= limit:
                 break
-        out: list[BlockInfo] = []
-        for k, h in zip(picked, await self._headers(picked)):
-            if h is not None and (namespace is None or h.namespace == namespace) and self._stored(k):
-                out.append(self._info(k, h))  # gone meanwhile: the page is shorter, not the end
-            await slices.tick()
+        out: list[Row] = []
+        for off in range(0, len(picked), _ROW_CHUNK):
+            part = picked[off : off + _ROW_CHUNK]
+            for k, h in zip(part, await self._headers(part)):
+                if h is not None and (namespace is None or h.namespace == namespace) and self._stored(k):
+                    out.append(row(self._info(k, h)))  # gone meanwhile: the page is shorter, not the end
+                await slices.tick()
         done = at_end and last == (keys[-1] if keys else None)
         return ListPage(out, None if done or last is None else BlockKey(last))
 

@@ -104,3 +104,39 @@ async def test_a_namespace_listing_follows_the_cursor_past_other_namespaces(star
         assert sorted(listed) == sorted(h.key.hex for h, _ in mine)
     finally:
         await client.close()
+
+
+async def _ping_while(client: NodeClient, key, busy: asyncio.Task) -> int:
+    """Data-port EXISTS round trips answered while ``busy`` runs (one at a time)."""
+    answered = 0
+    while not busy.done():
+        await client.exists([key])
+        answered += not busy.done()
+    return answered
+
+
+async def test_the_data_port_answers_while_a_long_listing_runs(start_daemon):
+    """Finding 3: a listing held the event loop while it looked at a page's blocks (header
+    decodes for every candidate of a filtered page, row encoding), so the data port answered
+    nothing meanwhile. A listing of a rare namespace on a node of 40,000 blocks (the node
+    looks at every one of them and answers little): count the data-port round trips answered
+    while it runs (no clock)."""
+    other = Namespace("listing-other", "uint8", 4)
+    d = start_daemon(use_disk=False, dram={"capacity": "256MiB", "slab_size": "4MiB"})
+    writer = NodeClient(d.addr, ClientConfig(namespaces=(NS, other)))
+    pinger = NodeClient(d.addr, ClientConfig(namespaces=(NS,)))
+    try:
+        await _store(writer, make_blocks(40_000, 16, seed=8, ns=other))
+        rare = make_blocks(20, 16, seed=9, ns=NS)
+        await _store(writer, rare)
+        probe = rare[0][0].key
+        await pinger.exists([probe])  # connected before the listing starts
+        listing = asyncio.create_task(page_all(d.admin, 10_000, namespace=NS.id.hex))
+        answered = await _ping_while(pinger, probe, listing)
+        listed, _ = await listing
+        assert sorted(listed) == sorted(h.key.hex for h, _ in rare)
+        # a loop held for the whole listing answers one or two (those queued behind it)
+        assert answered >= 10, f"{answered} data-port answers during the listing"
+    finally:
+        await writer.close()
+        await pinger.close()
