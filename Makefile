@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-store test lint bench clean venv system-deps peers vllm-venv vllm-venv-or-skip
+.PHONY: demo demo-store test lint bench clean venv system-deps peers vllm-venv vllm-venv-or-skip vllm-mooncake
 
 venv: $(STAMP)
 
@@ -75,4 +75,14 @@ peers:
 	$(PEERS)/bin/pip install -q 'mooncake-transfer-engine-non-cuda==0.3.13.post1' 'numpy>=1.26'
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_MOONCAKE) .pytest_cache .ruff_cache .hypothesis
+
+# bench/vllm_ttft.py's MooncakeStoreConnector cells: .venv-vllm's packages (a .pth file) plus
+# Mooncake's CPU build, never a test dependency
+VLLM_MOONCAKE := .venv-vllm-mooncake
+vllm-mooncake: $(VLLM_STAMP)
+	rm -rf $(VLLM_MOONCAKE)
+	$(PYTHON) -m venv $(VLLM_MOONCAKE)
+	$(VLLM_MOONCAKE)/bin/python -c 'import site, sys; open(site.getsitepackages()[0] + "/vllm_venv.pth", "w").write(sys.argv[1] + "\n")' \
+		"$$($(VLLM_PY) -c 'import site; print(site.getsitepackages()[0])')"
+	$(VLLM_MOONCAKE)/bin/pip install -q --no-deps 'mooncake-transfer-engine-non-cuda==0.3.13.post1'
