@@ -90,6 +90,9 @@ class LimitsSection:
     hello_timeout_s: float = 10.0  # connect to HELLO answered; also bounds a pre-auth header
     idle_timeout_s: float = 900.0  # an authenticated connection with no request in flight
     transfer_timeout_s: float = 60.0  # one request's header and payload, in or out
+    # the kernel's send buffer of a data connection (SO_SNDBUF; the kernel doubles it): what a
+    # peer that stops reading holds of the node's memory, beside the replies queued
+    send_buffer: Size = Size(1024**2)
     max_unauthenticated: int = 64  # open connections that have not passed HELLO
     max_conns_per_tenant: int = 256  # open authenticated connections per tenant
     # namespaces one tenant may hold on a node (declared by a live connection or holding
@@ -133,6 +136,7 @@ class LimitsSection:
             "max_header_objects",
             "admin_max_connections",
             "admin_max_body",
+            "send_buffer",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")

@@ -254,6 +254,9 @@ class DataServer:
         ch = SocketChannel(
             conn, offload=self._copies, offload_if=lambda: self._busy > 1, send_slice_s=SEND_SLICE_S
         )
+        # bounded (after the channel's own larger default): a peer that stops reading holds at
+        # most this of the kernel's memory; the replies' read deadlines do the rest
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(self.limits.send_buffer))
         me = asyncio.current_task()
         replies = sess.replies = ReplyQueue(
             ch,

@@ -21,6 +21,13 @@ Contract:
   the send's start, whichever comes first; past it the timeout is counted as "request" or
   "transfer" (``tierkv_timeouts_total``) and the connection fails. A ``quiet`` reply (an error
   sent before the connection closes) has one second and is not counted.
+* A reply is due to be *read* by the transfer deadline from when it was queued (or its
+  request's deadline, if earlier), not only to leave: the kernel takes a reply whole into a
+  send buffer the peer never reads, so "sent" says nothing. Each reply handed to the kernel
+  is remembered by where its last byte lies in the connection's stream; when the first one
+  not acknowledged by the peer (the socket's unsent queue, SIOCOUTQ) is past due, the
+  connection fails as a "request" timeout. One ioctl per check, a check per deadline (and per
+  ``_PRUNE_AT`` replies, to bound what is remembered).
 * A failed send ends every queued reply (``done(False)``) and calls ``on_fail`` (the port
   cancels the connection's reader); :meth:`room` and :meth:`drain` then raise ConnectionError.
 * :meth:`close` stops the sender (a copy in a worker thread is waited for first) and ends
@@ -32,7 +39,10 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import math
+import struct
+import termios
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,18 +52,25 @@ from kvstore.daemon.metrics import DaemonMetrics
 from rdma.channel import SocketChannel
 
 _QUIET_S = 1.0  # an error reply before the connection closes: the peer may not be reading
+_PRUNE_AT = 64  # remembered replies that make a send check what the peer has acknowledged
+
+
+def unsent_bytes(sock) -> int:
+    """Bytes ``sock`` has handed to the kernel that the peer has not acknowledged."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 class _Reply:
-    __slots__ = ("bufs", "payload", "due", "done", "quiet", "read_bytes")
+    __slots__ = ("bufs", "payload", "due", "done", "quiet", "read_bytes", "queued")
 
-    def __init__(self, bufs, payload, due, done, quiet, read_bytes) -> None:
+    def __init__(self, bufs, payload, due, done, quiet, read_bytes, queued) -> None:
         self.bufs: list[memoryview] = bufs  # not yet sent: the encoded header, then payload views
         self.payload: bool = payload
         self.due: float = due  # loop time
         self.done: Callable[[bool], None] | None = done
         self.quiet: bool = quiet
         self.read_bytes: int = read_bytes  # private bytes read from disk that it holds
+        self.queued: float = queued  # loop time: its read deadline counts from here
 
 
 class ReplyQueue:
@@ -87,6 +104,9 @@ class ReplyQueue:
         self._waiters: list[asyncio.Future] = []  # room/drain: woken at each reply sent
         self._when_idle: list[Callable[[], Any]] = []
         self.failed = False
+        # replies in the kernel not yet acknowledged: (their end in ch.bytes_out, due), in order
+        self._unread: deque[tuple[int, float]] = deque()
+        self._watch: asyncio.TimerHandle | None = None
 
     @property
     def pending(self) -> int:
@@ -117,6 +137,8 @@ class ReplyQueue:
                 if i == len(bufs):
                     if done is not None:
                         done(True)
+                    if not quiet:
+                        self._in_kernel(self._loop.time(), self.due)
                     return
                 del bufs[:i]
         except BaseException:
@@ -124,7 +146,7 @@ class ReplyQueue:
                 done(False)
             raise
         due = math.inf if quiet else self.due
-        self._items.append(_Reply(bufs, bool(payloads), due, done, quiet, read_bytes))
+        self._items.append(_Reply(bufs, bool(payloads), due, done, quiet, read_bytes, self._loop.time()))
         if self._task is None:
             self._active(1)
             self._task = self._loop.create_task(self._run())
@@ -164,6 +186,7 @@ class ReplyQueue:
                 except asyncio.CancelledError:
                     cancelled = True
         self._end_all()
+        self._stop_watch()
         if cancelled:
             raise asyncio.CancelledError
 
@@ -188,6 +211,8 @@ class ReplyQueue:
                 try:
                     await self._send_one(r)
                     sent = True
+                    if not r.quiet:
+                        self._in_kernel(r.queued, r.due)
                 finally:
                     self._items.popleft()
                     if r.done is not None:
@@ -222,6 +247,52 @@ class ReplyQueue:
                 self._metrics.timeouts.labels(kind).inc()
                 self._bad.info("timeout", peer=self._peer, kind=kind)
             raise ConnectionError(f"reply send deadline passed ({kind or 'error reply'})") from None
+
+    # ------------------------------------------------------------ read deadlines
+
+    def _in_kernel(self, queued: float, due: float) -> None:
+        """The reply queued at ``queued`` is wholly in the kernel: it must be acknowledged by
+        the transfer deadline from then, or its request's ``due`` if earlier (see the module
+        docstring)."""
+        self._unread.append((self.ch.bytes_out, min(queued + self._transfer_s, due)))
+        if len(self._unread) >= _PRUNE_AT:
+            self._acknowledged()
+        if self._watch is None and self._unread:
+            self._watch = self._loop.call_at(self._unread[0][1], self._check)
+
+    def _acknowledged(self) -> None:
+        """Forget the replies the peer has acknowledged (all of them when the socket is gone)."""
+        try:
+            acked = self.ch.bytes_out - unsent_bytes(self.ch.sock)
+        except (OSError, ValueError):
+            acked = self.ch.bytes_out
+        unread = self._unread
+        while unread and unread[0][0] <= acked:
+            unread.popleft()
+
+    def _check(self) -> None:
+        self._watch = None
+        if self.failed:
+            return
+        self._acknowledged()
+        if not self._unread:
+            return
+        due = self._unread[0][1]
+        if due > self._loop.time():
+            self._watch = self._loop.call_at(due, self._check)
+            return
+        self._metrics.timeouts.labels("request").inc()
+        self._bad.info("timeout", peer=self._peer, kind="request", why="reply_unread")
+        self.failed = True
+        self._unread.clear()
+        self._woken()
+        self._on_fail()
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        self._unread.clear()
 
     def _end_all(self) -> None:
         while self._items:
