@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from kvstore.daemon.admission import SourceShares
 from kvstore.daemon.logs import RateLimitedLog
@@ -30,6 +32,44 @@ from kvstore.daemon.metrics import DaemonMetrics
 
 log = logging.getLogger("kvstore.daemon.admin")
 _TICK_S = 0.25
+
+
+class RequestErrorLog:
+    """aiohttp's request-handler logger for the admin port (``AppRunner(logger=...)``): a
+    request it cannot parse (a header line over 8,190 bytes, more than 128 headers, a bad
+    method) or whose handler failed is one line through the daemon's rate limit and a count
+    (``tierkv_admin_request_errors_total{kind="bad_http"|"handler"}``), never a traceback: an
+    unauthenticated client can send such requests as fast as the port accepts them. The
+    traceback of a handler's failure is kept at DEBUG. Loop thread only."""
+
+    def __init__(self, metrics: DaemonMetrics) -> None:
+        self._metrics = metrics
+        self._lines = RateLimitedLog(log)
+
+    def exception(self, msg: str, *args: Any, exc_info: Any = True, **_: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        kind = "bad_http" if isinstance(exc, HttpProcessingError) else "handler"
+        self._metrics.admin_request_errors.labels(kind).inc()
+        self._lines.warning(
+            "admin_request_failed", kind=kind, error=type(exc).__name__, detail=f"{exc!s:.120}"
+        )
+        if kind == "handler" and log.isEnabledFor(logging.DEBUG):
+            log.debug("admin handler failure", exc_info=exc)
+
+    error = exception
+
+    def warning(self, msg: str, *args: Any, **_: Any) -> None:
+        self._lines.warning("admin_server", message=f"{msg % args if args else msg:.200}")
+
+    def debug(self, msg: str, *args: Any, **kw: Any) -> None:
+        exc = kw.get("exc_info")
+        if isinstance(exc, BaseException):  # aiohttp's first-request bad method: counted too
+            self._metrics.admin_request_errors.labels("bad_http").inc()
+
+    info = debug
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging.Logger's name)
+        return level >= logging.INFO
 
 
 @dataclass(eq=False)

@@ -170,6 +170,13 @@ class DaemonMetrics:
             ["why"],
             registry=r,
         )
+        self.admin_request_errors = Counter(
+            "tierkv_admin_request_errors",
+            "Admin-port requests that failed: bad_http (unparseable: a header line over 8,190 bytes, "
+            "over 128 headers, a bad method) or handler (a route raised)",
+            ["kind"],
+            registry=r,
+        )
         r.register(_TierCollector(stats))
 
     def render(self) -> bytes:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from kvstore.config import StoreConfig
 from kvstore.daemon.admin import make_app
-from kvstore.daemon.admin_listener import AdminListener
+from kvstore.daemon.admin_listener import AdminListener, RequestErrorLog
 from kvstore.daemon.auth import TokenTable
 from kvstore.daemon.dataport import DataServer
 from kvstore.daemon.logs import kv
@@ -155,7 +155,10 @@ class Daemon:
             self._admin.middleware,
             lambda: self.orphans,
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # parser errors: one rate-limited, counted line each, never aiohttp's traceback
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, logger=RequestErrorLog(self.metrics)
+        )
         await self._runner.setup()
         self._admin.start(self._runner.server)
         self.admin_port = sock.getsockname()[1]
@@ -207,8 +210,13 @@ class Daemon:
         log.info(kv("stopping", signal=why or "-"))
         self._stopped.set()
 
-    async def run_until_stopped(self) -> None:
+    async def stop_requested(self) -> None:
+        """Return once a stop was asked (SIGTERM/SIGINT); the caller then calls :meth:`shutdown`
+        (a cluster member stops its background passes in between: kvstore/daemon/member.py)."""
         await self._stopped.wait()
+
+    async def run_until_stopped(self) -> None:
+        await self.stop_requested()
         await self.shutdown()
 
     async def shutdown(self) -> None:
