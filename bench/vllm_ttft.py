@@ -97,11 +97,17 @@ def run_dtype(dtype: str, spec: dict, work: Path, skip_mooncake: bool) -> dict:
         out["tierkv_skipped"] = "connector/vllm.py is not there"
         return out
     with tierkv_daemon(work / f"daemon-{dtype}") as daemon:
-        kv = {**CONNECTOR, "kv_connector_extra_config": {"url": f"kvstore://{daemon.addr}"}}
+        kv = {
+            **CONNECTOR,
+            "kv_connector_extra_config": {"url": f"kvstore://{daemon.addr}", "policy": "always"},
+        }
         out["tierkv_save"] = cell("tierkv_save", py, s, work, kv)
         out["tierkv_dram"] = cell("tierkv_dram", py, s, work, kv)
         daemon.restart()
-        kv = {**CONNECTOR, "kv_connector_extra_config": {"url": f"kvstore://{daemon.addr}"}}
+        kv = {
+            **CONNECTOR,
+            "kv_connector_extra_config": {"url": f"kvstore://{daemon.addr}", "policy": "always"},
+        }
         out["tierkv_disk"] = cell("tierkv_disk", py, s, work, kv)
     return out
 
