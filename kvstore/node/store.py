@@ -162,14 +162,17 @@ class NodeStore:
     async def delete(self, keys: Sequence[BlockKey], by: str = "", cause: str = "delete") -> list[bool]:
         """Remove blocks from every tier. A held block disappears at once for readers and is
         freed when its last lease ends (:meth:`NodeState.forget`). False where the key was
-        absent. Every key is tombstoned, absent ones too: a copy elsewhere may come back; the
+        absent, and for a key repeated in ``keys`` after its first. Every key is tombstoned,
+        absent ones too: a copy elsewhere may come back; the
         tombstones name ``by`` (the deleting tenant) and ``cause`` (kvstore/node/tombstones.py)."""
         st = self.state
         out = []
         disk_keys = []
+        seen: set[bytes] = set()  # a disk copy is still indexed until the batch's disk delete
         for key in keys:
             k = key.raw
-            present = st.where(k) is not None
+            present = k not in seen and st.where(k) is not None
+            seen.add(k)
             out.append(present)
             if not present:
                 continue

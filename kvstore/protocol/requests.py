@@ -58,6 +58,7 @@ class ExistsRequest(_KeysRequest):
 
 class DeleteRequest(_KeysRequest):
     OP = "DELETE"
+    MOST = MAX_EXISTS_KEYS  # "exactly as EXISTS" (docs/protocol.md): a prompt's keys at once
 
 
 @dataclass(frozen=True)
