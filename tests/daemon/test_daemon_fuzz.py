@@ -207,7 +207,7 @@ MALFORMED = [
     {"op": "COMMIT", "rid": 3, "handles": {"a": 1}},
     {"op": "EXISTS", "rid": 3, "keys": [b"x" * 16]},
     {"op": "EXISTS", "rid": 3, "keys": b"x" * 17},
-    {"op": "DELETE", "rid": 3, "keys": b"x" * 16 * (P.MAX_BATCH + 1)},
+    {"op": "DELETE", "rid": 3, "keys": b"x" * 16 * (P.MAX_EXISTS_KEYS + 1)},
     {
         "op": "HELLO",
         "rid": 3,

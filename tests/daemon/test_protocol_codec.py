@@ -281,7 +281,7 @@ def test_packed_keys_are_one_bin_field_checked_once(blocks_of, ns):
             cls.from_wire({**wire, "keys": [h.key.raw]})
         with pytest.raises(P.ProtocolError, match="multiple of 16 bytes"):
             cls.from_wire({**wire, "keys": b"x" * 17})
-        most = P.MAX_EXISTS_KEYS if cls is P.ExistsRequest else P.MAX_BATCH  # EXISTS: its own bound
+        most = P.MAX_EXISTS_KEYS  # EXISTS and DELETE: the same bound (docs/protocol.md)
         with pytest.raises(P.ProtocolError, match=f"at most {most} keys"):
             cls.from_wire({**wire, "keys": b"x" * 16 * (most + 1)})
         assert len(cls.from_wire({**wire, "keys": b"x" * 16 * most}).keys) == most
