@@ -17,6 +17,20 @@ daemon's RSS growth):
   reserve         the bad tenant RESERVEs 2,048 x 1 MiB, never written (the good tenant's
                   DRAM blocks left in DRAM are counted)
   admin_flood     500 idle admin connections from 127.0.0.2 (/healthz probes counted)
+and each attack of issue 34:
+  ns_flood        the bad tenant writes 2 x 1 MiB blocks in each of 240 fresh namespaces (HELLOs
+                  of 60), 480 MiB into a 512 MiB DRAM where the good tenant holds 64 MiB (its
+                  GET misses are the data lost: shares must count tenants, not namespaces)
+  metrics_scrape  the operator scrapes /metrics and /v1/stats every 0.25 s while those
+                  namespaces are held (the scrape's size is reported)
+  tiny_blocks     the bad tenant writes 50,000 blocks of 4 bytes (the index RAM they cost:
+                  RSS growth, and the good tenant's misses)
+  foreign_exists  the bad tenant EXISTS the good tenant's keys and absent ones, interleaved,
+                  400 of each (the AUC of the two latency distributions: 0.5 tells nothing)
+  admin_parse     ~200 requests/s with a 9,000-byte header line to the admin port from
+                  127.0.0.2 (the daemon's log lines and bad_http count)
+  pipeline        32 bad connections each pipeline 16 GETs of a 1 MiB block and never read
+                  (the daemon's unacknowledged send queue, summed: what non-readers hold)
 Target: p99 beside the hostile clients within 2x of p99 alone; new connections 100%
 admitted. Prints a table and writes JSON (--json). Bounded: a fixed number of GETs per
 phase, a few minutes in all.
@@ -56,14 +70,14 @@ from kvstore.keys import Namespace  # noqa: E402
 from kvstore.results import Status  # noqa: E402
 
 MiB = 1 << 20
-GOOD, BAD = "tok-good-tenant", "tok-bad-tenant1"
+GOOD, BAD, OPERATOR = "tok-good-tenant", "tok-bad-tenant1", "tok-operator-bench"
 NS = Namespace("bench-hostile", "uint8", 16)
 IDLE = 1000
 STALLED = 5
 
 
 def _start(tmp: Path) -> tuple[subprocess.Popen, dict]:
-    (tmp / "tokens").write_text(f"{GOOD} good\n{BAD} bad\n")
+    (tmp / "tokens").write_text(f"{GOOD} good\n{BAD} bad\n{OPERATOR} *\n")
     (tmp / "secret").write_text("bench-hostile-salt-secret-0123456789\n")
     (tmp / "node.toml").write_text(
         '[dram]\ncapacity = "512MiB"\nslab_size = "4MiB"\n[disk]\nenabled = false\n'
@@ -111,7 +125,9 @@ def _reply(s: socket.socket) -> dict:
     return msgpack.unpackb(exact(n), raw=False)
 
 
-def _hello(port: int, rcvbuf: int | None = None, token: str = BAD) -> tuple[socket.socket, str]:
+def _hello(
+    port: int, rcvbuf: int | None = None, token: str = BAD, namespaces: list[Namespace] | None = None
+) -> tuple[socket.socket, str]:
     s = socket.socket()
     if rcvbuf:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -124,7 +140,7 @@ def _hello(port: int, rcvbuf: int | None = None, token: str = BAD) -> tuple[sock
                 "rid": 0,
                 "v": P.PROTOCOL_VERSION,
                 "token": token,
-                "ns": [P.namespace_to_wire(NS)],
+                "ns": [P.namespace_to_wire(n) for n in (namespaces or [NS])],
             }
         )
     )
@@ -155,11 +171,11 @@ def _hostile(port: int) -> list[socket.socket]:
     )
     for _, p in big:
         s.sendall(p)
-    assert all(r[0] == int(Status.STORED) for r in _reply(s)["res"])
+    assert _reply(s)["st"] == bytes([int(Status.STORED)]) * len(big)
     socks.append(s)
     for i in range(STALLED):  # GETs whose readers stop after 64 KiB
         g, _ = _hello(port, rcvbuf=64 << 10)
-        g.sendall(_frame({"op": "GET", "rid": 1, "keys": [big[i][0].key.raw]}))
+        g.sendall(_frame({"op": "GET", "rid": 1, "keys": big[i][0].key.raw}))
         _reply(g)
         g.recv(64 << 10)
         socks.append(g)
@@ -263,7 +279,7 @@ def _discard(ports: dict):
     socks = []
     for _ in range(64):
         s, _ = _hello(ports["data_port"])
-        s.sendall(_frame({"op": "EXISTS", "rid": 1, "keys": []}, 60 * MiB))
+        s.sendall(_frame({"op": "EXISTS", "rid": 1, "keys": b""}, 60 * MiB))
         s.sendall(b"x" * 1024)
         socks.append(s)
     return lambda: [s.close() for s in socks]
@@ -279,7 +295,7 @@ def _leases(ports: dict):
     socks = [s]
     for _ in range(6):
         c, _ = _hello(port)
-        c.sendall(_frame({"op": "LEASE", "rid": 1, "keys": [h.key.raw] * 4096, "ttl": 300.0}))
+        c.sendall(_frame({"op": "LEASE", "rid": 1, "keys": h.key.raw * 4096, "ttl": 300.0}))
         _reply(c)
         socks.append(c)
     return lambda: [s.close() for s in socks]
@@ -315,14 +331,155 @@ def _healthz(ports: dict, n: int = 20) -> int:
     return ok
 
 
+FRESH = 240  # namespaces of the ns_flood attack (under limits.max_namespaces_per_tenant)
+
+
+def _put(s: socket.socket, blocks) -> dict:
+    s.sendall(
+        _frame(
+            {"op": "PUT", "rid": 1, "hdrs": [h.encode() for h, _ in blocks]}, sum(len(p) for _, p in blocks)
+        )
+    )
+    for _, p in blocks:
+        s.sendall(p)
+    return _reply(s)
+
+
+def _ns_flood(ports: dict, ctx: dict):
+    port = ports["data_port"]
+    refused = 0
+    for c in range(FRESH // 60):
+        nss = [Namespace(f"bench-fresh-{c * 60 + i}", "uint8", 16) for i in range(60)]
+        try:
+            s, salt = _hello(port, namespaces=nss)
+        except AssertionError:  # a HELLO past the namespace cap
+            refused += 1
+            continue
+        for i, n in enumerate(nss):
+            _put(s, [_block(n.with_tenant(salt), MiB, 7000 + 2 * (c * 60 + i) + j) for j in range(2)])
+        s.close()
+    ctx["extra"]["hellos_refused"] = refused
+    return lambda: None
+
+
+def _metrics_scrape(ports: dict, ctx: dict):
+    sizes: list[int] = []
+
+    def step(_socks) -> None:
+        for path in ("/metrics", "/v1/stats"):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{ports['admin_port']}{path}",
+                headers={"Authorization": f"Bearer {OPERATOR}"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as r:
+                sizes.append(len(r.read()))
+
+    loop = _Loop(step, 0.25)
+
+    def stop() -> None:
+        loop.stop()
+        ctx["extra"]["scrape_kib"] = round(max(sizes, default=0) / 1024, 1)
+
+    return stop
+
+
+def _tiny_blocks(ports: dict, ctx: dict):
+    s, salt = _hello(ports["data_port"])
+    ns = NS.with_tenant(salt)
+    for i in range(0, 50_000, 2_000):
+        _put(s, [_block(ns, 4, 100_000 + i + j) for j in range(2_000)])
+    return s.close
+
+
+def _foreign_exists(ports: dict, ctx: dict):
+    s, _ = _hello(ports["data_port"])
+    foreign, absent = [], []
+    for i in range(400):
+        for key, out in (
+            (ctx["good_keys"][i % len(ctx["good_keys"])].raw, foreign),
+            (bytes([i % 251, 3]) * 8, absent),
+        ):
+            t0 = time.perf_counter()
+            s.sendall(_frame({"op": "EXISTS", "rid": 1, "keys": key}))
+            _reply(s)
+            out.append(time.perf_counter() - t0)
+    f, a = np.array(foreign[50:]), np.sort(np.array(absent[50:]))
+    lo, hi = np.searchsorted(a, f, "left"), np.searchsorted(a, f, "right")
+    ctx["extra"]["foreign_vs_absent_auc"] = round(float((lo + 0.5 * (hi - lo)).sum() / (len(f) * len(a))), 3)
+    return s.close
+
+
+def _admin_parse(ports: dict, ctx: dict):
+    line = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n"
+
+    def step(_socks) -> None:
+        s = _connect_from("127.0.0.2", ports["admin_port"])
+        try:
+            s.sendall(line)
+            s.recv(4096)
+        except OSError:
+            pass
+        s.close()
+
+    return _Loop(step, 1 / 200).stop
+
+
+def _pipeline(ports: dict, ctx: dict):
+    port = ports["data_port"]
+    s, salt = _hello(port)
+    [(h, p)] = [_block(NS.with_tenant(salt), MiB, 9000)]
+    _put(s, [(h, p)])
+    socks = [s]
+    for _ in range(32):
+        c, _ = _hello(port, rcvbuf=64 << 10)
+        c.sendall(b"".join(_frame({"op": "GET", "rid": 1 + i, "keys": h.key.raw}) for i in range(16)))
+        socks.append(c)
+    time.sleep(0.5)
+    ctx["extra"]["kernel_unsent_mib"] = round(_unsent(port) / MiB, 1)
+    return lambda: [c.close() for c in socks]
+
+
+def _unsent(port: int) -> int:
+    """Bytes the daemon's data-port connections have sent and not had acknowledged."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        for row in (line.split() for line in f.readlines()[1:]):
+            if int(row[1].split(":")[1], 16) == port and row[3] == "01":
+                total += int(row[4].split(":")[0], 16)
+    return total
+
+
+def _admin_counter(ports: dict, name: str) -> float | None:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{ports['admin_port']}/metrics", headers={"Authorization": f"Bearer {OPERATOR}"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name):
+                return float(line.split()[-1])
+    return None
+
+
+def _old(attack):
+    """An attack of issue 22, which needs nothing from the run."""
+    return lambda ports, ctx: attack(ports)
+
+
 ATTACKS = {
-    "preauth_flood": _preauth_flood,
-    "header_cpu": _header_cpu,
-    "header_memory": _header_memory,
-    "discard": _discard,
-    "leases": _leases,
-    "reserve": _reserve,
-    "admin_flood": _admin_flood,
+    "preauth_flood": _old(_preauth_flood),
+    "header_cpu": _old(_header_cpu),
+    "header_memory": _old(_header_memory),
+    "discard": _old(_discard),
+    "leases": _old(_leases),
+    "reserve": _old(_reserve),
+    "admin_flood": _old(_admin_flood),
+    # issue 34
+    "ns_flood": _ns_flood,
+    "metrics_scrape": _metrics_scrape,
+    "tiny_blocks": _tiny_blocks,
+    "foreign_exists": _foreign_exists,
+    "admin_parse": _admin_parse,
+    "pipeline": _pipeline,
 }
 
 
@@ -348,7 +505,7 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs) * 1e3, q))
 
 
-async def _run(ports: dict, pid: int, gets: int) -> dict:
+async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
     port = ports["data_port"]
     good = NodeClient(
         f"127.0.0.1:{port}", ClientConfig(token=GOOD, namespaces=(NS,), pool_size=1, op_timeout_s=10)
@@ -370,11 +527,15 @@ async def _run(ports: dict, pid: int, gets: int) -> dict:
         "hostile": {"p50_ms": _pct(hostile, 50), "p99_ms": _pct(hostile, 99)},
     }
     attacks = {}
+    load_before = os.getloadavg()
     for name, attack in ATTACKS.items():
+        if only and name not in only:
+            continue
+        ctx: dict = {"good_keys": keys, "extra": {}}
         alone_now = await _latencies(good, keys, gets, [0])  # alone, just before this attack
         floor, floor50 = _pct(alone_now, 99), _pct(alone_now, 50)
         base = _rss(pid)
-        stop = await asyncio.to_thread(attack, ports)
+        stop = await asyncio.to_thread(attack, ports, ctx)
         await asyncio.sleep(1.0)  # the attack under way
         missed = [0]
         lat = await _latencies(good, keys, gets, missed)
@@ -393,7 +554,12 @@ async def _run(ports: dict, pid: int, gets: int) -> dict:
             row["good_blocks_in_dram"] = (await good.exists(keys)).count("dram")
         if name == "admin_flood":
             row["healthz_ok"] = await asyncio.to_thread(_healthz, ports)
+        if name == "admin_parse":
+            row["admin_bad_http"] = await asyncio.to_thread(
+                _admin_counter, ports, 'tierkv_admin_request_errors_total{kind="bad_http"}'
+            )
         await asyncio.to_thread(stop)
+        row.update(ctx["extra"])
         attacks[name] = row
     await good.close()
     return {
@@ -407,6 +573,7 @@ async def _run(ports: dict, pid: int, gets: int) -> dict:
         "p99_ratio": rows["hostile"]["p99_ms"] / rows["alone"]["p99_ms"],
         "target_p99_ratio": 2.0,
         "attacks": attacks,
+        "load_avg_before": load_before,
         "load_avg": os.getloadavg(),
     }
 
@@ -416,14 +583,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--gets", type=int, default=1000, help="GETs per phase")
+    ap.add_argument("--attacks", default="", help="comma-separated attacks to run (default: all)")
     args = ap.parse_args()
+    only = {a for a in args.attacks.split(",") if a}
+    unknown = only - set(ATTACKS)
+    if unknown:
+        ap.error(f"unknown attacks {sorted(unknown)}; known: {', '.join(ATTACKS)}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < IDLE + 200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * IDLE), hard))
     with tempfile.TemporaryDirectory() as tmp:
         proc, ports = _start(Path(tmp))
         try:
-            res = asyncio.run(_run(ports, proc.pid, args.gets))
+            res = asyncio.run(_run(ports, proc.pid, args.gets, only))
         finally:
             proc.terminate()
             proc.wait(30)
@@ -437,14 +609,22 @@ def main() -> int:
         f"\n{'attack':<14} {'p50 ms':>8} {'p99 ms':>8} {'p50/alone':>9} {'p99/alone':>9} {'admitted':>8} {'RSS +MiB':>8}  other"
     )
     for name, r in res["attacks"].items():
-        other = {
-            k: v for k, v in r.items() if k in ("good_blocks_in_dram", "healthz_ok", "good_get_misses") and v
-        }
+        shown = (
+            "good_blocks_in_dram",
+            "healthz_ok",
+            "good_get_misses",
+            "hellos_refused",
+            "scrape_kib",
+            "foreign_vs_absent_auc",
+            "admin_bad_http",
+            "kernel_unsent_mib",
+        )
+        other = {k: v for k, v in r.items() if k in shown and v is not None}
         print(
             f"{name:<14} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['p50_ratio']:>9.2f} {r['p99_ratio']:>9.2f} "
             f"{r['admitted']:>5}/20 {r['rss_growth_mib']:>8.1f}  {other or ''}"
         )
-    print(f"load average {res['load_avg']}")
+    print(f"load average before the attacks {res['load_avg_before']}, after {res['load_avg']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=2))
