@@ -26,7 +26,6 @@ class IndexMemory:
             raise ValueError(f"index memory budget {budget!r} must be > 0")
         self.budget = budget
         self.used = 0
-        self.refused = 0  # writes a tier refused or made room for because the budget was spent
 
     @staticmethod
     def cost(header_bytes_in_ram: int) -> int:
@@ -46,4 +45,4 @@ class IndexMemory:
         self.used -= nbytes
 
     def stats(self) -> dict[str, int]:
-        return {"budget_bytes": self.budget, "used_bytes": self.used, "refused": self.refused}
+        return {"budget_bytes": self.budget, "used_bytes": self.used}
