@@ -10,20 +10,32 @@ Contract:
   reads hedge past it (kvstore/client/reads.py). The samples of the last ``health_window_s``
   are kept per node (:class:`~kvstore.client.healthwindow.Window`; bandwidth only from reads
   of at least ``bandwidth_min_bytes``) to compare nodes over one window.
+- The floor: no ejection health decides, whatever its reason (``outlier``, ``late``,
+  ``unresponsive``, ``down``), leaves fewer than :meth:`view_floor` nodes in the view:
+  ``max(replicas, majority of the members)``. An ejection refused for it is counted
+  (``kept_for_floor_<why>``; slowness also as ``slow_kept_for_floor``) and the node stays in
+  the view, weighted down where it is late or silent: lookups and reads still ask it, after
+  its co-owner, so the blocks only it holds are found the moment it answers again (a node
+  whose connection is refused or reset is skipped while its client is down, and is back in
+  the view as soon as it reconnects). :meth:`Health.eject` itself is the unconditional
+  primitive (an operator's or a test's decision).
 - Slowness lowers a node's :meth:`weight` (reads go to the heavier owner first); it ejects the
   node only when the node is an outlier against its peers' figures of the same window (median
   latency over ``outlier_factor`` times theirs and over ``hedge_floor_s``; median bandwidth
   under theirs over ``outlier_factor``; or at least ``late_eject_count`` hedged-away reads and
-  ``outlier_factor`` times their median count) *and* the healthy view keeps at least
-  ``max(replicas, majority of the members)`` nodes. An ejection refused for that floor is
-  counted (``slow_kept_for_floor``).
-- Failures eject at once, with no floor: a node client marked down (refused, reset, closed:
+  ``outlier_factor`` times their median count), floor permitting.
+- Silence is judged twice: a node client marked down (refused, reset, closed:
   kvstore/client/node.py) is ``down``. A call past its deadline (a lookup, a read, a write)
   alone is not a failure (:meth:`Health.timed_out`: a latency or lateness sample): the node is
-  asked again with one small STATS under ``confirm_timeout_s``; only when that also gets no
-  answer is it ejected (``unresponsive``).
-- Readmission with backoff: an ejected node stays out ``eject_base_s``, doubled per further
-  ejection within ``flap_window_s`` (at most ``eject_max_s``). Then, once its node client
+  weighted down at once (``quiet``: weight ``QUIET_WEIGHT``, counted
+  ``weighted_down_unresponsive``; reads go to its co-owner first) and asked again with one
+  small STATS under ``confirm_timeout_s`` (extended by the client's loop lag meanwhile); only
+  when that gets no answer is it ejected (``unresponsive``), floor permitting. Any answer
+  lifts the weight.
+- Readmission with backoff: an ejected node stays out ``eject_base_s``; after a failure
+  (``down``, ``unresponsive``) that doubles per further failure within ``flap_window_s`` (at
+  most ``eject_max_s``); an ejection for slowness never doubles it (on a busy host every node
+  is slow now and then: a doubling back-off kept nodes out for longer each time). Then, once its node client
   reconnected, a probe (``probe_rounds`` EXISTS of ``probe_keys`` keys, about 70 KiB each, so
   it cannot fit in a token bucket's burst) goes to it and, at the same time, to a healthy peer:
   it is readmitted when its probe, less loop lag, took at most ``max(probe_deadline_s,
@@ -31,8 +43,9 @@ Contract:
   host readmits a node as fast as an idle one; a node moving bytes many times slower than its
   peers stays out). With no healthy peer, any probe that finishes within ``outlier_factor x
   probe_deadline_s`` readmits it.
-- A slow replica beats none: when a node is ejected for a failure, every node out only for
-  being slow whose connection is up is readmitted at once (``readmitted_on_failure``).
+- A slow replica beats none: when a node is ejected for a failure (or kept for the floor
+  after one), every node out only for being slow whose connection is up is readmitted at
+  once (``readmitted_on_failure``).
 - Every ejection and readmission is logged (``event=cluster_node_out|cluster_node_up`` with
   ``why``) and counted (``ejected_<why>``, ``readmitted_<why>``, ``marked_down``,
   ``marked_up``); :meth:`time_out` gives each node's seconds out of the view.
@@ -57,6 +70,7 @@ from kvstore.client.node import NodeClient
 log = logging.getLogger("kvstore.client")
 _ALPHA = 0.2  # EWMA weight of a new sample
 SLOW = frozenset({"outlier", "late"})  # ejections for slowness (not failures)
+QUIET_WEIGHT = 0.01  # the weight of a node that answered nothing for a confirm deadline
 
 
 @dataclass
@@ -82,6 +96,7 @@ class Health:
         self._ejections: dict[str, list[float]] = {}
         self._probes: dict[str, asyncio.Task] = {}
         self._confirms: dict[str, asyncio.Task] = {}
+        self._quiet: dict[str, float] = {}  # address -> when it first answered nothing (weighted down)
         self.prober = Prober(self, cfg)
         self._closed = False
 
@@ -100,7 +115,14 @@ class Health:
     def forget(self, addr: str) -> None:
         """The member left."""
         self._readmit(addr, None)
-        for d in (self.estimates, self.windows, self._ejections, self._out_until, self._out_total):
+        for d in (
+            self.estimates,
+            self.windows,
+            self._ejections,
+            self._out_until,
+            self._out_total,
+            self._quiet,
+        ):
             d.pop(addr, None)
         for tasks in (self._probes, self._confirms):
             t = tasks.pop(addr, None)
@@ -142,6 +164,8 @@ class Health:
             self.counters["samples_skipped_loop_lag"] += 1
             self.after_call(addr)
             return
+        if self._quiet.pop(addr, None) is not None:
+            self.counters["quiet_answered"] += 1  # it answers again: its weight is its window's
         s = self.discounted(seconds)
         e = self.estimates.setdefault(addr, Estimate())
         w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
@@ -170,8 +194,9 @@ class Health:
         """A call ``op`` to ``addr`` missed its deadline after ``seconds`` (its node client
         stays up: this is lateness, not a failure). An EXISTS or STATS is a latency sample of
         the window (a lower bound of the node's); a GET or PUT, whose time grows with its bytes,
-        counts as late like a hedged-away read. Then one small call confirms the node still
-        answers at all; only a node that does not is ejected (``unresponsive``)."""
+        counts as late like a hedged-away read: both lower its weight, neither ejects it. Then
+        one small call confirms the node still answers at all; a node that does not is
+        weighted down, asked again, and only then ejected (``unresponsive``), floor permitting."""
         kind = "lookup" if op == "EXISTS" else "write" if op == "PUT" else "read" if op == "GET" else "call"
         self.counters[f"{kind}_timeouts"] += 1
         if self._closed or not self.healthy(addr):
@@ -182,30 +207,44 @@ class Health:
         w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
         if op in ("GET", "PUT"):
             w.add_late()
-            self._judge(addr, "late")
         else:
             w.add_latency(self.discounted(seconds))
-            self._judge(addr, "outlier")
-        if not self.healthy(addr):
-            return
+        # a deadline missed is silence, judged by the confirm alone (never as slowness): until
+        # it answers, the node is weighted down (reads go to its co-owner first), not ejected
+        if addr not in self._quiet:
+            self._quiet[addr] = time.monotonic()
+            self.counters["weighted_down_unresponsive"] += 1
         t = self._confirms.get(addr)
         if t is None or t.done():
             self._confirms[addr] = asyncio.get_running_loop().create_task(self._confirm(addr))
 
     async def _confirm(self, addr: str) -> None:
+        """Ask a node (weighted down) past a deadline for one small answer: an answer lifts its
+        weight; none ejects it, floor permitting (module doc)."""
         node = self.nodes.get(addr)
         if node is None:
             return
         if await self.prober.answers(node, self.cfg.confirm_timeout_s):
             self.counters["timeouts_forgiven"] += 1
-        elif self.nodes.get(addr) is node:
-            self.eject(addr, "unresponsive")
+            self._quiet.pop(addr, None)
+        elif (
+            self.nodes.get(addr) is node
+            and self.healthy(addr)
+            and not self.eject_within_floor(addr, "unresponsive")
+        ):
+            log.info("event=cluster_node_quiet node=%s weight=%s kept_for_floor=1", addr, QUIET_WEIGHT)
 
     def weight(self, addr: str) -> float:
         """In (0, 1]: 1 for a node as fast as its peers, lower the more it was late or slower
-        than they are in the current window (:func:`~kvstore.client.healthwindow.weight`)."""
+        than they are in the current window (:func:`~kvstore.client.healthwindow.weight`);
+        at most ``QUIET_WEIGHT`` while it answers nothing (module doc)."""
         w = self.windows.get(addr)
-        return 1.0 if w is None else window_weight(w, self._peers(addr))
+        x = 1.0 if w is None else window_weight(w, self._peers(addr))
+        return min(x, QUIET_WEIGHT) if addr in self._quiet else x
+
+    def quiet(self, addr: str) -> bool:
+        """Whether ``addr`` is weighted down for answering nothing (still in the view)."""
+        return addr in self._quiet
 
     def expected(self, addr: str, nbytes: int = 0) -> float | None:
         """The node's expected time for a call moving ``nbytes`` (None before estimates)."""
@@ -226,8 +265,7 @@ class Health:
             return
         if not self._room_for_one_more_out():
             self.counters["slow_kept_for_floor"] += 1
-            return
-        self.eject(addr, why)
+        self.eject_within_floor(addr, why)
 
     def view_floor(self) -> int:
         """The fewest healthy nodes a slowness ejection may leave."""
@@ -236,6 +274,23 @@ class Health:
     def _room_for_one_more_out(self) -> bool:
         return sum(1 for a in self.nodes if self.healthy(a)) - 1 >= self.view_floor()
 
+    def eject_within_floor(self, addr: str, why: str) -> bool:
+        """Eject ``addr`` unless that leaves the view under :meth:`view_floor` (then it stays,
+        counted ``kept_for_floor_<why>``); whether it was ejected. A node whose client is
+        down does not count as in the view: it is no room for another ejection."""
+        if addr in self._suspect or self._closed or addr not in self.nodes:
+            return False
+        node = self.nodes[addr]
+        in_view = sum(1 for a in self.nodes if self.healthy(a))
+        after = in_view - (1 if node.up else 0)  # a down node is out of the view already
+        if after < self.view_floor():
+            self.counters[f"kept_for_floor_{why}"] += 1
+            if why not in SLOW:
+                self._readmit_slow()  # a failure with the view at its floor: slow beats none
+            return False
+        self.eject(addr, why)
+        return True
+
     # ------------------------------------------------------------ ejection and readmission
 
     def after_call(self, addr: str) -> None:
@@ -243,19 +298,23 @@ class Health:
         node = self.nodes.get(addr)
         if node is None or node.up or addr in self._suspect or self._closed:
             return
-        self.eject(addr, "down")
+        self.eject_within_floor(addr, "down")
 
     def eject(self, addr: str, why: str) -> None:
-        """Take ``addr`` out of the view now (no floor: the caller decided)."""
+        """Take ``addr`` out of the view now (no floor: the caller decided; health's own
+        decisions go through :meth:`eject_within_floor`)."""
         if addr in self._suspect or self._closed or addr not in self.nodes:
             return
         now = time.monotonic()
-        recent = [t for t in self._ejections.get(addr, []) if now - t < self.cfg.flap_window_s]
-        recent.append(now)
-        self._ejections[addr] = recent
-        out_s = min(self.cfg.eject_max_s, self.cfg.eject_base_s * 2 ** (len(recent) - 1))
+        out_s = self.cfg.eject_base_s
+        if why not in SLOW:  # failures back off; slowness never doubles (module doc)
+            recent = [t for t in self._ejections.get(addr, []) if now - t < self.cfg.flap_window_s]
+            recent.append(now)
+            self._ejections[addr] = recent
+            out_s = min(self.cfg.eject_max_s, self.cfg.eject_base_s * 2 ** (len(recent) - 1))
         self._out_until[addr] = now + out_s
         self._suspect[addr] = why
+        self._quiet.pop(addr, None)
         self._out_since.setdefault(addr, now)
         self.counters["marked_down"] += 1
         self.counters[f"ejected_{why}"] += 1
@@ -273,6 +332,12 @@ class Health:
             self._probes[addr] = asyncio.get_running_loop().create_task(self._probe(addr))
         if why not in SLOW:
             self._readmit_slow()
+
+    def out_for(self, addr: str) -> float:
+        """Seconds until an ejected ``addr`` may be probed for readmission (0 when in)."""
+        if addr not in self._suspect:
+            return 0.0
+        return max(0.0, self._out_until.get(addr, 0.0) - time.monotonic())
 
     def _readmit(self, addr: str, why: str | None) -> None:
         """Back in the view (``why``: the reason logged and counted; None: the member left)."""
