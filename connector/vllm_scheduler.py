@@ -8,7 +8,9 @@ own prefix cache, and which blocks each step loads and saves.
 - Keys are tierkv's chained keys of the prompt's tokens under the worker's namespace (its page
   format arrives by vLLM's handshake, before any request); until it is known every answer is 0.
 - ``kv_consumer`` only loads, ``kv_producer`` only saves (its lookups are never made).
-- Saves: each step, the prompt's blocks this step completes (per request, once each).
+- Saves: each step, the prompt's full blocks computed by the end of the step that are not
+  known to be stored (held at lookup, or planned by an earlier step or request): blocks that
+  vLLM's own prefix cache holds are saved too, as they may be an earlier turn's decoded tokens.
 
 Runs on vLLM's scheduler thread; the store's calls run on the side's event loop.
 """
@@ -16,9 +18,11 @@ Runs on vLLM's scheduler thread; the store's calls run on the side's event loop.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from connector.config import ConnectorConfig
+from connector.lookup import chain_keys
 from connector.prompt_lookup import PromptLookup
 from connector.store_connector import StoreConnector
 from connector.vllm_format import PageFormat
@@ -27,9 +31,12 @@ from connector.vllm_meta import BlockMove, TierkvMetadata
 from connector.vllm_open import open_connector
 from connector.vllm_pages import VllmPages
 from connector.vllm_stats import SideStats
-from engine.kv_connector import ConnectorLookup
+from engine.kv_connector import ConnectorLookup, ConnectorRequest
+from kvstore.keys import KeyBatch
 
 log = logging.getLogger("tierkv.connector")
+
+_KNOWN_MAX = 1 << 16
 
 
 @dataclass
@@ -56,6 +63,7 @@ class SchedulerSide:
         self._asked: dict[str, tuple[int, int]] = {}  # req -> (first block, blocks) last answered
         self._planned: dict[str, BlockMove] = {}
         self._tracked: dict[str, _Tracked] = {}
+        self._known: OrderedDict[bytes, None] = OrderedDict()  # keys stored or planned
         self._auth_said = False
 
     def set_format(self, fmt: PageFormat) -> None:
@@ -133,7 +141,11 @@ class SchedulerSide:
             prompt = list(new.prompt_token_ids or ())
             found = self._lookups.get(new.req_id)
             record = found.found if found is not None and isinstance(found.found, PromptLookup) else None
-            t = _Tracked(prompt, list(new.block_ids[0]), new.num_computed_tokens // self.bs, record)
+            # from block 0: blocks vLLM's prefix cache holds may have been decoded tokens of an
+            # earlier turn (never saved); those known stored are skipped (_known)
+            t = _Tracked(prompt, list(new.block_ids[0]), 0, record)
+            if record is not None:
+                self._remember(record.keys[: len(record.tiers)])  # held by the store
             self._tracked[new.req_id] = t
             self._save(meta, new.req_id, t, new.num_computed_tokens + out.num_scheduled_tokens[new.req_id])
         cached = out.scheduled_cached_reqs
@@ -156,16 +168,36 @@ class SchedulerSide:
         upto = min(computed_after, len(t.prompt)) // self.bs
         if not self.saves or self.conn is None or upto <= t.saved:
             return
-        if t.record is None or t.record.namespace != self.conn.ns.id.raw:
-            full = len(t.prompt) // self.bs * self.bs
-            t.record = PromptLookup(self.conn.ns.id.raw, self.conn.ns.key_batch(t.prompt[:full]))
-        meta.saves.append(
-            BlockMove(
-                rid, tuple(t.prompt[: upto * self.bs]), tuple(t.block_ids[t.saved : upto]), t.saved, t.record
-            )
-        )
-        self.stats.counts["save_blocks_planned"] += upto - t.saved
+        t.record = self._keyed(t, rid)
+        first, keys = t.saved, t.record.keys
+        while first < upto and keys[first].raw in self._known:  # stored, or planned already
+            first += 1
         t.saved = upto
+        if first == upto:
+            return
+        self._remember(keys[first:upto])
+        meta.saves.append(
+            BlockMove(rid, tuple(t.prompt[: upto * self.bs]), tuple(t.block_ids[first:upto]), first, t.record)
+        )
+        self.stats.counts["save_blocks_planned"] += upto - first
+
+    def _keyed(self, t: _Tracked, rid: str) -> PromptLookup:
+        """``t``'s record with the keys of every full block of its prompt: the lookup's (which
+        stop before the prompt's last token) chained on (connector.lookup.chain_keys)."""
+        ns, rec = self.conn.ns, t.record
+        full = len(t.prompt) // self.bs
+        if rec is not None and rec.namespace == ns.id.raw and len(rec.keys) >= full:
+            return rec
+        keys = chain_keys(ConnectorRequest(rid, tuple(t.prompt), (), 0, rec), full, ns)
+        tiers = rec.tiers if rec is not None and rec.namespace == ns.id.raw else ()
+        return PromptLookup(ns.id.raw, keys, tiers)
+
+    def _remember(self, keys: KeyBatch) -> None:
+        """``keys`` are stored or on their way: a bounded LRU (a forgotten key costs one
+        redundant save, which the saver's own set or the store's EXISTS then stops)."""
+        self._known.update(dict.fromkeys(keys.raws()))
+        for _ in range(len(self._known) - _KNOWN_MAX):
+            self._known.popitem(last=False)
 
     def forget(self, rid: str) -> None:
         for d in (self._lookups, self._asked, self._planned, self._tracked):

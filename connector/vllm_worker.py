@@ -49,6 +49,7 @@ class WorkerSide:
         self._errors: set[int] = set()
         self._staged: torch.Tensor | None = None
         self._staged_layers: set[int] = set()
+        self._staged_ids = torch.empty(0, dtype=torch.long)  # vLLM blocks of this step's saves
         self._in_flight = 0  # bytes staged and not yet handed to the saver's queue
         self._saving: list[Running] = []
 
@@ -99,8 +100,7 @@ class WorkerSide:
         if self._staged is None and not self._staged_layers:
             self._stage(meta)
         if self._staged is not None:
-            ids = torch.tensor([b for m in meta.saves for b in m.block_ids], dtype=torch.long)
-            self.pages.copy_layer(layer, ids, self._staged)
+            self.pages.copy_layer(layer, self._staged_ids, self._staged)
         self._staged_layers.add(layer)
 
     def _stage(self, meta: TierkvMetadata) -> None:
@@ -112,6 +112,7 @@ class WorkerSide:
             self.conn.metrics.dropped_saves.labels("queue_full").inc(n)
             return
         self._staged = torch.empty((n, *fmt.block_shape), dtype=fmt.dtype)
+        self._staged_ids = torch.tensor([b for m in meta.saves for b in m.block_ids], dtype=torch.long)
 
     def finish_saves(self, meta: TierkvMetadata | None) -> None:
         """End of the step: hand the staged blocks to the saver (written behind)."""

@@ -7,7 +7,9 @@ node's own order cannot see it (its parent never was on this node). docs/cluster
 
 Contract: :class:`OrphanPass` runs inside a daemon that is a cluster member (static
 ``cluster.peers`` or etcd), every ``orphans.interval_s`` and when asked (:meth:`sweep`, the
-admin route ``POST /v1/orphans/pass``; one pass at a time). A pass reads the parent of each
+admin route ``POST /v1/orphans/pass``: a request joins the pass under way, and one cut off
+stops a pass nobody else waits for; one background pass at a time on the node, shared with the
+repair: kvstore/client/passes.py). A pass reads the parent of each
 block the node holds (its header's ``parent``; a chain's first block names its namespace and
 is never an orphan), asks the nodes a client's lookup would find each parent on (rendezvous
 over the current members: its ``repair.replicas`` owners, as clients place it, and the
@@ -42,17 +44,21 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from kvstore.client.membership import Membership
 from kvstore.client.node import NodeClient
+from kvstore.client.passes import PassRunner, key_list
 from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank_many
 from kvstore.config import OrphansSection
 from kvstore.keys import BlockKey
 from kvstore.node import orphans as node_orphans
+from kvstore.node.listing import KeyOrder
 
 log = logging.getLogger("kvstore.client.orphans")
+PASS_KIND = "orphans"  # its name in the node's PassRunner
 
 
 class OrphanPass:
@@ -71,8 +77,10 @@ class OrphanPass:
         token: str = "",
         *,
         settle_s: float,
+        runner: PassRunner | None = None,
     ) -> None:
         self.node = node
+        self.runner = runner or PassRunner()  # the node's: one background pass at a time
         self.self_addr = self_addr
         self.membership = membership
         self.cfg = cfg
@@ -91,7 +99,7 @@ class OrphanPass:
         # that ranks on one is never taken for absent (for ``orphans.departed_s``)
         self._departed: dict[str, tuple[Node, float]] = {}
         self._last_view: dict[str, Node] = {}
-        self._lock = asyncio.Lock()
+        self._keys = KeyOrder()
         self._task: asyncio.Task | None = None
         self._closed = False
 
@@ -104,6 +112,7 @@ class OrphanPass:
     async def close(self) -> None:
         self._closed = True
         await stop_task(self._task)
+        await self.runner.cancel(PASS_KIND)  # a pass under way stops at its next await
         await self.peers.close()
         await self.membership.close()
 
@@ -119,20 +128,29 @@ class OrphanPass:
                 self.counters["passes_skipped_settling"] += 1
                 continue
             try:
-                await self.sweep()
+                await self.runner.run(PASS_KIND, self._one_pass, keep=True)
             except Exception as exc:  # a pass must never take the daemon down
                 self.counters["passes_failed"] += 1
                 log.exception("event=orphan_pass_failed error=%r", exc)
 
     # ------------------------------------------------------------ one pass
 
-    async def sweep(self) -> dict[str, int]:
-        """One pass over this node's blocks (after the one running, if any); its counts."""
-        async with self._lock:
-            try:
-                return await self._sweep()
-            finally:
-                self.progress = ("idle", 0)
+    async def sweep(self, gone: Callable[[], bool] | None = None) -> dict[str, int]:
+        """One pass over this node's blocks, or the one under way joined; its counts. ``gone``:
+        polled while waiting, true once the caller went away (an admin request cut off): it
+        withdraws (PassWithdrawn), and a pass nobody else waits for stops (kvstore/client/passes.py)."""
+        if PASS_KIND in self.runner.running:
+            self.counters["requests_joined"] += 1
+        return await self.runner.run(PASS_KIND, self._one_pass, gone=gone)
+
+    async def _one_pass(self) -> dict[str, int]:
+        try:
+            return await self._sweep()
+        except asyncio.CancelledError:
+            self.counters["passes_cancelled"] += 1  # every caller went away, or closing
+            raise
+        finally:
+            self.progress = ("idle", 0)
 
     async def _steps(self, stage: str, items: list):
         """``items`` in slices of ``orphans.batch_keys``, a yield to the event loop after each
@@ -141,6 +159,7 @@ class OrphanPass:
         for i in range(0, len(items), n):
             self.progress = (stage, i)
             yield items[i : i + n]
+            self.counters["slices"] += 1
             await asyncio.sleep(0)  # serving traffic runs between steps
         self.progress = (stage, len(items))
 
@@ -174,13 +193,13 @@ class OrphanPass:
         if self.self_addr not in ids or len(view) < 2:
             self.counters["passes_skipped"] += 1
             return dict(done)
-        held: set[bytes] = set()
-        for t in self.node.tiers:
-            held.update(list(t.keys()))  # one C-level copy of the tier's keys: no await inside
-        keys = sorted(held)  # one order every pass (the simulation's, bench/trace_sim.py)
+        # one order every pass (the simulation's, bench/trace_sim.py): a sorted snapshot of
+        # the keys, sorted off the loop; walked by cursor, a slice of batch_keys at a time
+        keys = await self._keys.build(self.node.tiers)
         parent_of: dict[bytes, bytes] = {}
-        async for batch in self._steps("parents", keys):
-            for k, (ns, p) in zip(batch, await node_orphans.parents(self.node, batch)):
+        async for batch in self._steps("parents", range(len(keys))):
+            ks = key_list(keys[batch.start : batch.stop])
+            for k, (ns, p) in zip(ks, await node_orphans.parents(self.node, ks)):
                 if p is not None and p != ns:  # a chain's first block names its namespace
                     parent_of[k] = p
         done["blocks_checked"] = len(keys)
@@ -310,6 +329,9 @@ class _OrphanCollector:
         "passes_skipped_settling",
         "passes_cut_short",
         "parents_on_departed",
+        "passes_cancelled",
+        "requests_joined",
+        "slices",
     )
 
     def __init__(self, op: OrphanPass) -> None:

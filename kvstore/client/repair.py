@@ -16,7 +16,9 @@ in this pass (their node client probes them). A pass runs after each membership 
 (``settle_s`` later) and at least every ``interval_s`` (a static member that came back empty
 is found by the next pass).
 
-It never starves serving: one batch in flight, pushed payload bytes at most
+It never starves serving: a sorted snapshot of the keys (sorted off the loop) walked by cursor,
+``batch_keys`` per slice and a yield after each; one pass at a time on the node, shared with
+the orphan pass (kvstore/client/passes.py); one batch in flight, pushed payload bytes at most
 ``max_bytes_per_s`` (a token bucket), and every peer call under ``deadline_s``. Failures are
 counted, never raised. Peers are reached as *peer sessions* (``tenant="*"``: with the
 operator token when auth is on), which see every tenant's blocks for EXISTS and PUT.
@@ -32,14 +34,17 @@ from collections import Counter
 from typing import Any
 
 from kvstore.client.membership import Membership
+from kvstore.client.passes import PassRunner, key_list
 from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
-from kvstore.client.placement import Node, rank
+from kvstore.client.placement import Node, rank_many
 from kvstore.config import RepairSection
 from kvstore.keys import BlockKey
 from kvstore.node import orphans as node_orphans
+from kvstore.node.listing import KeyOrder
 from kvstore.results import Status
 
 log = logging.getLogger("kvstore.client.repair")
+PASS_KIND = "repair"  # its name in the node's PassRunner
 
 
 class Repair:
@@ -47,9 +52,17 @@ class Repair:
     this node's member address; ``token``: the operator token ("" without auth)."""
 
     def __init__(
-        self, node: Any, self_addr: str, membership: Membership, cfg: RepairSection, token: str = ""
+        self,
+        node: Any,
+        self_addr: str,
+        membership: Membership,
+        cfg: RepairSection,
+        token: str = "",
+        runner: PassRunner | None = None,
     ) -> None:
         self.node = node
+        self.runner = runner or PassRunner()  # the node's: one background pass at a time
+        self._keys = KeyOrder()
         self.self_addr = self_addr
         self.membership = membership
         self.cfg = cfg
@@ -69,6 +82,7 @@ class Repair:
     async def close(self) -> None:
         self._closed = True
         await stop_task(self._task)
+        await self.runner.cancel(PASS_KIND)  # a pass under way stops at its next await
         await self.peers.close()
         await self.membership.close()
 
@@ -81,19 +95,13 @@ class Repair:
                 await asyncio.sleep(self.cfg.settle_s)  # let a burst of joins/leaves settle
                 seen = self.membership.version
             try:
-                await self.sweep()
+                await self.runner.run(PASS_KIND, self.sweep, keep=True)
             except Exception as exc:  # a pass must never take the daemon down
                 self.counters["passes_failed"] += 1
                 log.exception("event=repair_pass_failed error=%r", exc)
             await self.membership.wait_changed(seen, self.cfg.interval_s)
 
     # ------------------------------------------------------------ one pass
-
-    def _keys(self) -> list[bytes]:
-        keys: set[bytes] = set()
-        for t in self.node.tiers:
-            keys.update(t.keys())
-        return sorted(keys)
 
     async def sweep(self) -> dict[str, int]:
         """One full pass over this node's blocks; returns this pass's counts."""
@@ -105,21 +113,37 @@ class Repair:
         if self.self_addr not in ids or len(view) < 2:
             self.counters["passes_skipped"] += 1
             return dict(done)
-        for batch in batches(self._keys(), self.cfg.batch_keys):
+        # a sorted snapshot of the keys (sorted off the loop), walked by cursor: a slice of
+        # batch_keys per EXISTS round, a yield to the loop after each
+        keys = await self._keys.build(self.node.tiers)
+        for at in range(0, len(keys), self.cfg.batch_keys):
             if self._closed:
                 break
-            done.update(await self._repair_batch(batch, view))
+            done.update(await self._repair_batch(key_list(keys[at : at + self.cfg.batch_keys]), view))
+            self.counters["slices"] += 1
             await asyncio.sleep(0)  # serving traffic runs between batches
         self.counters.update(done)
         self.counters["passes"] += 1
-        self.last_pass = {"seconds": round(time.monotonic() - t0, 3), "finished": time.time(), **done}
+        # what is still short of replicas once this pass is done: found missing, and neither
+        # restored, nor deleted elsewhere, nor gone from here meanwhile (the gauge)
+        left = done["copies_missing"] - done["copies_pushed"] - done["copies_dropped_deleted_elsewhere"]
+        left -= done["copies_vanished"]
+        self.last_pass = {
+            "seconds": round(time.monotonic() - t0, 3),
+            "finished": time.time(),
+            **done,
+            "under_replicated": max(0, left),
+        }
         if done["copies_missing"]:
             log.info("event=repair_pass %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
         return dict(done)
 
     async def _repair_batch(self, batch: list[bytes], view: list[Node]) -> Counter[str]:
         c: Counter[str] = Counter(blocks_checked=len(batch))
-        owners = {k: [n.id for n in rank(k, view, self.cfg.replicas)[: self.cfg.replicas]] for k in batch}
+        r = self.cfg.replicas
+        owners = {
+            k: order[:r] for k, order in zip(batch, rank_many(batch, view, r))
+        }  # numpy, no per-key sort
         ask: dict[str, list[bytes]] = {}
         for k, os_ in owners.items():
             for a in os_:
@@ -226,6 +250,7 @@ class _RepairCollector:
         "owners_unreachable",
         "copies_dropped_deleted_elsewhere",
         "copies_kept_written_since",
+        "slices",
     )
 
     def __init__(self, repair: Repair) -> None:
@@ -240,10 +265,10 @@ class _RepairCollector:
             )
             fam.add_metric([], self.repair.counters[name])
             yield fam
-        # under-replicated blocks as of the last finished pass (a write acknowledged with fewer
-        # copies than replicas shows here until a pass restores it)
+        # copies still missing when the last pass ended (found missing and not restored by it):
+        # 0 as soon as the pass that restores them ends, not one interval later (issue 33)
         g = GaugeMetricFamily(
-            "tierkv_repair_under_replicated", "Copies missing found by the last finished repair pass"
+            "tierkv_repair_under_replicated", "Copies still missing when the last finished repair pass ended"
         )
-        g.add_metric([], self.repair.last_pass.get("copies_missing", 0))
+        g.add_metric([], self.repair.last_pass.get("under_replicated", 0))
         yield g

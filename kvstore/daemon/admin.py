@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvstore.client.passes import PassWithdrawn
 from kvstore.daemon.admin_inspect import add_inspect_routes
 from kvstore.daemon.admin_inspect import block_json as _info
 from kvstore.daemon.auth import OPERATOR, TokenTable
@@ -134,7 +135,10 @@ def make_app(
         op = orphans_of()
         if op is None:
             raise web.HTTPNotFound(text="no orphan pass: this node is not a cluster member")
-        return web.json_response(await op.sweep())
+        try:  # joins a pass under way; a request cut off stops it unless another joined
+            return web.json_response(await op.sweep(gone=lambda: request.transport is None))
+        except PassWithdrawn:
+            raise web.HTTPRequestTimeout(text="the request was cut off before the pass ended") from None
 
     app = web.Application(middlewares=[first, auth, starting], client_max_size=int(limits.admin_max_body))
     app.add_routes(

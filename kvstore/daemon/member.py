@@ -3,8 +3,11 @@ it, its etcd registration (``cluster.join``), its anti-entropy repair (``repair.
 kvstore/client/repair.py) and its orphan pass (``orphans.*``, kvstore/client/orphans.py) over
 the static ``cluster.peers`` or the etcd membership.
 
-Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the repair is
-stopped first, then the registration is revoked. A configuration that cannot work (auth on
+Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the orphan pass
+and the repair are stopped first (a pass under way leases the node's memory, which the
+daemon's shutdown releases: a pass still running then failed on a released memoryview, issue
+33), then the daemon shuts down, then the registration is revoked. The two passes share one
+:class:`~kvstore.client.passes.PassRunner`: one background pass at a time on the node. A configuration that cannot work (auth on
 and no operator token for the repair's peer sessions, a bad peer address) is a ConfigError
 before anything serves.
 
@@ -60,6 +63,7 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
 async def serve_member(cfg: StoreConfig) -> None:
     """Like ``kvstore.daemon.server.serve``, as a registered and self-repairing member."""
     from kvstore.client.etcd_security import EtcdSecurity
+    from kvstore.client.passes import PassRunner
     from kvstore.client.register import Registration, member_of, target_of
     from kvstore.client.repair import Repair
     from kvstore.daemon.server import Daemon
@@ -70,12 +74,13 @@ async def serve_member(cfg: StoreConfig) -> None:
     daemon.install_signals()
     me = member_of(cfg, daemon.host, daemon.data_port, daemon.admin_port)
     reg = repair = orphans = None
+    runner = PassRunner()
     try:
         if target is not None:
             reg = Registration(target, me, cfg.cluster.lease_ttl_s, EtcdSecurity.of(cfg.cluster))
             await reg.start()
         if cfg.repair.enabled:
-            repair = Repair(daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.repair, token)
+            repair = Repair(daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.repair, token, runner)
             repair.register_metrics(daemon.metrics.registry)
             await repair.start()
             log.info("event=repair_started node=%s replicas=%d", me.addr, cfg.repair.replicas)
@@ -84,16 +89,17 @@ async def serve_member(cfg: StoreConfig) -> None:
 
             orphans = OrphanPass(
                 daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.orphans, cfg.repair.replicas, token,
-                settle_s=cfg.repair.settle_s,
+                settle_s=cfg.repair.settle_s, runner=runner,
             )  # fmt: skip
             orphans.register_metrics(daemon.metrics.registry)
             await orphans.start()
             daemon.orphans = orphans  # the admin route POST /v1/orphans/pass
-        await daemon.run_until_stopped()
+        await daemon.stop_requested()
     finally:
         if orphans is not None:
             await orphans.close()
         if repair is not None:
             await repair.close()
+        await daemon.shutdown()  # only now: no pass holds a lease on the node's memory
         if reg is not None:
             await reg.stop()

@@ -158,3 +158,53 @@ async def test_a_copy_deleted_elsewhere_is_dropped_on_the_owners_answer_and_the_
     finally:
         await peer.close()
         await deleter.close()
+
+
+async def test_the_under_replicated_gauge_is_zero_once_the_pass_that_restored_the_copies_ends(
+    start_daemon, tmp_path
+):
+    """Issue 33: the gauge kept the copies a pass found missing until the next pass (one
+    ``repair.interval_s`` later), though that pass had restored them."""
+    ports = [free_port() for _ in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    blocks = _blocks()[:50]
+    alone = start_daemon(workdir=tmp_path / "n0", server={"data_port": ports[0]})  # not a member yet
+    c = NodeClient(addrs[0], CFG)
+    assert [r.status.ok for r in await c.put(blocks, 30.0)] == [True] * 50
+    await c.close()
+    assert alone.stop() == 0
+    member = {"cluster": {"peers": addrs}, "repair": {"replicas": 2, "interval_s": 3600.0, "settle_s": 0.0}}
+    start_daemon(workdir=tmp_path / "n1", server={"data_port": ports[1]}, **member)
+    n0 = start_daemon(workdir=tmp_path / "n0", server={"data_port": ports[0]}, **member)  # its disk: 50
+    await until_async(
+        lambda: _metric(n0.admin, "tierkv_repair_copies_pushed_total"),
+        60.0,
+        "50 pushed",
+        ok=lambda k: k == 50,
+    )
+    assert _metric(n0.admin, "tierkv_repair_copies_missing_total") == 50
+    assert _metric(n0.admin, "tierkv_repair_under_replicated") == 0
+
+
+async def test_a_member_stopped_mid_repair_stops_its_passes_before_its_node(start_daemon, tmp_path):
+    """Issue 33: a pass still running when the daemon closed its node read a released
+    memoryview (``repair_pass_failed``); the passes now stop first. An unpaced pass of 4,000
+    blocks, the daemon stopped while it pushes."""
+    ports = [free_port() for _ in range(2)]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    member = {"cluster": {"peers": addrs}, "repair": {"replicas": 2, "interval_s": 0.2, "settle_s": 0.0}}
+    blocks = [b for i in range(40) for b in make_blocks(100, NBYTES, seed=5000 + i, ns=NS)]
+    n0 = start_daemon(workdir=tmp_path / "n0", server={"data_port": ports[0]}, **member)
+    c = NodeClient(addrs[0], CFG)
+    for i in range(0, len(blocks), 200):
+        assert all(r.status.ok for r in await c.put(blocks[i : i + 200], 30.0))
+    await c.close()
+    start_daemon(workdir=tmp_path / "n1", server={"data_port": ports[1]}, **member)
+    keys = [h.key for h, _ in blocks]
+    await until_async(
+        lambda: _held(addrs[1], keys), 60.0, "pushes under way", ok=lambda k: k >= 100, interval_s=0.02
+    )
+    assert n0.stop() == 0
+    logs = n0.logs()
+    assert "repair_pass_failed" not in logs and "released memoryview" not in logs, logs[-3000:]
+    assert "Traceback" not in logs, logs[-3000:]

@@ -1,0 +1,99 @@
+"""One background pass at a time per node: the repair and the orphan pass share a
+:class:`PassRunner` (kvstore/daemon/member.py makes one per node).
+
+Contract: :meth:`PassRunner.run` runs a pass of a kind (``"repair"``, ``"orphans"``) or joins
+the one of that kind already running (its result is every caller's), and passes of any kind
+run one after the other, never together, so a node's background work is one pass's slices
+however many operators ask (issue 34: ten concurrent ``POST /v1/orphans/pass`` ran ten passes,
+8x another tenant's GET p99). A caller that stops waiting -- cancelled, or its ``gone()``
+turns true (an admin request whose client went away) -- withdraws; a pass nobody waits for
+any more is cancelled, unless a caller that keeps it (the node's own periodic loop,
+``keep=True``) joined it: a request cut off never leaves a pass running past it. Loop-bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from kvstore.keys import KEY_BYTES
+
+T = TypeVar("T")
+_POLL_S = 0.1  # how often a waiter with ``gone`` looks whether its caller went away
+
+
+class PassWithdrawn(Exception):
+    """The caller's ``gone()`` turned true before the pass ended: it no longer waits."""
+
+
+@dataclass(eq=False)
+class _Running(Generic[T]):
+    task: asyncio.Task
+    waiters: int = 0
+    kept: bool = False  # a caller that keeps the pass going joined it
+
+
+@dataclass(eq=False)
+class PassRunner:
+    running: dict[str, _Running] = field(default_factory=dict)
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def run(
+        self,
+        kind: str,
+        start: Callable[[], Awaitable[T]],
+        keep: bool = False,
+        gone: Callable[[], bool] | None = None,
+    ) -> T:
+        """The result of the pass of ``kind``: the one running, or ``start()`` once no pass of
+        any kind runs. ``keep``: the pass goes on if this caller stops waiting. ``gone``:
+        polled while waiting; when it turns true the caller withdraws (PassWithdrawn)."""
+        r = self.running.get(kind)
+        if r is None:
+            r = _Running(asyncio.get_running_loop().create_task(self._one_at_a_time(kind, start)))
+            self.running[kind] = r
+        r.waiters += 1
+        r.kept |= keep
+        withdrawn = True
+        try:
+            while True:
+                done, _ = await asyncio.wait({r.task}, timeout=_POLL_S if gone is not None else None)
+                if done:
+                    withdrawn = False
+                    return r.task.result()
+                if gone is not None and gone():
+                    raise PassWithdrawn(kind)
+        finally:
+            r.waiters -= 1
+            if withdrawn and r.waiters == 0 and not r.kept and not r.task.done():
+                r.task.cancel()  # nobody waits for it any more: it stops at its next await
+
+    async def cancel(self, kind: str) -> None:
+        """Stop the pass of ``kind`` if one runs (its owner is closing), and wait for it."""
+        r = self.running.get(kind)
+        if r is None:
+            return
+        r.task.cancel()
+        try:
+            await r.task
+        except (asyncio.CancelledError, Exception):
+            pass  # its callers see what it raised; the closing owner does not
+
+    async def _one_at_a_time(self, kind: str, start: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with self._turn:
+                return await start()
+        finally:
+            if self.running.get(kind) is not None and self.running[kind].task is asyncio.current_task():
+                del self.running[kind]
+
+
+def key_list(part: np.ndarray) -> list[bytes]:
+    """Raw keys of a slice of a sorted key snapshot (kvstore/node/listing.py ``KeyOrder``),
+    trailing zero bytes included (numpy's ``S16`` items would drop them)."""
+    raw = part.tobytes()
+    return [raw[o : o + KEY_BYTES] for o in range(0, len(raw), KEY_BYTES)]
