@@ -19,8 +19,9 @@ daemon's RSS growth):
   admin_flood     500 idle admin connections from 127.0.0.2 (/healthz probes counted)
 and each attack of issue 34:
   ns_flood        the bad tenant writes 2 x 1 MiB blocks in each of 240 fresh namespaces (HELLOs
-                  of 60), 480 MiB into a 512 MiB DRAM where the good tenant holds 64 MiB (its
-                  GET misses are the data lost: shares must count tenants, not namespaces)
+                  of 60), 480 MiB into a 512 MiB DRAM where the good tenant holds 80 MiB, 16 MiB
+                  of it never read (how many of those 16 stay is the data lost: shares must
+                  count tenants, not namespaces)
   metrics_scrape  the operator scrapes /metrics and /v1/stats every 0.25 s while those
                   namespaces are held (the scrape's size is reported)
   tiny_blocks     the bad tenant writes 50,000 blocks of 4 bytes (the index RAM they cost:
@@ -514,6 +515,9 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
     blocks = [_block(gns, MiB, i) for i in range(64)]
     assert all(r.status is Status.STORED for r in await good.put(blocks))
     keys = [h.key for h, _ in blocks]
+    # 16 more the good tenant never reads: the oldest in DRAM, the first a flood would evict
+    cold = [_block(gns, MiB, 100 + i) for i in range(16)]
+    assert all(r.status is Status.STORED for r in await good.put(cold))
     await _latencies(good, keys, 50)  # warm-up
     alone = await _latencies(good, keys, gets)
     t0 = time.perf_counter()
@@ -552,6 +556,10 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
         }
         if name == "reserve":
             row["good_blocks_in_dram"] = (await good.exists(keys)).count("dram")
+        if name == "ns_flood":  # data lost: the good tenant's cold blocks, 80 MiB in all, under its share
+            row["good_cold_kept"] = (
+                f"{sum(t is not None for t in await good.exists([h.key for h, _ in cold]))}/16"
+            )
         if name == "admin_flood":
             row["healthz_ok"] = await asyncio.to_thread(_healthz, ports)
         if name == "admin_parse":
@@ -613,6 +621,7 @@ def main() -> int:
             "good_blocks_in_dram",
             "healthz_ok",
             "good_get_misses",
+            "good_cold_kept",
             "hellos_refused",
             "scrape_kib",
             "foreign_vs_absent_auc",
