@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,16 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
+from repair import free_port  # noqa: E402
 from vllm_bench import run_child, vllm_env  # noqa: E402
 
 VENV = REPO / ".venv-vllm-mooncake"
 SEGMENT_BYTES = 2 << 30  # the store process's share: every prompt's blocks in both dtypes
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_error(text: str) -> str:
@@ -58,7 +52,7 @@ def inside(spec_path: str, work: str) -> int:
     # without it the transfer engine refuses to start with no address but loopback's
     os.environ.update(MC_TCP_BIND_ADDRESS="127.0.0.1", MC_TCP_ADMISSION_TIMEOUT_MS="20000")
     spec = json.loads(Path(spec_path).read_text())
-    rpc, http = _port(), _port()
+    rpc, http = free_port(), free_port()
     master_bin = shutil.which("mooncake_master", path=str(VENV / "bin")) or "mooncake_master"
     with open(wd / "master.log", "wb") as log:
         master = subprocess.Popen(
@@ -119,8 +113,9 @@ def inside(spec_path: str, work: str) -> int:
         print(json.dumps(out), flush=True)
     finally:
         seg.stdin.close()
-        seg.kill()
-        master.kill()
+        for proc in (seg, master):
+            proc.kill()
+            proc.wait()
     return 0
 
 

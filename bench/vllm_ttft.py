@@ -20,7 +20,7 @@ reported, never hidden). Ratios and targets in ``summary``. The load average is 
 stored beside each cell: teammates' runs share the host.
 
     .venv-vllm/bin/python bench/vllm_ttft.py --json docs/results/vllm_ttft.json
-    .venv/bin/python bench/vllm_ttft.py --plot docs/results/vllm_ttft.json  # the figure
+    .venv/bin/python bench/vllm_ttft.py --plot docs/results/vllm_ttft.json --png docs/vllm_ttft.png
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def make_prompts(
     for n in lengths:
         for r in range(reps):
             ids = tok.encode(f"Report {n}-{r}. " + text).ids[: min(n, limit)]
-            prompts.append({"length": n, "ids": ids})
+            prompts.append({"length": n, "rep": r, "ids": ids})
     warm = [tok.encode(f"Warm-up {n}. " + text[::-1]).ids[: min(n, limit)] for n in lengths]
     return prompts, warm
 
@@ -194,7 +194,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", metavar="JSON", help="only draw the figure of a results file (.venv)")
-    ap.add_argument("--reps", type=int, default=3, help="distinct prompts per length (default 3)")
+    ap.add_argument("--png", help="the figure's path (default: beside the JSON)")
+    ap.add_argument("--reps", type=int, default=3, help="distinct prompts per length, float32 (default 3)")
+    ap.add_argument(
+        "--bf16-reps", type=int, default=1, help="the same for bfloat16 (default 1: its agreement)"
+    )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--no-mooncake", action="store_true", help="skip the MooncakeStoreConnector cells")
@@ -202,26 +206,28 @@ def main() -> int:
     if a.plot:
         from vllm_plot import plot_ttft
 
-        print(plot_ttft(a.plot))
+        print(plot_ttft(a.plot, a.png))
         return 0
     model = model_dir()
     lengths = tuple(int(x) for x in a.lengths.split(","))
     limit = 8192 - MAX_TOKENS - 1  # SmolLM2-135M's context
-    prompts, warm = make_prompts(model, lengths, a.reps, limit)
-    spec = {"model": model, "prompts": [p["ids"] for p in prompts], "warmup": warm, "max_tokens": MAX_TOKENS}
+    prompts, warm = make_prompts(model, lengths, max(a.reps, a.bf16_reps), limit)
+    spec = {"model": model, "warmup": warm, "max_tokens": MAX_TOKENS}
     t0 = time.time()
     result: dict = {"started_load_avg": load_avg(), "cpus": os.cpu_count(), "rows": [], "skipped": {}}
     print(f"vllm_ttft: {len(prompts)} prompts, load average {load_avg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="vllm-ttft-") as tmp:
         for dtype in a.dtypes.split(","):
-            cells = run_dtype(dtype, spec, Path(tmp), a.no_mooncake)
+            reps = a.reps if dtype == "float32" else a.bf16_reps
+            mine = [p for p in prompts if p["rep"] < reps]
+            cells = run_dtype(dtype, {**spec, "prompts": [p["ids"] for p in mine]}, Path(tmp), a.no_mooncake)
             for peer in ("mooncake", "tierkv"):
                 if f"{peer}_skipped" in cells:
                     result["skipped"][f"{peer}/{dtype}"] = cells.pop(f"{peer}_skipped")
             result.setdefault("engine_start_s", {})[dtype] = {
                 k: v["engine_start_s"] for k, v in cells.items()
             }
-            result["rows"] += rows_of(dtype, cells, prompts)
+            result["rows"] += rows_of(dtype, cells, mine)
     result["summary"] = summarize(result["rows"])
     result["seconds"] = round(time.time() - t0)
     result["ended_load_avg"] = load_avg()
