@@ -68,13 +68,18 @@ async def test_cluster_save_that_outlives_a_short_internal_timeout_is_stored_and
 async def test_cluster_large_save_through_a_slow_link_outlives_the_write_floor_and_is_stored(start_daemon):
     """48 MiB to one node whose link moves 12 MB/s per connection: each 8 MiB chunk takes 0.7 s
     (more than ``write_floor_s``), the batch over a second; the chunk deadlines grow with the bytes,
-    so nothing is dropped and the node is not marked down."""
+    so nothing is dropped and the node is not marked down. The deadlines grow at 4 MiB/s
+    (``write_min_bytes_per_s``): 8.5 s for a chunk the idle link moves in 0.7 s, so a loaded
+    host (this proxy shares the test's loop) still makes them -- what is tested is that they
+    grow past the floor, not how fast this host is (issue 33: at the default 64 MiB/s, 1.0 s
+    a chunk, a fresh-clone run on a loaded host stored 11 of 24)."""
     d = start_daemon(use_disk=False, dram={"capacity": "256MiB", "slab_size": "4MiB"})
     p = await SlowProxy(d.addr, rate=12e6).start()
-    c = ClusterClient.static([p.addr], CFG, ClusterConfig(replicas=1, write_floor_s=0.5))
+    cfg = ClusterConfig(replicas=1, write_floor_s=0.5, write_min_bytes_per_s=4 << 20)
+    c = ClusterClient.static([p.addr], CFG, cfg)
     await c.start(5.0)
     blocks = make_blocks(24, 2 << 20, seed=4, ns=NS)
-    report = await c.put_report(blocks, 30.0)
+    report = await c.put_report(blocks, 120.0)
     assert (report.stored, report.dropped, report.node_failures) == (24, 0, 0), report
     assert c.live_addrs() == [p.addr] and c.counters["node_down"] == 0
     await c.close()
