@@ -77,3 +77,11 @@ def flip_byte_in_file(path: str, needle: bytes) -> int:
         f.flush()
         os.fsync(f.fileno())
     return off
+
+
+async def settle(node, deadline_s: float = 60.0) -> None:
+    """Await the work ``node``'s cancelled callers left finishing (disk writes and deletes run
+    on to their end): a fixed sleep for it failed on a loaded host. The deadline is a bound,
+    never a measurement."""
+    left = await node._finishing.drain(deadline_s)
+    assert left == 0, f"{left} finishing tasks still running after {deadline_s:g} s"

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks
+from storeutil import make_blocks, settle
 
 from kvstore.node.store import NodeStore
 
 MiB = 1 << 20
-
-
-async def _settle(node: NodeStore) -> None:
-    await asyncio.sleep(0.3)  # the writer thread ends what it started
 
 
 async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory):
@@ -29,7 +25,7 @@ async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory)
                 await asyncio.sleep(0)
             put.cancel()
             await asyncio.gather(put, return_exceptions=True)
-            await _settle(node)
+            await settle(node)  # the writer thread ends what it started
             node.check()
             if await node.contains([h.key]) == [None]:
                 continue
@@ -38,7 +34,7 @@ async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory)
                 await asyncio.sleep(0)
             delete.cancel()
             await asyncio.gather(delete, return_exceptions=True)
-            await _settle(node)
+            await settle(node)  # the writer thread ends what it started
             node.check()
         st = node.inspector.stats()["tiers"]["disk"]
         stored = await node.contains([h.key for h, _ in blocks])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import flip_byte_in_file, make_blocks
+from storeutil import flip_byte_in_file, make_blocks, settle
 
 from kvstore.client.local import LocalClient
 from kvstore.keys import KeyBatch
@@ -85,7 +85,7 @@ async def test_a_read_cancelled_during_a_disk_read_releases_its_memory_leases(cf
                 await asyncio.wait_for(node.reader.get_into(keys, bufs), 1e-4)
         assert not node.state.leases.held(b[0].key.raw), "a cancelled read left its DRAM lease held"
         assert node.state.leases.leases == {}, "a cancelled read left leases in the table"
-        await asyncio.sleep(0.3)  # the abandoned disk read is over
+        await settle(node)  # the abandoned disk read is over
         node.check()
     finally:
         await node.close()
@@ -104,7 +104,7 @@ async def test_a_lease_cancelled_during_a_disk_read_releases_its_memory_leases(c
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not node.state.leases.held(b[0].key.raw), "a cancelled lease call left its DRAM lease held"
-        await asyncio.sleep(0.3)
+        await settle(node)
         node.check()
     finally:
         await node.close()
@@ -141,7 +141,7 @@ async def test_a_local_client_read_past_its_deadline_holds_nothing(tmp_path):
         assert [x.status for x in r.results] == [Status.ERROR, Status.ERROR]
         r.release()
         assert not node.state.leases.held(b[0].key.raw), "a read past its deadline left its DRAM lease held"
-        await asyncio.sleep(0.3)
+        await settle(node)
         node.check()
     finally:
         await client.close()
