@@ -30,7 +30,7 @@ so what a pass bounds is what forms between two passes (bench/trace.py measures 
 Work is bounded: one EXISTS in flight, ``orphans.batch_keys`` parents per call, every call
 under ``orphans.deadline_s``, and every stage of a pass (listing the node's keys, reading
 their parents, finding the remote ones, ranking them, finding the lost ones and their chains,
-counting and dropping them) does at most ``orphans.batch_keys`` keys' work between two yields
+counting and dropping them) does at most ``orphans.slice_blocks`` keys' work between two yields
 to the event loop (:attr:`OrphanPass.progress` says where it is), so serving traffic runs
 between steps however many blocks the node holds. Failures are counted, never raised. Peers are reached as peer
 sessions (tenant ``*``: every tenant's blocks are visible, as for the repair).
@@ -49,7 +49,7 @@ from typing import Any
 
 from kvstore.client.membership import Membership
 from kvstore.client.node import NodeClient
-from kvstore.client.passes import PassRunner, key_list
+from kvstore.client.passes import PassRunner, Slices, key_list
 from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank_many
 from kvstore.config import OrphansSection
@@ -153,14 +153,14 @@ class OrphanPass:
             self.progress = ("idle", 0)
 
     async def _steps(self, stage: str, items: list):
-        """``items`` in slices of ``orphans.batch_keys``, a yield to the event loop after each
-        (``progress`` names the stage and the items done)."""
-        n = self.cfg.batch_keys
+        """``items`` in slices of ``orphans.slice_blocks`` (at most ``batch_keys``), a yield to
+        the event loop after each (``progress`` names the stage and the items done)."""
+        n = min(self.cfg.slice_blocks, self.cfg.batch_keys)
+        slices = Slices(self.counters)
         for i in range(0, len(items), n):
             self.progress = (stage, i)
             yield items[i : i + n]
-            self.counters["slices"] += 1
-            await asyncio.sleep(0)  # serving traffic runs between steps
+            await slices.end()  # serving traffic runs between steps
         self.progress = (stage, len(items))
 
     def _note_departures(self, view: list[Node]) -> list[Node]:
@@ -194,7 +194,7 @@ class OrphanPass:
             self.counters["passes_skipped"] += 1
             return dict(done)
         # one order every pass (the simulation's, bench/trace_sim.py): a sorted snapshot of
-        # the keys, sorted off the loop; walked by cursor, a slice of batch_keys at a time
+        # the keys, sorted off the loop; walked by cursor, a slice of slice_blocks at a time
         keys = await self._keys.build(self.node.tiers)
         parent_of: dict[bytes, bytes] = {}
         async for batch in self._steps("parents", range(len(keys))):
@@ -284,7 +284,8 @@ class OrphanPass:
             for k, p in batch:
                 children[p].append(k)
         out, seen, todo = [], set(lost), list(lost)
-        n = self.cfg.batch_keys
+        n = min(self.cfg.slice_blocks, self.cfg.batch_keys)
+        slices = Slices(self.counters)
         while todo:
             k = todo.pop()
             out.append(k)
@@ -294,7 +295,7 @@ class OrphanPass:
                     todo.append(c)
             if len(out) % n == 0:
                 self.progress = ("chains", len(out))
-                await asyncio.sleep(0)
+                await slices.end()
         return out
 
     # ------------------------------------------------------------ progress

@@ -34,7 +34,7 @@ from collections import Counter
 from typing import Any
 
 from kvstore.client.membership import Membership
-from kvstore.client.passes import PassRunner, key_list
+from kvstore.client.passes import PassRunner, Slices, key_list
 from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank_many
 from kvstore.config import RepairSection
@@ -116,12 +116,12 @@ class Repair:
         # a sorted snapshot of the keys (sorted off the loop), walked by cursor: a slice of
         # batch_keys per EXISTS round, a yield to the loop after each
         keys = await self._keys.build(self.node.tiers)
+        slices = Slices(self.counters, time.thread_time)  # rests its CPU, not its waits
         for at in range(0, len(keys), self.cfg.batch_keys):
             if self._closed:
                 break
             done.update(await self._repair_batch(key_list(keys[at : at + self.cfg.batch_keys]), view))
-            self.counters["slices"] += 1
-            await asyncio.sleep(0)  # serving traffic runs between batches
+            await slices.end()  # serving traffic runs between batches
         self.counters.update(done)
         self.counters["passes"] += 1
         # what is still short of replicas once this pass is done: found missing, and neither

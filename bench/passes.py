@@ -1,0 +1,237 @@
+"""Background passes against serving (issue 34, finding 7): another client's GET latency on a
+node while orphan passes run over its blocks, against the same client with no pass, same run.
+
+Two ``kvstore serve`` daemons on loopback form a static cluster (repair off). Node 0 holds
+``--blocks`` children whose parents are on node 1, so each orphan pass on node 0 reads every
+block's header and asks node 1 about every parent (and drops nothing: the passes can repeat).
+A client reads 4 blocks of 4 KiB in another namespace on node 0, one GET at a time, for
+``--seconds`` per phase:
+
+- ``alone``: no pass;
+- ``passes``: one ``POST /v1/orphans/pass`` after the other (a periodic pass at its worst);
+- ``requests``: ``--concurrent`` operators each POSTing passes in a loop (before the fix ten
+  requests ran ten passes one after the other; now they join one).
+
+The POSTs come from a child process (their threads never share this process's interpreter
+lock with the measuring client). Prints p50/p99 per phase and the ratios to ``alone`` (target:
+p99 within 2x), the passes run and the load average beside them; --json writes them.
+
+    python bench/passes.py --blocks 50000 --json .bench/passes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvstore.block import make_header  # noqa: E402
+from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.keys import Namespace  # noqa: E402
+
+NS = Namespace("bench-passes", "uint8", 4)
+READER = Namespace("bench-passes-reader", "uint8", 4)
+
+_POSTER = """
+import sys, threading, time, urllib.request
+url, n, stop_at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def loop():
+    while time.time() < stop_at:
+        req = urllib.request.Request(url, data=b"{}", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=600).read()
+        except Exception as exc:
+            print("post failed:", exc, file=sys.stderr)
+threads = [threading.Thread(target=loop) for _ in range(n)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(wd: Path, port: int, peers: list[str], batch_keys: int) -> tuple[subprocess.Popen, str]:
+    wd.mkdir(parents=True, exist_ok=True)
+    peers_toml = ", ".join(f'"{p}"' for p in peers)
+    (wd / "node.toml").write_text(
+        '[dram]\ncapacity = "1GiB"\nslab_size = "1MiB"\n[disk]\nenabled = false\n'
+        f'[server]\ndata_port = {port}\nport_file = "{wd / "ports.json"}"\n'
+        f"[cluster]\npeers = [{peers_toml}]\n[repair]\nenabled = false\n"
+        f"[orphans]\ninterval_s = 86400.0\nbatch_keys = {batch_keys}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
+    with open(wd / "daemon.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(wd / "node.toml"), "--log-level", "WARNING"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    end = time.monotonic() + 60
+    while not (wd / "ports.json").exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            raise SystemExit(f"daemon did not start:\n{(wd / 'daemon.log').read_text()}")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{json.loads((wd / 'ports.json').read_text())['admin_port']}"
+
+
+def chains(n: int) -> tuple[list, list]:
+    """``n`` two-block chains: (parents, children)."""
+    parents, children = [], []
+    for i in range(n):
+        tokens = [i, i + 1, i + 2, i + 3, 7, 7, 7, 7]
+        k0, k1 = NS.block_keys(tokens)
+        p0, p1 = i.to_bytes(8, "little") * 2, (i + 1).to_bytes(8, "little") * 2
+        h0 = make_header(
+            key=k0, parent=NS.id, namespace=NS.id, tokens=tokens[:4], dtype="uint8", shape=[16], payload=p0
+        )
+        h1 = make_header(
+            key=k1, parent=k0, namespace=NS.id, tokens=tokens[4:], dtype="uint8", shape=[16], payload=p1
+        )
+        parents.append((h0, p0))
+        children.append((h1, p1))
+    return parents, children
+
+
+async def put_all(addr: str, blocks: list, ns: Namespace) -> None:
+    c = NodeClient(addr, ClientConfig(namespaces=(ns,), op_timeout_s=60.0))
+    for i in range(0, len(blocks), 256):
+        res = await c.put(blocks[i : i + 256])
+        assert all(r.status.ok for r in res), [r.status.name for r in res if not r.status.ok][:3]
+    await c.close()
+
+
+async def reads(addr: str, keys, seconds: float) -> list[float]:
+    """GET latencies (ms) of one client reading ``keys`` one GET after the other."""
+    c = NodeClient(addr, ClientConfig(namespaces=(READER,), op_timeout_s=30.0))
+    bufs = [bytearray(4096) for _ in keys]
+    out: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        res = await c.get_into(keys, bufs)
+        out.append((time.perf_counter() - t0) * 1e3)
+        assert all(r.status.name == "HIT" for r in res)
+    await c.close()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 3)
+
+
+def passes_done(admin: str) -> float:
+    with urllib.request.urlopen(admin + "/metrics", timeout=60) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("tierkv_orphans_passes_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=50000, help="children on node 0 (one pass reads them all)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
+    ap.add_argument("--concurrent", type=int, default=10, help="operators POSTing passes at once")
+    ap.add_argument("--batch-keys", type=int, default=1024, help="orphans.batch_keys: blocks per slice")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    ports = [free_port(), free_port()]
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    with tempfile.TemporaryDirectory(prefix="bench-passes-") as tmp:
+        procs = []
+        try:
+            (p0, admin0), (p1, _) = (
+                start(Path(tmp) / f"n{i}", ports[i], addrs, a.batch_keys) for i in range(2)
+            )
+            procs = [p0, p1]
+            parents, children = chains(a.blocks)
+            await put_all(addrs[1], parents, NS)
+            await put_all(addrs[0], children, NS)
+            mine = []
+            for i in range(4):
+                tokens = [9000 + 4 * i + j for j in range(4)]
+                payload = bytes([i]) * 4096
+                (k,) = READER.block_keys(tokens)
+                parent = mine[-1][0].key if mine else READER.id
+                mine.append(
+                    (
+                        make_header(
+                            key=k,
+                            parent=parent,
+                            namespace=READER.id,
+                            tokens=tokens,
+                            dtype="uint8",
+                            shape=[4096],
+                            payload=payload,
+                        ),
+                        payload,
+                    )
+                )  # noqa: E501
+            await put_all(addrs[0], mine, READER)
+            keys = [h.key for h, _ in mine]
+            rows = {}
+            for phase, posters in (("alone", 0), ("passes", 1), ("requests", a.concurrent)):
+                before = passes_done(admin0)
+                child = None
+                if posters:
+                    stop_at = time.time() + a.seconds
+                    child = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            _POSTER,
+                            admin0 + "/v1/orphans/pass",
+                            str(posters),
+                            str(stop_at),
+                        ]
+                    )
+                    await asyncio.sleep(0.2)  # the first pass under way
+                lat = await reads(addrs[0], keys, a.seconds)
+                if child is not None:
+                    child.wait()
+                rows[phase] = {
+                    "gets": len(lat),
+                    "p50_ms": pct(lat, 0.5),
+                    "p99_ms": pct(lat, 0.99),
+                    "passes": passes_done(admin0) - before,
+                    "loadavg": os.getloadavg()[0],
+                }
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(30)
+    base = rows["alone"]
+    for r in rows.values():
+        r["p50_x"] = round(r["p50_ms"] / base["p50_ms"], 2)
+        r["p99_x"] = round(r["p99_ms"] / base["p99_ms"], 2)
+    print(f"{a.blocks} blocks on the node, {a.concurrent} concurrent operators, batch_keys {a.batch_keys}")
+    print(
+        f"{'phase':10} {'GETs':>6} {'p50 ms':>8} {'p99 ms':>8} {'p50 x':>6} {'p99 x':>6} {'passes':>7} {'load':>5}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:10} {r['gets']:6d} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['p50_x']:6.2f} {r['p99_x']:6.2f} "
+            f"{r['passes']:7.0f} {r['loadavg']:5.1f}"
+        )
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
