@@ -153,11 +153,6 @@ class NodeStore:
             codes[gone] = 0
         return codes.tobytes()
 
-    def tombstoned(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """Per key: whether this node deleted it lately (kvstore/node/tombstones.py)."""
-        dead = self.state.tombstones
-        return [k.raw in dead for k in keys] if len(dead) else [False] * len(keys)
-
     # ------------------------------------------------------------------ delete
     async def delete(self, keys: Sequence[BlockKey], by: str = "", cause: str = "delete") -> list[bool]:
         """Remove blocks from every tier. A held block disappears at once for readers and is
