@@ -63,6 +63,7 @@ class Inspector:
         self.dirty = state.dirty
         self.doomed = state.doomed
         self.counters = state.counters
+        self.tombstones = state.tombstones
         self.order = KeyOrder()
 
     def _stored(self, key: bytes) -> bool:
@@ -240,4 +241,6 @@ class Inspector:
                 **dict(self.counters),
             },
             "tiers": {t.name: t.stats() for t in self.tiers},
+            # the node's live tombstones per deleting tenant ("*": the operator's admin routes)
+            "tombstones": self.tombstones.by_tenant(),
         }

@@ -7,6 +7,9 @@ or is stored again (gone). Before, tombstones were one global FIFO of 262,144 ke
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 
 from kvstore.client.node import ClientConfig, NodeClient
@@ -42,6 +45,12 @@ async def _store_and_delete(c: NodeClient, blocks) -> None:
         assert await c.delete([h.key for h, _ in part]) == [True] * len(part)
 
 
+def _admin_stats(d) -> dict:
+    req = urllib.request.Request(d.admin + "/v1/stats", headers={"Authorization": f"Bearer {TOK_OP}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
 async def _pushed(d, blocks) -> list[Status]:
     """A peer's repair push of ``blocks`` (as they were before their delete)."""
     peer = NodeClient(d.addr, ClientConfig(token=TOK_OP, tenant=PEER_TENANT, op_timeout_s=30))
@@ -67,6 +76,7 @@ async def test_one_tenants_deletes_never_push_out_anothers_tombstone(daemon, ns,
     # beta's own cap overflowed: its 64 oldest went, its newest are kept
     assert await _pushed(d, churn[:64]) == [Status.STORED] * 64
     assert await _pushed(d, churn[-CAP:]) == [Status.DELETED] * CAP
+    assert _admin_stats(d)["tombstones"] == {"alpha": 2, "beta": CAP}  # whose, on /v1/stats
     d.stop()
     d = daemon()  # replayed from the side file: whose they are too
     assert await _pushed(d, mine) == [Status.DELETED] * 2
