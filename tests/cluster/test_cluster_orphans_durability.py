@@ -8,6 +8,8 @@ its child C on node A, B among the nodes a lookup asks for P. B is stopped past 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import urllib.request
 
@@ -101,5 +103,72 @@ async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_chi
         assert await _held(a.addr, [c[0].key]) == [True]
         assert await _held(b.addr, [p[0].key]) == [True]
         assert _counter(a.admin, "orphans_dropped") == 0
+    finally:
+        await view_of.close()
+
+
+def _post(admin: str) -> dict:
+    req = urllib.request.Request(admin + "/v1/orphans/pass", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+async def test_a_pass_whose_view_changed_while_it_ran_drops_nothing(etcd, start_daemon):
+    """A pass ranks parents over the view it began with; a member that leaves (or joins)
+    while it runs may hold them: it drops nothing more (``passes_cut_short``). The pass is held
+    in its EXISTS to a stopped member until that member's lease ends (a view change)."""
+    url = etcd.url("cut-short")
+    member = {
+        "cluster": {"join": url, "lease_ttl_s": 2},
+        "repair": {"enabled": False, "replicas": 1, "settle_s": 0.2},
+        "orphans": {"interval_s": 3600.0, "deadline_s": 60.0},
+    }
+    ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
+    view_of = EtcdMembership(url)
+    await view_of.start(5.0)
+    try:
+        await until_async(
+            lambda: {m.addr for m in view_of.members},
+            30.0,
+            "three members",
+            ok=lambda g: g == {d.addr for d in ds},
+        )
+        view = [Node(d.addr) for d in ds]
+        n0, n2 = ds[0], ds[2]
+
+        def asks(key) -> bool:  # n0's pass asks n2 about this parent
+            return n2.addr in [n.id for n in rank(key.raw, view, 1)[:2]]
+
+        kept = next(
+            c for c in (make_blocks(2, 1024, seed=s, ns=NS) for s in range(100, 300)) if asks(c[0][0].key)
+        )
+        await _put(n2.addr, [kept[0]])
+        await _put(n0.addr, [kept[1]])
+        assert _post(n0.admin)["orphans_found"] == 0  # its connection to n2 stays open
+        orphans = [make_blocks(2, 1024, seed=s, ns=NS)[1] for s in range(400, 464)]  # parents nowhere
+        await _put(n0.addr, orphans)
+        n2.signal(signal.SIGSTOP)
+        try:
+            post = asyncio.get_running_loop().run_in_executor(None, _post, n0.admin)
+            await until_async(
+                lambda: {m.addr for m in view_of.members},
+                30.0,
+                "n2 out of the view",
+                ok=lambda g: n2.addr not in g,
+            )
+        finally:
+            n2.signal(signal.SIGCONT)
+        got = await post
+        assert got["orphans_found"] == 64 and got["orphans_dropped"] == 0 and got["passes_cut_short"] == 1, (
+            got
+        )
+        assert await _held(n0.addr, [h.key for h, _ in orphans]) == [True] * 64
+        # they are orphans: a pass over a settled view drops them
+        await until_async(
+            lambda: {m.addr for m in view_of.members}, 30.0, "n2 back", ok=lambda g: g == {d.addr for d in ds}
+        )
+        await until_async(
+            lambda: _post(n0.admin)["orphans_dropped"], 60.0, "the orphans dropped", ok=lambda n: n == 64
+        )
     finally:
         await view_of.close()
