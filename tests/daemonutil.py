@@ -145,11 +145,26 @@ def frame(header: dict[str, Any], plen: int = 0) -> bytes:
 def unread_bytes(port: int, local_port: int) -> int | None:
     """Bytes the daemon listening on ``port`` has not yet read from the connection whose client
     end is ``local_port`` (its receive queue in /proc/net/tcp), None when not found."""
+    q = _tcp_queues(port, local_port)
+    return None if q is None else q[1]
+
+
+def unsent_bytes(port: int, local_port: int) -> int | None:
+    """Bytes the daemon listening on ``port`` has sent to ``local_port`` and not had
+    acknowledged (its send queue in /proc/net/tcp), None once that connection is no longer
+    established."""
+    q = _tcp_queues(port, local_port)
+    return None if q is None else q[0]
+
+
+def _tcp_queues(port: int, local_port: int) -> tuple[int, int] | None:
+    """(send queue, receive queue) of the established connection from ``port`` to ``local_port``."""
     with open("/proc/net/tcp") as f:
         for row in (line.split() for line in f.readlines()[1:]):
             here, there = int(row[1].split(":")[1], 16), int(row[2].split(":")[1], 16)
             if here == port and there == local_port and row[3] == "01":
-                return int(row[4].split(":")[1], 16)
+                tx, rx = row[4].split(":")
+                return int(tx, 16), int(rx, 16)
     return None
 
 

@@ -23,10 +23,8 @@ def bad_request(port: int, head: bytes) -> None:
             pass
 
 
-def test_header_floods_on_the_admin_port_cost_a_counted_line_not_a_traceback(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_OP} *\n")
-    d = start_daemon(auth={"token_file": str(f)})
+def test_header_floods_on_the_admin_port_cost_a_counted_line_not_a_traceback(authed_daemon):
+    d = authed_daemon({TOK_OP: "*"})
     port = d.ports["admin_port"]
     before = len(d.logs().splitlines())
     long_line = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n"

@@ -30,10 +30,8 @@ def auc(xs: list[float], ys: list[float]) -> float:
 
 
 @pytest.mark.parametrize("op", ["EXISTS", "DELETE"])
-async def test_a_foreign_key_answers_as_an_absent_one_in_time(start_daemon, tmp_path, ns, blocks_of, op):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n")
-    d = start_daemon(auth={"token_file": str(f)})
+async def test_a_foreign_key_answers_as_an_absent_one_in_time(authed_daemon, ns, blocks_of, op):
+    d = authed_daemon({TOK_A: "alpha", TOK_B: "beta"})
     a = NodeClient(d.addr, ClientConfig(token=TOK_A, namespaces=(ns,), op_timeout_s=30, probe_interval_s=60))
     blocks = blocks_of(ns.with_tenant("alpha"), 64, 1024, seed=3)
     assert [r.status for r in await a.put(blocks)] == [Status.STORED] * 64

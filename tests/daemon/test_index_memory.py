@@ -20,20 +20,6 @@ TOK_A, TOK_B, TOK_OP = "tok-tenant-a1", "tok-tenant-b1", "tok-operator1"
 BUDGET = 2 << 20
 
 
-@pytest.fixture
-def small_budget(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n{TOK_OP} *\n")
-
-    def start(**sections):
-        cfg = {"auth": {"token_file": str(f)}, "node": {"index_memory": BUDGET}}
-        for sec, vals in sections.items():
-            cfg.setdefault(sec, {}).update(vals)
-        return start_daemon(**cfg)
-
-    return start
-
-
 def client(d, ns, token) -> NodeClient:
     return NodeClient(
         d.addr, ClientConfig(token=token, namespaces=(ns,), op_timeout_s=60, probe_interval_s=60)
@@ -64,12 +50,16 @@ def stats(d, tmp_path) -> dict:
 
 @pytest.mark.parametrize("dram", ["0", "8MiB"])
 async def test_tiny_blocks_cannot_make_the_index_outgrow_its_budget(
-    small_budget, ns, blocks_of, dram, tmp_path
+    authed_daemon, ns, blocks_of, dram, tmp_path
 ):
     """Beta writes 4,000 blocks of 4 bytes (a 256 MiB disk would take ~1.5M of them); the
     node's RAM budget of 2 MiB holds under 1,800: the tiers evict beta's own oldest blocks,
     keep alpha's (under its share), and ``kvstore stats`` shows the budget and its use."""
-    d = small_budget(dram={"capacity": dram, "slab_size": "1MiB"})
+    d = authed_daemon(
+        {TOK_A: "alpha", TOK_B: "beta", TOK_OP: "*"},
+        node={"index_memory": BUDGET},
+        dram={"capacity": dram, "slab_size": "1MiB"},
+    )
     a, b = client(d, ns, TOK_A), client(d, ns, TOK_B)
     mine = blocks_of(ns.with_tenant("alpha"), 20, 4, seed=1)
     assert [r.status for r in await a.put(mine)] == [Status.STORED] * 20

@@ -21,12 +21,10 @@ FLOOD = 6400  # namespaces, 64 per HELLO
 
 
 @pytest.fixture
-def flooded(start_daemon, tmp_path, ns, blocks_of):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n{TOK_OP} *\n")
-    d = start_daemon(
+def flooded(authed_daemon, ns, blocks_of):
+    d = authed_daemon(
+        {TOK_A: "alpha", TOK_B: "beta", TOK_OP: "*"},
         use_disk=False,
-        auth={"token_file": str(f)},
         limits={"max_namespaces_per_tenant": FLOOD + 64},
         dram={"capacity": "64MiB", "slab_size": "1MiB"},
     )

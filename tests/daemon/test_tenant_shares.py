@@ -19,16 +19,13 @@ KiB = 1 << 10
 
 
 @pytest.fixture
-def tenants(start_daemon, tmp_path):
+def tenants(authed_daemon):
     """Tenants alpha (TOK_A) and beta (TOK_B); salts are tenant names (no secret file)."""
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n")
 
     def start(use_disk: bool = True, **sections):
-        cfg = {"auth": {"token_file": str(f)}, "eviction": {"tenant_share": 0.25}}
-        for sec, vals in sections.items():
-            cfg.setdefault(sec, {}).update(vals)
-        return start_daemon(use_disk=use_disk, **cfg)
+        return authed_daemon(
+            {TOK_A: "alpha", TOK_B: "beta"}, use_disk, eviction={"tenant_share": 0.25}, **sections
+        )
 
     return start
 
