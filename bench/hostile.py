@@ -406,10 +406,8 @@ def _foreign_exists(ports: dict, ctx: dict):
     s, _ = _hello(ports["data_port"])
     foreign, absent = [], []
     for i in range(400):
-        for key, out in (
-            (ctx["good_keys"][i % len(ctx["good_keys"])].raw, foreign),
-            (bytes([i % 251, 3]) * 8, absent),
-        ):
+        pair = ((ctx["good_keys"][i % len(ctx["good_keys"])].raw, foreign), (bytes([i % 251, 3]) * 8, absent))
+        for key, out in pair if i % 2 else pair[::-1]:  # either first: no order effect
             t0 = time.perf_counter()
             s.sendall(_frame({"op": "EXISTS", "rid": 1, "keys": key}))
             _reply(s)
