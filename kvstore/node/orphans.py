@@ -19,25 +19,29 @@ from msgpack import unpackb
 from kvstore.node.tiers.index import header_fields
 
 
-async def parents(node, keys: Sequence[bytes]) -> list[tuple[bytes | None, bytes | None]]:
-    """Per key, ``(namespace, parent)`` from its stored header (the highest tier holding it;
-    ``(None, None)`` where the key is gone or its header does not parse). Memory tiers answer
-    from memory; the disk's blocks in one batched read."""
-    out: list[tuple[bytes | None, bytes | None]] = [(None, None)] * len(keys)
+async def _headers(node, keys: Sequence[bytes]) -> list[bytes | None]:
+    """Per key, its stored header's bytes from the highest tier holding it (None where gone).
+    Memory tiers answer from memory; the disk's blocks in one batched read."""
+    out: list[bytes | None] = [None] * len(keys)
     on_disk: list[int] = []
     for i, k in enumerate(keys):
         for t in node.memory:
             if k in t:
-                out[i] = header_fields(t.header_sync(k))
+                out[i] = t.header_sync(k)
                 break
         else:
             if node.disk is not None and k in node.disk:
                 on_disk.append(i)
     if on_disk:
-        hdrs = await node.disk.read_headers([keys[i] for i in on_disk])
-        for i, h in zip(on_disk, hdrs):
-            out[i] = header_fields(h)
+        for i, h in zip(on_disk, await node.disk.read_headers([keys[i] for i in on_disk])):
+            out[i] = h
     return out
+
+
+async def parents(node, keys: Sequence[bytes]) -> list[tuple[bytes | None, bytes | None]]:
+    """Per key, ``(namespace, parent)`` from its stored header (the highest tier holding it;
+    ``(None, None)`` where the key is gone or its header does not parse)."""
+    return [header_fields(h) for h in await _headers(node, keys)]
 
 
 def stored(node, key: bytes) -> bool:
@@ -60,22 +64,9 @@ def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
 async def created(node, keys: Sequence[bytes]) -> list[float | None]:
     """Per key, its stored header's ``created`` (the highest tier holding it; None where the
     key is gone or its header does not parse): which copy of a key this node holds now."""
-    out: list[float | None] = [None] * len(keys)
-    on_disk: list[int] = []
-    for i, k in enumerate(keys):
-        if not stored(node, k):
-            continue
-        for t in node.memory:
-            if k in t:
-                out[i] = _created(t.header_sync(k))
-                break
-        else:
-            on_disk.append(i)
-    if on_disk:
-        hdrs = await node.disk.read_headers([keys[i] for i in on_disk])
-        for i, h in zip(on_disk, hdrs):
-            out[i] = _created(h)
-    return out
+    live = [k for k in keys if stored(node, k)]
+    got = dict(zip(live, map(_created, await _headers(node, live))))
+    return [got.get(k) for k in keys]
 
 
 def _created(raw: bytes | None) -> float | None:

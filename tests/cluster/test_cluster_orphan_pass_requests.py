@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 from cluster.cluster_etcd import free_port
 from polling import until_async
+from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
@@ -48,12 +49,7 @@ def _post_and_hang_up(admin: str, after_s: float) -> None:
 
 
 def _counter(admin: str, name: str) -> float:
-    with urllib.request.urlopen(admin + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    line = f"tierkv_orphans_{name}_total "
-    got = [float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)]
-    assert len(got) == 1, (name, got)
-    return got[0]
+    return scrape(admin).value(f"tierkv_orphans_{name}_total")
 
 
 async def _members(start_daemon, tmp_path, n_chains: int, batch_keys: int = 1024, parents: bool = False):

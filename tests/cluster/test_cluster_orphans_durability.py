@@ -9,11 +9,13 @@ its child C on node A, B among the nodes a lookup asks for P. B is stopped past 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import urllib.request
 
 from polling import until_async
+from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.etcd_membership import EtcdMembership
@@ -26,12 +28,7 @@ CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0, connect_timeout_s=1.0)
 
 
 def _counter(admin: str, name: str) -> float:
-    with urllib.request.urlopen(admin + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    line = f"tierkv_orphans_{name}_total "
-    got = [float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)]
-    assert len(got) == 1, (name, got)
-    return got[0]
+    return scrape(admin).value(f"tierkv_orphans_{name}_total")
 
 
 async def _held(addr: str, keys) -> list[bool]:
@@ -63,12 +60,15 @@ async def _passes(admin: str, k: int) -> None:
     )
 
 
-async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_child(etcd, start_daemon):
-    url = etcd.url("orphans")
+@contextlib.asynccontextmanager
+async def _three_members(etcd, start_daemon, name: str, orphans: dict):
+    """Three members over etcd (one copy, no repair) and a watch of their view, once it holds
+    all three: ``(daemons, view_of)``."""
+    url = etcd.url(name)
     member = {
         "cluster": {"join": url, "lease_ttl_s": 2},
         "repair": {"enabled": False, "replicas": 1, "settle_s": 0.2},
-        "orphans": {"interval_s": 0.1, "deadline_s": 1.0},
+        "orphans": orphans,
     }
     ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
     view_of = EtcdMembership(url)
@@ -78,8 +78,18 @@ async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_chi
             lambda: {m.addr for m in view_of.members},
             30.0,
             "three members",
-            ok=lambda got: got == {d.addr for d in ds},
+            ok=lambda g: g == {d.addr for d in ds},
         )
+        yield ds, view_of
+    finally:
+        await view_of.close()
+
+
+async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_child(etcd, start_daemon):
+    async with _three_members(etcd, start_daemon, "orphans", {"interval_s": 0.1, "deadline_s": 1.0}) as (
+        ds,
+        view_of,
+    ):
         view = [Node(d.addr) for d in ds]
         p, c = make_blocks(2, 1024, seed=11, ns=NS)
         a = ds[0]
@@ -103,8 +113,6 @@ async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_chi
         assert await _held(a.addr, [c[0].key]) == [True]
         assert await _held(b.addr, [p[0].key]) == [True]
         assert _counter(a.admin, "orphans_dropped") == 0
-    finally:
-        await view_of.close()
 
 
 def _post(admin: str) -> dict:
@@ -117,22 +125,8 @@ async def test_a_pass_whose_view_changed_while_it_ran_drops_nothing(etcd, start_
     """A pass ranks parents over the view it began with; a member that leaves (or joins)
     while it runs may hold them: it drops nothing more (``passes_cut_short``). The pass is held
     in its EXISTS to a stopped member until that member's lease ends (a view change)."""
-    url = etcd.url("cut-short")
-    member = {
-        "cluster": {"join": url, "lease_ttl_s": 2},
-        "repair": {"enabled": False, "replicas": 1, "settle_s": 0.2},
-        "orphans": {"interval_s": 3600.0, "deadline_s": 60.0},
-    }
-    ds = [start_daemon(use_disk=False, **member) for _ in range(3)]
-    view_of = EtcdMembership(url)
-    await view_of.start(5.0)
-    try:
-        await until_async(
-            lambda: {m.addr for m in view_of.members},
-            30.0,
-            "three members",
-            ok=lambda g: g == {d.addr for d in ds},
-        )
+    orphans = {"interval_s": 3600.0, "deadline_s": 60.0}
+    async with _three_members(etcd, start_daemon, "cut-short", orphans) as (ds, view_of):
         view = [Node(d.addr) for d in ds]
         n0, n2 = ds[0], ds[2]
 
@@ -170,5 +164,3 @@ async def test_a_pass_whose_view_changed_while_it_ran_drops_nothing(etcd, start_
         await until_async(
             lambda: _post(n0.admin)["orphans_dropped"], 60.0, "the orphans dropped", ok=lambda n: n == 64
         )
-    finally:
-        await view_of.close()

@@ -12,10 +12,10 @@ still running when the fault comes."""
 from __future__ import annotations
 
 import signal
-import urllib.request
 
 from cluster.cluster_etcd import free_port
 from polling import until_async
+from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
@@ -32,12 +32,7 @@ PACE = {"max_bytes_per_s": 16 * NBYTES * 2, "deadline_s": 1.0, "interval_s": 0.5
 
 
 def _metric(admin: str, name: str) -> float:
-    with urllib.request.urlopen(admin + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    line = f"{name} "
-    got = [float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)]
-    assert len(got) == 1, (name, got)
-    return got[0]
+    return scrape(admin).value(name)
 
 
 async def _held(addr: str, keys) -> int:
