@@ -17,6 +17,7 @@ pytestmark = pytest.mark.heavy
 SECONDS = float(os.environ.get("TIERKV_CHAOS_S", "75"))
 
 
+@pytest.mark.timeout(SECONDS + 330)  # faults, then at most 60 s of settling, starts and the census
 async def test_chaos_loses_no_acknowledged_block(tmp_path):
     chaos = Chaos(
         tmp_path, use_netns=not cannot_make_namespaces(), seed=int(os.environ.get("TIERKV_CHAOS_SEED", "1"))
