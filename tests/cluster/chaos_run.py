@@ -28,7 +28,7 @@ from cluster.cluster_etcd import free_port
 from cluster.cluster_hosts import NS as HOST_NS
 from cluster.cluster_hosts import OPERATOR_TOKEN, TENANT, TENANT_NS, TOKEN
 from cluster.cluster_netns import Host, Net
-from daemonutil import REPO, _toml, wait_serving
+from daemonutil import REPO, Daemon, _toml, wait_serving
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -45,7 +45,7 @@ class ChaosNode:
 
     def __init__(self, wd: Path, port: int, host: Host | None, token_file: Path | None) -> None:
         self.wd, self.port, self.host, self.token_file = wd, port, host, token_file
-        self.proc: subprocess.Popen | None = None
+        self.daemon: Daemon | None = None  # the running process, None before the first start
         self.peers: list[str] = []
 
     @property
@@ -71,35 +71,30 @@ class ChaosNode:
         (self.wd / "ports.json").unlink(missing_ok=True)
         argv = [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(self.wd / "node.toml")]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-        with open(self.wd / "daemon.log", "ab") as out:
-            self.proc = subprocess.Popen(
+        log = self.wd / "daemon.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
                 self.host.cmd(*argv) if self.host else argv,
                 cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        wait_serving(self.proc, self.wd / "ports.json", self.wd / "daemon.log")
+        self.daemon = Daemon(proc, wait_serving(proc, self.wd / "ports.json", log), self.wd, log)
 
     def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        if self.daemon is not None and self.daemon.proc.poll() is None:
+            self.daemon.signal(sig)
 
     def kill9(self) -> None:
-        if self.proc is not None:
+        if self.daemon is not None:
             self.signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
+            self.daemon.kill9()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.daemon is not None:
+            self.signal(signal.SIGCONT)  # SIGTERM waits in a stopped process's queue
+            self.daemon.stop(30)
 
     def wipe(self) -> None:
         shutil.rmtree(self.wd / "disk", ignore_errors=True)
