@@ -2,13 +2,17 @@
 processes, a real daemon, SmolLM2-135M in float32 (where vLLM's greedy tokens depend only on
 the KV, so a hit must give a cold run's tokens exactly).
 
-One daemon and one set of engines for the module (an engine start costs ~30 s here):
-- a reference engine without any connector runs every prompt;
+One daemon (with auth; its disk the only tier, so every read after a restart comes from disk)
+and one set of engines for the module, in file order (an engine start costs ~30-50 s here):
+- a reference engine without any connector runs every prompt (beside the prefill engine);
 - the bundled engine (kvengine, 32-token blocks like vLLM's here) saves PX on the daemon;
 - a prefill engine (``kv_producer``) saves P1 and PY; then a fresh decode engine
   (``kv_consumer``) runs P1, PX, PY and PC: P1 and PY load from the daemon, PX (the bundled
   engine's) and PC (nobody's) do not, and it saves nothing;
-- last, an engine behind a slow link loads P1 while the daemon is killed mid-load.
+- an engine with a wrong token runs P1: misses, and one line saying why;
+- the daemon is stopped, a block of P1 corrupted in its LMDB file, the daemon restarted, and an
+  engine runs P1: the blocks before the corrupt one load, it and the rest are recomputed;
+- last, an engine behind a slow link loads PY while the daemon is killed mid-load.
 Each test reads the engines' counters (``stats_path``) to prove its path was taken."""
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import random
 
+import lmdb
 import pytest
 from daemonutil import launch_daemon
 from polling import until
 from scraping import scrape
 
+from kvstore.block import BlockHeader
+from kvstore.keys import tokens_le_bytes
 from tests.connector.slowlink import SlowLink
 from tests.vllm import vllmutil
 
@@ -39,21 +46,40 @@ PX = _prompt(4 * BS + 7, 2)  # saved by the bundled engine only
 PY = _prompt(4 * BS + 12, 3)  # saved by vLLM's producer
 PC = _prompt(3 * BS + 5, 4)  # run only by the consumer: never saved
 PROMPTS = {"P1": P1, "PX": PX, "PY": PY, "PC": PC}
+AUTH = {"token": "right-token", "tenant": "tenant-a"}
+AUTH_QUERY = "token=right-token&tenant=tenant-a"
+AUTH_SAID = "tierkv: the store refused this vLLM's token"
+
+
+class Node:
+    """The module's daemon; ``restart`` brings it back on its data (on new ports)."""
+
+    def __init__(self, wd) -> None:
+        (wd / "tokens").write_text("right-token tenant-a\noperator-token *\n")
+        self.wd = wd
+        self.sections = {
+            "auth": {"token_file": str(wd / "tokens")},
+            "dram": {"capacity": 0},
+            "disk": {"sync": True},
+        }
+        self.daemon = launch_daemon(wd, **self.sections)
+
+    def counter(self, name: str) -> float:
+        """A counter of the daemon's admin /metrics (the operator's token)."""
+        return scrape(self.daemon.admin, "operator-token").total(name)
+
+    def restart(self, between=lambda: None) -> None:
+        """Stop the daemon, run ``between`` (on its stopped data), start it again."""
+        assert self.daemon.stop() == 0
+        between()
+        self.daemon = launch_daemon(self.wd, **self.sections)
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    d = launch_daemon(tmp_path_factory.mktemp("vllm-node"))
-    yield d
-    d.stop(10)
-
-
-@pytest.fixture(scope="module")
-def reference(vllm_python, smol_model, tmp_path_factory) -> dict[str, list[int]]:
-    """Each prompt's tokens from an engine without a connector and without prefix caching."""
-    log = tmp_path_factory.mktemp("ref") / "ref.log"
-    res = vllmutil.run(vllm_python, smol_model, list(PROMPTS.values()), None, log, prefix_caching=False)
-    return dict(zip(PROMPTS, res["outputs"]))
+    n = Node(tmp_path_factory.mktemp("vllm-node"))
+    yield n
+    n.daemon.stop(10)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +89,8 @@ def bundled_saved(smol_model, node) -> None:
 
     async def save() -> None:
         a = make_engine(
-            smol_model, f"kvstore://{node.addr}?block_tokens={BS}&policy=always&lookup_deadline_s=5"
+            smol_model,
+            f"kvstore://{node.daemon.addr}?block_tokens={BS}&policy=always&lookup_deadline_s=5&{AUTH_QUERY}",
         )
         try:
             await run(a, PX)
@@ -77,27 +104,41 @@ def bundled_saved(smol_model, node) -> None:
 
 @pytest.fixture(scope="module")
 def pd(vllm_python, smol_model, node, bundled_saved, tmp_path_factory) -> dict:
-    """The prefill engine's and then the decode engine's results (and the daemon's bytes in
-    before and after the decode engine ran)."""
+    """The reference engine's, the prefill engine's and then the decode engine's results (and
+    the daemon's bytes in before and after the decode engine ran). The reference engine runs
+    beside the prefill engine (neither reads what the other does)."""
     wd = tmp_path_factory.mktemp("pd")
-    url = f"kvstore://{node.addr}"
-    prefill = vllmutil.run(
-        vllm_python,
-        smol_model,
-        [P1, PY],
-        vllmutil.kv(url, wd / "p", "kv_producer", policy="always"),
-        wd / "p.log",
+    url = f"kvstore://{node.daemon.addr}"
+    ref = vllmutil.start(
+        vllm_python, smol_model, list(PROMPTS.values()), None, wd / "ref.log", prefix_caching=False
     )
-    before = scrape(node.admin).total("tierkv_bytes_in_total")
+    try:
+        prefill = vllmutil.run(
+            vllm_python,
+            smol_model,
+            [P1, PY],
+            vllmutil.kv(url, wd / "p", "kv_producer", policy="always", **AUTH),
+            wd / "p.log",
+        )
+        reference = dict(zip(PROMPTS, vllmutil.wait(ref, wd / "ref.log")["outputs"]))
+    finally:
+        ref.kill()
+    before = node.counter("tierkv_bytes_in_total")
     decode = vllmutil.run(
         vllm_python,
         smol_model,
         [P1, PX, PY, PC],
-        vllmutil.kv(url, wd / "d", "kv_consumer", policy="always"),
+        vllmutil.kv(url, wd / "d", "kv_consumer", policy="always", **AUTH),
         wd / "d.log",
     )
-    after = scrape(node.admin).total("tierkv_bytes_in_total")
-    return {"prefill": prefill, "decode": decode, "bytes_in": (before, after)}
+    after = node.counter("tierkv_bytes_in_total")
+    return {"reference": reference, "prefill": prefill, "decode": decode, "bytes_in": (before, after)}
+
+
+@pytest.fixture(scope="module")
+def reference(pd) -> dict[str, list[int]]:
+    """Each prompt's tokens from an engine without a connector and without prefix caching."""
+    return pd["reference"]
 
 
 def test_a_fresh_engine_loads_what_another_saved_with_a_cold_runs_tokens(pd, reference):
@@ -110,7 +151,7 @@ def test_a_fresh_engine_loads_what_another_saved_with_a_cold_runs_tokens(pd, ref
     w = decode["stats"]["worker-tp0"]
     assert w["loaded_tokens"] == 9 * BS and w["load_blocks"] == 9
     assert w.get("load_error_blocks", 0) == 0
-    assert w["hit_tokens.remote:dram"] == 9 * BS
+    assert w["hit_tokens.remote:disk"] == 9 * BS
     assert decode["stats"]["scheduler"]["external_tokens"] == 9 * BS
 
 
@@ -134,7 +175,7 @@ async def test_vllm_and_the_bundled_engine_never_load_each_others_blocks(pd, smo
     assert decode["held_tokens"] == (5 + 4) * BS  # P1 and PY; PX (the bundled engine's) held nothing
     b = make_engine(
         smol_model,
-        f"kvstore://{node.addr}?block_tokens={BS}&policy=always&lookup_deadline_s=5",
+        f"kvstore://{node.daemon.addr}?block_tokens={BS}&policy=always&lookup_deadline_s=5&{AUTH_QUERY}",
         enable_prefix_cache=False,
     )
     try:
@@ -146,29 +187,75 @@ async def test_vllm_and_the_bundled_engine_never_load_each_others_blocks(pd, smo
     assert cached_px == 4 * BS
 
 
+def test_a_wrong_token_serves_misses_and_says_why_once(vllm_python, smol_model, node, reference, tmp_path):
+    spec = vllmutil.kv(
+        f"kvstore://{node.daemon.addr}", tmp_path / "w", token="wrong-token", tenant="tenant-a"
+    )
+    res = vllmutil.run(vllm_python, smol_model, [P1, PY], spec, tmp_path / "w.log", policy="always")
+    assert res["outputs"] == [reference["P1"], reference["PY"]]
+    assert res["cached"] == [0, 0]
+    s = res["stats"]["scheduler"]
+    assert s["lookup_requests"] == 2 and s["held_tokens"] == 0
+    assert s["store.auth_refused"] >= 1
+    assert (tmp_path / "w.log").read_text().count(AUTH_SAID) == 1
+
+
+def test_a_corrupt_block_on_disk_is_recomputed_with_the_same_tokens(
+    vllm_python, smol_model, node, reference, tmp_path
+):
+    node.restart(lambda: _flip_a_byte_of_block(node.wd / "disk", P1[2 * BS : 3 * BS]))
+    spec = vllmutil.kv(
+        f"kvstore://{node.daemon.addr}", tmp_path / "r", "kv_consumer", policy="always", **AUTH
+    )
+    res = vllmutil.run(vllm_python, smol_model, [P1], spec, tmp_path / "r.log")
+    assert res["outputs"] == [reference["P1"]]
+    w = res["stats"]["worker-tp0"]
+    assert w["loaded_tokens"] == 2 * BS  # blocks 0 and 1; block 2 and the rest recomputed
+    assert w["load_error_blocks"] == 3
+    assert w.get("recompute_fallbacks.corrupt", 0) + w.get("recompute_fallbacks.miss", 0) >= 1, w
+
+
+def _flip_a_byte_of_block(disk, tokens: list[int]) -> None:
+    """Flip one payload byte of the stored block holding ``tokens`` (the daemon stopped)."""
+    want = tokens_le_bytes(tokens)
+    env = lmdb.open(str(disk), max_dbs=2, map_size=1 << 30)  # at least the daemon's: a put needs room
+    try:
+        hdr, data = env.open_db(b"hdr"), env.open_db(b"data")
+        with env.begin(write=True) as txn:
+            keys = [k for k, v in txn.cursor(db=hdr) if BlockHeader.decode(v).token_bytes == want]
+            assert len(keys) == 1, f"{len(keys)} stored blocks hold these tokens"
+            payload = bytearray(txn.get(keys[0], db=data))
+            payload[len(payload) // 2] ^= 0xFF
+            txn.put(keys[0], bytes(payload), db=data)
+    finally:
+        env.close()
+
+
 def test_a_daemon_killed_mid_load_ends_in_recompute_with_the_same_tokens(
-    vllm_python, smol_model, node, pd, reference, tmp_path
+    vllm_python, smol_model, node, reference, tmp_path
 ):
     """Last in the module: it kills the module's daemon. One block per read, behind a link
-    of 0.5 s: the daemon is killed once it served the first block of P1's load."""
-    link = SlowLink(node.addr, delay_s=0.5)
-    served = scrape(node.admin).total("tierkv_hits_total")
+        of 0.5 s: the daemon is killed once it sent the first block of PY's load (the next read
+    comes a link delay later)."""
+    daemon = node.daemon
+    link = SlowLink(daemon.addr, delay_s=0.5)
+    sent = node.counter("tierkv_bytes_out_total")  # counted once a reply's bytes have left
     spec = vllmutil.kv(
-        f"kvstore://{link.addr}", tmp_path / "c", "kv_consumer", policy="always", load_batch_blocks=1
+        f"kvstore://{link.addr}", tmp_path / "c", "kv_consumer", policy="always", load_batch_blocks=1, **AUTH
     )
-    proc = vllmutil.start(vllm_python, smol_model, [P1], spec, tmp_path / "c.log")
+    proc = vllmutil.start(vllm_python, smol_model, [PY], spec, tmp_path / "c.log")
     try:
         until(
-            lambda: proc.poll() is not None or scrape(node.admin).total("tierkv_hits_total") > served,
+            lambda: proc.poll() is not None or node.counter("tierkv_bytes_out_total") > sent,
             400,
-            "the daemon to serve the load's first block",
+            "the daemon to have sent the load's first block",
         )
-        node.kill9()
+        daemon.kill9()
         res = vllmutil.wait(proc, tmp_path / "c.log")
     finally:
         proc.kill()
         link.close()
-    assert res["outputs"] == [reference["P1"]]
+    assert res["outputs"] == [reference["PY"]]
     w = res["stats"]["worker-tp0"]
-    assert 0 < w["loaded_tokens"] < 5 * BS, f"the kill did not land mid-load: {w}"
-    assert w["load_error_blocks"] == 5 - w["loaded_tokens"] // BS
+    assert 0 < w["loaded_tokens"] < 4 * BS, f"the kill did not land mid-load: {w}"
+    assert w["load_error_blocks"] == 4 - w["loaded_tokens"] // BS

@@ -1,9 +1,9 @@
-"""``vllm serve`` with tierkv, through the OpenAI client: a 4-turn chat. A server without the
-store answers it first (its replies are the chat's history and the reference); a server with
-the store replays it and saves every turn's prompt; then a fresh server with the store -- and
-without vLLM's own prefix cache, so every reused token comes from tierkv -- replays it again:
-each turn loads all of its prompt's full blocks (the earlier turns and more) from the daemon,
-and every reply equals the reference (float32)."""
+"""``vllm serve`` with tierkv, through the OpenAI client: a 4-turn chat. A server with the store
+holds the chat and saves every turn's prompt; then a server without the store and a fresh
+server with the store -- and without vLLM's own prefix cache, so every reused token comes from
+tierkv -- replay it: each turn of the fresh server loads all of its prompt's full blocks (the
+earlier turns and more) from the daemon, and every reply equals the storeless server's and the
+first server's (float32)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,10 @@ class Server:
             self.proc = subprocess.Popen(
                 cmd, cwd=vllmutil.REPO, env=vllmutil.child_env(), stdout=out, stderr=subprocess.STDOUT
             )
+
+    def wait_ready(self) -> Server:
         until(self._ready, 400, f"vllm serve on port {self.port} to be ready")
+        return self
 
     def _ready(self) -> bool:
         if self.proc.poll() is not None:
@@ -91,9 +94,9 @@ class Server:
             self.proc.wait()
 
 
-def _replay(server: Server, replies: list[str], stats=None) -> list[tuple[str, int, int, float]]:
-    """Each turn's (reply, prompt tokens, cached tokens, tierkv's external tokens for it),
-    the history built from ``replies`` (the reference's)."""
+def _replay(server: Server, replies: list[str] | None, stats=None) -> list[tuple[str, int, int, float]]:
+    """Each turn's (reply, prompt tokens, cached tokens, tierkv's external tokens for it); the
+    history is built from ``replies`` (None: from the server's own replies)."""
     out, messages, before = [], [], 0.0
     for turn, user in enumerate(TURNS):
         messages.append({"role": "user", "content": user})
@@ -101,39 +104,35 @@ def _replay(server: Server, replies: list[str], stats=None) -> list[tuple[str, i
         now = json.loads((stats / "scheduler.json").read_text()).get("external_tokens", 0) if stats else 0
         out.append((reply, prompt_tokens, cached, now - before))
         before = now
-        messages.append({"role": "assistant", "content": replies[turn] if replies else reply})
+        messages.append({"role": "assistant", "content": reply if replies is None else replies[turn]})
     return out
 
 
 def test_a_fresh_server_replays_a_chat_from_the_store_with_the_same_replies(
     vllm_python, smol_model, tmp_path
 ):
+    """The first server (with the store) holds the chat; a server without the store and a fresh
+    server with it (started side by side) replay it with the first server's replies as history."""
     node = launch_daemon(tmp_path / "node")
+    servers: list[Server] = []
     try:
-        ref = Server(vllm_python, smol_model, tmp_path / "ref.log", None)
-        try:
-            reference = _replay(ref, [])
-        finally:
-            ref.stop()
-        replies = [r for r, *_ in reference]
         url = f"kvstore://{node.addr}"
         first = Server(
             vllm_python, smol_model, tmp_path / "s1.log", vllmutil.kv(url, tmp_path / "s1", policy="always")
         )
-        try:
-            saved = _replay(first, replies, tmp_path / "s1")
-            worker = tmp_path / "s1" / "worker-tp0.json"
-            until(
-                lambda: (
-                    (w := json.loads(worker.read_text())).get("saved_blocks", 0)
-                    >= w["save_blocks_staged"]
-                    > 0
-                ),
-                60,
-                "the first server's saves to be written",
-            )
-        finally:
-            first.stop()
+        servers.append(first.wait_ready())
+        chat = _replay(first, None, tmp_path / "s1")
+        replies = [r for r, *_ in chat]
+        worker = tmp_path / "s1" / "worker-tp0.json"
+        until(
+            lambda: (
+                (w := json.loads(worker.read_text())).get("saved_blocks", 0) >= w["save_blocks_staged"] > 0
+            ),
+            60,
+            "the first server's saves to be written",
+        )
+        first.stop()
+        ref = Server(vllm_python, smol_model, tmp_path / "ref.log", None)
         fresh = Server(
             vllm_python,
             smol_model,
@@ -141,13 +140,14 @@ def test_a_fresh_server_replays_a_chat_from_the_store_with_the_same_replies(
             vllmutil.kv(url, tmp_path / "s2", policy="always"),
             "--no-enable-prefix-caching",
         )
-        try:
-            replayed = _replay(fresh, replies, tmp_path / "s2")
-        finally:
-            fresh.stop()
+        servers += [ref, fresh]
+        reference = _replay(ref.wait_ready(), replies)
+        replayed = _replay(fresh.wait_ready(), replies, tmp_path / "s2")
     finally:
+        for server in servers:
+            server.stop()
         node.stop(10)
-    assert [r for r, *_ in saved] == replies
+    assert [r for r, *_ in reference] == replies
     assert [r for r, *_ in replayed] == replies
     for _reply, prompt_tokens, cached, external in replayed:
         full = (prompt_tokens - 1) // BS * BS  # every full block but the one with the last token
