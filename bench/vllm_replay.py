@@ -232,7 +232,7 @@ def main() -> int:
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument(
-        "--cap-blocks", type=int, default=8, help="hash ids (128-token blocks) per prompt at most"
+        "--cap-blocks", type=int, default=6, help="hash ids (128-token blocks) per prompt at most"
     )
     ap.add_argument("--speedup", type=float, default=10.0, help="timestamps divided by this")
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight at most")
