@@ -31,7 +31,9 @@ Contract:
   ``weighted_down_unresponsive``; reads go to its co-owner first) and asked again with one
   small STATS under ``confirm_timeout_s`` (extended by the client's loop lag meanwhile); only
   when that gets no answer is it ejected (``unresponsive``), floor permitting. Any answer
-  lifts the weight.
+  lifts the weight. A late GET or PUT is also lateness the window judges (``late``, floor
+  permitting); a lookup's missed deadline is only a latency sample: lookups that time out
+  together when a node stalls for a moment never make an outlier of it at once.
 - Readmission with backoff: an ejected node stays out ``eject_base_s``; after a failure
   (``down``, ``unresponsive``) that doubles per further failure within ``flap_window_s`` (at
   most ``eject_max_s``); an ejection for slowness never doubles it (on a busy host every node
@@ -194,9 +196,10 @@ class Health:
         """A call ``op`` to ``addr`` missed its deadline after ``seconds`` (its node client
         stays up: this is lateness, not a failure). An EXISTS or STATS is a latency sample of
         the window (a lower bound of the node's); a GET or PUT, whose time grows with its bytes,
-        counts as late like a hedged-away read: both lower its weight, neither ejects it. Then
-        one small call confirms the node still answers at all; a node that does not is
-        weighted down, asked again, and only then ejected (``unresponsive``), floor permitting."""
+        counts as late like a hedged-away read and is judged as lateness by the window (floor
+        permitting); a small call's is judged only by the confirm. The node is weighted down at
+        once; then one small call confirms it still answers at all: an answer lifts the weight,
+        none ejects it (``unresponsive``), floor permitting."""
         kind = "lookup" if op == "EXISTS" else "write" if op == "PUT" else "read" if op == "GET" else "call"
         self.counters[f"{kind}_timeouts"] += 1
         if self._closed or not self.healthy(addr):
@@ -204,16 +207,22 @@ class Health:
         if self._blocked_most(seconds):
             self.counters[f"{kind}_timeouts_loop_lag"] += 1  # the client was late, not the node
             return
-        w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
-        if op in ("GET", "PUT"):
-            w.add_late()
-        else:
-            w.add_latency(self.discounted(seconds))
-        # a deadline missed is silence, judged by the confirm alone (never as slowness): until
-        # it answers, the node is weighted down (reads go to its co-owner first), not ejected
+        # silence first weighs the node down (reads go to its co-owner first). A late GET or
+        # PUT is judged as lateness by the window (a node that moves bytes too slowly loses its
+        # writes to the next rank); a small call that got no answer is silence, which only the
+        # confirm judges: a burst of lookups timing out together (a node stalled for a moment)
+        # would otherwise make an outlier of it at once
         if addr not in self._quiet:
             self._quiet[addr] = time.monotonic()
             self.counters["weighted_down_unresponsive"] += 1
+        w = self.windows.setdefault(addr, Window(self.cfg.health_window_s))
+        if op in ("GET", "PUT"):
+            w.add_late()
+            self._judge(addr, "late")
+            if not self.healthy(addr):
+                return
+        else:
+            w.add_latency(self.discounted(seconds))
         t = self._confirms.get(addr)
         if t is None or t.done():
             self._confirms[addr] = asyncio.get_running_loop().create_task(self._confirm(addr))

@@ -65,18 +65,20 @@ async def test_two_stalled_nodes_stay_in_the_view_and_serve_once_they_resume(sta
             for p in prompts:
                 await c.lookup_prefix([h.key for h, _ in p], LOOKUP_S)
                 views.append(len(c.live_addrs()))
-            h = c.health.counters
-            return h["ejected_unresponsive"] + h["kept_for_floor_unresponsive"]
+            kept = sum(n for k, n in c.health.counters.items() if k.startswith("kept_for_floor_"))
+            return kept >= 1 or len(c.live_addrs()) < 2
 
         try:
-            # both stalled nodes judged silent twice: one ejected, the other kept for the floor
-            await until_async(lookups_until_judged, 60.0, "both stalled nodes judged", ok=lambda n: n >= 2)
+            # one stalled node ejected, an ejection of the other refused for the floor (before:
+            # both ejected, the view down to one node)
+            await until_async(lookups_until_judged, 60.0, "the floor to hold off an ejection")
         finally:
             for d in stalled:
                 d.signal(signal.SIGCONT)
         floor = c.health.view_floor()
         assert floor == 2 and min(views) >= floor, f"the view fell under its floor: {sorted(set(views))}"
-        assert c.health.counters["ejected_unresponsive"] <= 3 - floor
+        ejected = sum(n for k, n in c.health.counters.items() if k.startswith("ejected_"))
+        assert ejected <= 3 - floor, dict(c.health.counters)
         assert len(c.live_addrs()) >= floor
         for d in stalled:
             await until_async(lambda d=d: _answers(d.addr), 30.0, f"{d.addr} to answer after SIGCONT")
@@ -91,8 +93,8 @@ async def test_two_stalled_nodes_stay_in_the_view_and_serve_once_they_resume(sta
 
 
 async def test_a_silent_node_is_weighted_down_before_it_is_ejected(start_daemon):
-    """One node stopped: its first unanswered confirm lowers its weight (still in the view),
-    the second ejects it (the floor allows one out of three)."""
+    """One node stopped: its first missed deadline lowers its weight (still in the view); an
+    unanswered confirm or its window then ejects it (the floor allows one out of three)."""
     ds, c = await _cluster(start_daemon, eject_base_s=600.0, eject_max_s=600.0, confirm_timeout_s=0.3)
     stalled = ds[0]
     try:
@@ -107,11 +109,11 @@ async def test_a_silent_node_is_weighted_down_before_it_is_ejected(start_daemon)
                 if c.health.quiet(stalled.addr) and stalled.addr in c.live_addrs():
                     seen_quiet_in_view = True
                     assert c.health.weight(stalled.addr) < 0.5
-            return c.health.counters["ejected_unresponsive"] >= 1
+            return stalled.addr not in c.live_addrs()
 
         await until_async(step, 60.0, "the stalled node ejected")
         assert c.health.counters["weighted_down_unresponsive"] >= 1
-        assert seen_quiet_in_view, "ejected without being weighted down first"
+        assert seen_quiet_in_view, f"ejected without being weighted down first: {dict(c.health.counters)}"
         assert stalled.addr not in c.live_addrs()
     finally:
         stalled.signal(signal.SIGCONT)
