@@ -122,6 +122,7 @@ class ChaosResult:
     reads: int = 0
     read_hits: int = 0
     under_2_after_settle: int = 0
+    held_below_a_lost_block: int = 0  # still stored, unreachable: an ancestor is held nowhere
     settle_s: float = 0.0
 
     def line(self) -> str:
@@ -130,8 +131,16 @@ class ChaosResult:
             f"copies); lost {self.lost} ({self.lost_excused} by a wipe of their last copy or of a parent's), by the fault after "
             f"their acknowledgment {dict(self.lost_by_last_fault)}; wrong bytes {self.wrong}; reads "
             f"{self.read_hits}/{self.reads} hit; {self.under_2_after_settle} under 2 copies after "
-            f"{self.settle_s:.0f} s of settling"
+            f"{self.settle_s:.0f} s of settling; {self.held_below_a_lost_block} still held below a lost block"
         )
+
+
+def _cut_off(holders: list[list[int]], parents: list[int | None]) -> list[bool]:
+    """Per block (parents listed before their children), whether an ancestor is held nowhere."""
+    cut = [False] * len(holders)
+    for j, p in enumerate(parents):
+        cut[j] = p is not None and (not holders[p] or cut[p])
+    return cut
 
 
 class Chaos:
@@ -274,17 +283,24 @@ class Chaos:
         r = self.result
         r.acked = len(self.acked)
         r.acked_2 = sum(a.copies >= 2 for a in self.acked)
+        index = {a.key: j for j, a in enumerate(self.acked)}
+        parents = [index.get(a.parent) for a in self.acked]
         t0 = time.monotonic()
         while True:  # repair's time to put back the second copies
             holders = await self._holders()
-            # a block whose last copy a wipe destroyed cannot come back: not waited for
-            under = sum(len(h) < 2 and (bool(h) or j not in self.excused) for j, h in enumerate(holders))
+            cut = _cut_off(holders, parents)
+            # a block whose last copy a wipe destroyed cannot come back, and one below a block
+            # held nowhere is unreachable (the orphan pass's to drop): neither is waited for
+            under = sum(
+                len(h) < 2 and not cut[j] and (bool(h) or j not in self.excused)
+                for j, h in enumerate(holders)
+            )
             if under == 0 or time.monotonic() - t0 > settle_s:
                 break
             await asyncio.sleep(1.0)
         r.settle_s = time.monotonic() - t0
         r.under_2_after_settle = under
-        index = {a.key: j for j, a in enumerate(self.acked)}
+        r.held_below_a_lost_block = sum(bool(h) and cut[j] for j, h in enumerate(holders))
         gone: set[int] = set()  # lost and excused: a wipe took the last copy, or its parent's
         for j, (a, h) in enumerate(zip(self.acked, holders)):  # parents before their children
             if not h:
