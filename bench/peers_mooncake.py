@@ -52,12 +52,10 @@ def segment(master: str, meta: str, nbytes: int) -> None:
     del st
 
 
-def main() -> int:
-    if sys.argv[1] == "--segment":
-        segment(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-        return 0
-    size, count = int(sys.argv[1]), int(sys.argv[2])
-    nbytes = size * count
+def start_store(segment_bytes: int) -> tuple[subprocess.Popen, subprocess.Popen, str, str]:
+    """``mooncake_master`` (HTTP metadata server in it) from this interpreter's venv and a store
+    process holding a ``segment_bytes`` segment (it prints "up" once mounted; closing its stdin
+    ends it): (master, segment, master address, metadata URL). Also bench/vllm_mooncake.py's."""
     rpc, http = _port(), _port()
     bindir = Path(sys.executable).parent
     master_bin = shutil.which("mooncake_master", path=str(bindir)) or "mooncake_master"
@@ -75,12 +73,22 @@ def main() -> int:
     time.sleep(2)
     maddr, meta = f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
     seg = subprocess.Popen(
-        [sys.executable, __file__, "--segment", maddr, meta, str(3 * nbytes + (256 << 20))],
+        [sys.executable, __file__, "--segment", maddr, meta, str(segment_bytes)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    return master, seg, maddr, meta
+
+
+def main() -> int:
+    if sys.argv[1] == "--segment":
+        segment(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return 0
+    size, count = int(sys.argv[1]), int(sys.argv[2])
+    nbytes = size * count
+    master, seg, maddr, meta = start_store(3 * nbytes + (256 << 20))
     try:
         if seg.stdout.readline().strip() != "up":
             print(json.dumps({"ready": False, "why": "store segment did not start"}), flush=True)

@@ -19,13 +19,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from repair import free_port  # noqa: E402
+from peers_mooncake import start_store  # noqa: E402
 from vllm_bench import run_child, vllm_env  # noqa: E402
 
 VENV = REPO / ".venv-vllm-mooncake"
@@ -52,36 +51,7 @@ def inside(spec_path: str, work: str) -> int:
     # without it the transfer engine refuses to start with no address but loopback's
     os.environ.update(MC_TCP_BIND_ADDRESS="127.0.0.1", MC_TCP_ADMISSION_TIMEOUT_MS="20000")
     spec = json.loads(Path(spec_path).read_text())
-    rpc, http = free_port(), free_port()
-    master_bin = shutil.which("mooncake_master", path=str(VENV / "bin")) or "mooncake_master"
-    with open(wd / "master.log", "wb") as log:
-        master = subprocess.Popen(
-            [
-                master_bin,
-                f"--rpc_port={rpc}",
-                "--enable_http_metadata_server=true",
-                "--http_metadata_server_host=127.0.0.1",
-                f"--http_metadata_server_port={http}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    time.sleep(2)
-    maddr, meta = f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
-    seg = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "bench" / "peers_mooncake.py"),
-            "--segment",
-            maddr,
-            meta,
-            str(SEGMENT_BYTES),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    master, seg, maddr, meta = start_store(SEGMENT_BYTES)
     try:
         if seg.stdout.readline().strip() != "up":
             print(json.dumps({"skipped": "Mooncake's store segment did not start"}), flush=True)
