@@ -42,11 +42,18 @@ async def test_cluster_slow_node_behind_a_token_bucket_stays_out_and_replicas_se
             assert len(res) == len(p) and all(
                 bytes(b) == x for r, b, (_, x) in zip(res, bufs, p) if r.status is Status.HIT
             )
-            out.append(slow.addr not in c.live_addrs())
-    first = out.index(True)  # ejected at some point
-    print(f"{len(out)} requests; ejected after {first}; readmitted {c.counters['marked_up']} times")
-    assert all(out[first:]), "the slow node was let back in"
-    assert c.counters["marked_up"] == 0
+            # out of the read path: ejected, or weighted down for silence (reads ask its
+            # co-owner first; such a node may never be asked again, so never be ejected)
+            out.append(slow.addr not in c.live_addrs() or c.health.quiet(slow.addr))
+    seen = f"{len(out)} requests, misses {misses}, health counters {dict(c.health.counters)}"
+    assert True in out, f"the slow node was never taken out of the read path: {seen}"
+    first = out.index(True)
+    kept_out = sum(out[first:]) / len(out[first:])
+    print(f"{len(out)} requests; out after {first}; out {kept_out:.3f} of the rest; {seen}")
+    # a weighted-down node whose confirm answered is lifted once, then ejected by its next late
+    # read: a request or two back in the path, never a readmission
+    assert kept_out >= 0.9, f"the slow node was let back in: out {kept_out:.3f} of the rest; {seen}"
+    assert c.counters["marked_up"] == 0, seen
     assert misses <= 2, misses  # only the request that found it slow may miss, then replicas serve
     hosts.net.heal(slow.host)
     await c.close()
