@@ -27,9 +27,5 @@ class RequestError(EngineError):
         self.param = param
 
 
-class OutOfPagesError(EngineError):
-    """The page pool cannot hold a request even when it runs alone."""
-
-
 class ConnectorError(EngineError):
     """An unknown ``--kv-connector`` URL scheme or a connector that failed to start."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import itertools
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
@@ -69,7 +68,6 @@ class Sequence:
     connector_lookup: object = None  # its record, handed back to the connector's load and save
     finish_reason: str | None = None
     generator: object = None  # torch.Generator for seeded sampling
-    seq_no: int = field(default_factory=itertools.count().__next__)
     saved: bool = False
     prompt_keys: list = field(default_factory=list)
     engine_keys: object = None

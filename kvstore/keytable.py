@@ -85,10 +85,6 @@ class KeyTable:
         """The key's filter cell: the top ``bits + _FILTER_BITS`` bits of its hash."""
         return (((hi ^ lo) * self._mul) >> self._shift).astype(np.int64)
 
-    def _home(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        """The key's first index slot: its cell's top ``bits`` bits."""
-        return self._cell(hi, lo) >> _FILTER_BITS
-
     def _probe(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
         """Per key its live entry through the index, else -1 (``take``, not fancy indexing:
         several times faster for gathers of this size). Keys whose filter cell is unset are

@@ -84,7 +84,6 @@ class Landing:
         self.total = sum(v.nbytes for v in views)
         self.i = 0  # the view being filled
         self.pos = 0  # bytes of it already there
-        self.received = 0  # bytes of all views already there
         self.digests: list[int | None] = [None] * len(views)
         self.result: Any = None
         self._hasher = hasher
@@ -101,7 +100,6 @@ class Landing:
     def _landed(self, n: int) -> None:
         """``n`` bytes arrived at ``views[i][pos:]`` and on, in order: hash them, move on."""
         views = self.views
-        self.received += n
         while n:
             v = views[self.i]
             step = min(n, v.nbytes - self.pos)

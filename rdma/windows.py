@@ -7,7 +7,7 @@ exactly that payload's range, on that connection's queue pair, with REMOTE_READ 
 REMOTE_WRITE (reservation), and hands out the window's rkey. A type-2 window is reachable
 only through the queue pair it was bound on, so another connection cannot use the key.
 :meth:`Windows.revoke` deallocates the window (the rkey stops working) and must run before the
-slot is released, aborted or committed; :meth:`Windows.revoke_all` before the queue pair is
+slot is released, aborted or committed, and for every open window before the queue pair is
 destroyed.
 
 What ran: only the device-free parts (:func:`inc_rkey`, :func:`mw_access` and :func:`bind_wr`
@@ -101,7 +101,3 @@ class Windows:
                 mw.close()
             except Exception:
                 pass  # the QP is being torn down; the window goes with the PD
-
-    def revoke_all(self) -> None:
-        for rkey in list(self._open):
-            self.revoke(rkey)

@@ -67,10 +67,6 @@ class Admission:
         self.per_tenant: Counter[str] = Counter()
         self._of_tenant: dict[str, dict[Any, None]] = {}
 
-    @property
-    def unauthenticated(self) -> int:
-        return len(self._waiting)
-
     def accept(self, sess: Any) -> Any | None:
         """Take ``sess`` (a new connection) as unauthenticated. Returns the session to drop
         for it (already forgotten here; the caller closes its connection), or None."""

@@ -8,7 +8,6 @@ offsets in range (the slab allocator hands them out). Not thread-safe.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import os
@@ -45,11 +44,6 @@ class HostArena:
             self.view = memoryview(self._mmap)
             if prefault:
                 _touch(self.view)
-
-    @property
-    def address(self) -> int:
-        """Virtual address of byte 0 (for memory registration)."""
-        return ctypes.addressof(ctypes.c_char.from_buffer(self.view))
 
     def write(self, offset: int, src) -> None:
         mv = memoryview(src).cast("B")

@@ -213,13 +213,6 @@ class NamespaceIds:
         """How many ids exist (in use or free), 0 included: ids are ``range(count())``."""
         return len(self._ns)
 
-    def usage_by_namespace(self) -> dict[str, int]:
-        """Hex namespace id -> bytes of its blocks (blocks with none: "")."""
-        out = {ns.hex(): self._bytes[i] for ns, i in self._ids.items()}
-        if self._bytes[0]:
-            out[""] = self._bytes[0]
-        return out
-
     def usage_summary(self, top: int) -> dict:
         """Bounded, whatever the namespaces held: the ``top`` namespaces by bytes (hex id ->
         bytes; blocks with none: ""), the rest summed (``namespaces_other``: count, bytes),

@@ -242,9 +242,6 @@ class PrefixLruOrder:
         if n >= self._kids.get(par, 0):
             heapq.heappush(freed[1 if par in self._on_probation else 0], (self._at[par], par))
 
-    def is_leaf(self, key: bytes) -> bool:
-        return key in self._at and key not in self._kids
-
     def stats(self) -> dict:
         return {
             "policy": self.policy,

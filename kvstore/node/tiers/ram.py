@@ -41,8 +41,5 @@ class IndexMemory:
     def charge(self, nbytes: int) -> None:
         self.used += nbytes
 
-    def refund(self, nbytes: int) -> None:
-        self.used -= nbytes
-
     def stats(self) -> dict[str, int]:
         return {"budget_bytes": self.budget, "used_bytes": self.used}
