@@ -13,8 +13,8 @@ and doomed keys, tombstones, counters; it ends leases and reservations), ``place
 ``leaser`` (lease), ``reader`` (the copying read: lease -> copy -> release), ``writer``
 (reserve -> fill -> commit, put, flush), ``evictor`` and ``inspector`` (list, describe,
 verify, stats). Each part takes (tiers, state, placement) or the subset it uses. What stays
-here is what spans the tiers: presence (:meth:`contains`, :meth:`visible_tiers`,
-:meth:`namespaces`), :meth:`delete`, :meth:`check`, :meth:`open` and :meth:`close`.
+here is what spans the tiers: presence (:meth:`contains`, :meth:`visible_tiers`),
+:meth:`delete`, :meth:`check`, :meth:`open` and :meth:`close`.
 
 Every batched call returns one result per key in input order; failures of one key (corruption,
 no space, I/O error) are per-key statuses and counters, never exceptions. All methods must be
@@ -124,15 +124,10 @@ class NodeStore:
         """The highest tier holding each key, or None. No I/O."""
         return [t.name if (t := self.state.where(k.raw)) is not None else None for k in keys]
 
-    async def namespaces(self, keys: Sequence[BlockKey]) -> list[bytes | None]:
-        """The namespace id (raw 16 bytes) in each stored block's header, None where absent or
-        unreadable: the daemon's per-tenant visibility check on every EXISTS/DELETE. From the
-        tiers' indexes (kept at commit and at open): no I/O, no decode."""
-        return [t.namespace(k.raw) if (t := self.state.where(k.raw)) is not None else None for k in keys]
-
     async def visible_tiers(self, keys: KeyBatch, sees: Callable[[bytes | None], bool]) -> bytes:
         """Per key one tier code (kvstore.lookups): the highest tier holding it when ``sees``
-        accepts its namespace id there (see :meth:`namespaces`), else 0 -- exactly
+        accepts its namespace id there (the raw 16 bytes of the block's header, kept in the tiers'
+        indexes at commit and at open: no I/O, no decode; None for a block with none), else 0 -- exactly
         :meth:`contains` plus the tenant check, so another tenant's block reads as absent.
         The daemon's EXISTS and DELETE (8,192 keys for a long prompt): numpy passes per tier
         over the packed keys (:meth:`LruIndex.probe`), no Python per key. Constant shape:

@@ -1,6 +1,7 @@
-"""NodeStore.namespaces answers from the tiers' indexes (no header read, no decode): it must
-give exactly the decoded header's namespace for DRAM and disk blocks -- also after a restart
-rebuilds the disk index -- and None for absent, deleted and corrupt blocks."""
+"""The tiers' indexes keep each block's namespace id (no header read, no decode) for the
+tenant check, NodeStore.visible_tiers: it must see exactly the decoded header's namespace for
+DRAM and disk blocks -- also after a restart rebuilds the disk index -- and no namespace for
+absent, deleted and corrupt blocks. Asserted through visible_tiers itself (seen_namespaces)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ def _decoded_ns(node_tier, key: bytes) -> bytes:
     return BlockHeader.decode(node_tier.header_sync(key)).namespace.raw
 
 
+async def seen_namespaces(node: NodeStore, keys: list, spaces) -> list[bytes | None]:
+    """Per key the one of ``spaces`` under which the tenant check shows it, None where it
+    shows under none of them nor under any namespace at all (absent to every reader)."""
+    batch = KeyBatch.of(keys)
+    out: list[bytes | None] = [None] * len(keys)
+    for ns in set(spaces):
+        for i, code in enumerate(await node.visible_tiers(batch, lambda seen, ns=ns: seen == ns)):
+            if code:
+                assert out[i] is None, f"key {i} seen under two namespaces"
+                out[i] = ns
+    anyone = await node.visible_tiers(batch, lambda seen: True)
+    assert [bool(c) for c in anyone] == [ns is not None for ns in out], "a block under another namespace"
+    return out
+
+
 async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     cfg = cfg_factory(disk__sync=True)
     node = await NodeStore.open(cfg)
@@ -30,8 +46,9 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     try:
         await node.writer.put(blocks)
         keys = [h.key for h, _ in blocks] + [missing]
-        got = await node.namespaces(keys)
-        assert got == [_decoded_ns(node.dram, h.key.raw) for h, _ in blocks] + [None]
+        decoded = [_decoded_ns(node.dram, h.key.raw) for h, _ in blocks]
+        got = await seen_namespaces(node, keys, decoded)
+        assert got == decoded + [None]
         assert len(set(got[:-1])) == 3, "three namespaces, told apart"
     finally:
         await node.close()
@@ -39,7 +56,7 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     node = await NodeStore.open(cfg_factory(disk__sync=True, dram__capacity=0))
     try:
         assert await node.contains(keys) == ["disk"] * len(blocks) + [None]
-        assert await node.namespaces(keys) == [h.namespace.raw for h, _ in blocks] + [None]
+        assert await seen_namespaces(node, keys, decoded) == decoded + [None]
     finally:
         await node.close()
 
@@ -51,9 +68,10 @@ async def test_deleted_and_leased_then_deleted_blocks_have_no_namespace(node):
     [lease] = await node.leaser.lease(keys[:1])
     assert await node.delete(keys[:2]) == [True, True]
     # the leased one is still in DRAM (freed at release) but deleted: no namespace
-    assert await node.namespaces(keys) == [None, None, blocks[2][0].namespace.raw]
+    spaces = [h.namespace.raw for h, _ in blocks]
+    assert await seen_namespaces(node, keys, spaces) == [None, None, spaces[2]]
     node.state.release([lease])
-    assert await node.namespaces(keys[:1]) == [None]
+    assert await seen_namespaces(node, keys[:1], spaces) == [None]
 
 
 async def test_a_namespace_id_freed_by_deletes_serves_the_next_namespace(node):
@@ -61,8 +79,9 @@ async def test_a_namespace_id_freed_by_deletes_serves_the_next_namespace(node):
     await node.writer.put(a)
     await node.delete([h.key for h, _ in a])
     await node.writer.put(b)
-    assert await node.namespaces([h.key for h, _ in b]) == [OTHER.id.raw] * 4
-    assert await node.namespaces([h.key for h, _ in a]) == [None] * 4
+    spaces = [OTHER.id.raw, a[0][0].namespace.raw]
+    assert await seen_namespaces(node, [h.key for h, _ in b], spaces) == [OTHER.id.raw] * 4
+    assert await seen_namespaces(node, [h.key for h, _ in a], spaces) == [None] * 4
 
 
 async def test_corrupt_disk_header_is_dropped_at_open_and_has_no_namespace(cfg_factory):
@@ -80,7 +99,7 @@ async def test_corrupt_disk_header_is_dropped_at_open_and_has_no_namespace(cfg_f
         f.write(b"\x01")  # the map marker becomes an int: the header no longer parses
     node = await NodeStore.open(cfg)
     try:
-        got = await node.namespaces([h.key for h, _ in blocks])
+        got = await seen_namespaces(node, [h.key for h, _ in blocks], [h.namespace.raw for h, _ in blocks])
         assert got == [blocks[0][0].namespace.raw, None, blocks[2][0].namespace.raw]
     finally:
         await node.close()
@@ -122,8 +141,8 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
 
 
 async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_deletes(cfg_factory):
-    """The bulk probe against the per-key reference (contains, then namespaces, then the
-    tenant check) for every mix of visible namespaces, with blocks on disk only and in DRAM,
+    """The bulk probe against the per-key reference (contains, then each block's namespace as
+    written, then the tenant check) for every mix of visible namespaces, with blocks on disk only and in DRAM,
     in any key order, and a key deleted while leased (absent to every reader)."""
     cfg = cfg_factory(disk__sync=True)
     node = await NodeStore.open(cfg)
@@ -140,7 +159,9 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
         order = [h.key for h, _ in new + old] + missing
         order = order[1::2] + order[::2]  # tiers and namespaces interleaved
         keys = KeyBatch.of(order)
-        tiers, nss = await node.contains(order), await node.namespaces(order)
+        written = {h.key: h.namespace.raw for h, _ in new + old}
+        tiers = await node.contains(order)
+        nss = [written[k] if t is not None else None for k, t in zip(order, tiers)]
         assert {"dram", "disk", None} <= set(tiers), tiers
         spaces = sorted({ns for ns in nss if ns is not None})
         assert len(spaces) == 3
