@@ -4,7 +4,8 @@ average, Markdown tables and the JSON result file (with the command, date and co
 it, which docs/benchmarks.md quotes beside each table).
 
 A bench imports it as ``import common`` (``python bench/x.py`` puts bench/ first on the path);
-importing it puts the repository and tests/ on the path too."""
+importing it puts the repository and tests/ on the path too. It needs only the standard library
+until a daemon is started (bench/peers_mooncake.py runs it in the peers venv, without tierkv)."""
 
 from __future__ import annotations
 
@@ -18,19 +19,20 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemonutil import Daemon
 
 REPO = Path(__file__).resolve().parents[1]
 for _p in (REPO, REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from daemonutil import Daemon, launch_daemon  # noqa: E402
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 __all__ = [
     "REPO",
-    "Daemon",
     "cpu_s",
     "free_port",
     "loadavg",
@@ -54,6 +56,8 @@ def start_daemon(
     """``kvstore serve`` under ``wd`` on ephemeral loopback ports (tests/daemonutil.py's
     ``launch_daemon``): DRAM only unless ``disk``; ``sections`` override config tables
     ({"dram": {"capacity": "1GiB"}}). Stop it with ``.stop()``."""
+    from daemonutil import launch_daemon
+
     return launch_daemon(Path(wd), use_disk=disk, env=env, **sections)
 
 

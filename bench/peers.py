@@ -8,6 +8,9 @@ prefix once:
   raw-1 / raw-4    blocking sendall -> recv_into, 1 or 4 connections (the limit for any TCP store)
   tierkv-1 / -4    ``kvstore serve`` (DRAM only), NodeClient get_into / put with streams=1 or 4
                    (every payload checksum-verified by the client)
+  tierkv:P-1       with ``--policies P,...``: one more daemon per eviction policy P, measured
+                   interleaved with the rest (the eviction order's per-op cost; each ratio
+                   is to tierkv-1, which runs the default policy)
   redis            redis-server (no persistence), redis-py pipelined GET / SET (copied into
                    the same buffers)
   mooncake         Mooncake Store over its TCP protocol (bench/peers_mooncake.py in the peers
@@ -20,6 +23,7 @@ client's and server's CPU seconds per GB. Absent peers are skipped with a note. 
 every round and the load average (``--json``).
 
     python bench/peers.py --json docs/results/peers.json
+    python bench/peers.py --peers redis --sizes 2048 --policies lru --rounds 3   # policy cost
 """
 
 from __future__ import annotations
@@ -40,21 +44,15 @@ import threading
 import time
 from pathlib import Path
 
+import common
 import numpy as np
+from common import REPO, cpu_s
 
 MiB = 1 << 20
 KiB = 1 << 10
-REPO = Path(__file__).resolve().parents[1]
 PEERS_PY = REPO / ".peers" / "bin" / "python"
 SIZES = [(2 * MiB, 256), (32 * MiB, 32), (256 * KiB, 2048)]
 _REQ = struct.Struct(">cQQ")
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_of(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / _TICK
 
 
 # ------------------------------------------------------------------ raw socket
@@ -159,27 +157,19 @@ def _headers(src: np.ndarray, seed: int):
 
 
 class Tierkv:
-    def __init__(self, tmp: Path, size: int, count: int, src: np.ndarray, streams: list[int]) -> None:
+    def __init__(
+        self, tmp: Path, size: int, count: int, src: np.ndarray, streams: list[int], policy: str = ""
+    ) -> None:
         slab = max(size, 2 * MiB)
         cap = 2 * size * count + 8 * slab
-        cfg = tmp / "node.toml"
-        cfg.write_text(
-            f'[dram]\ncapacity = "{cap // MiB}MiB"\nslab_size = "{slab // MiB}MiB"\nprefault = true\n'
-            f'[disk]\nenabled = false\n[server]\nport_file = "{tmp / "ports.json"}"\n'
-            f'max_frame = "{max(64, 2 * slab // MiB + 1)}MiB"\n'
+        self.daemon = common.start_daemon(
+            tmp,
+            dram={"capacity": f"{cap // MiB}MiB", "slab_size": f"{slab // MiB}MiB", "prefault": True},
+            server={"max_frame": f"{max(64, 2 * slab // MiB + 1)}MiB"},
+            **({"eviction": {"policy": policy}} if policy else {}),
         )
-        (tmp / "ports.json").unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--log-level", "WARNING"],
-            cwd=REPO,
-        )
-        for _ in range(600):
-            if (tmp / "ports.json").exists():
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
-        self.addr = f"127.0.0.1:{json.loads((tmp / 'ports.json').read_text())['data_port']}"
-        self.pid = self.proc.pid
+        self.addr = self.daemon.addr
+        self.pid = self.daemon.proc.pid
         self.src = src
         self.ns, self.fetch_hdrs = _headers(src, 1)
         self.fetch_keys = [h.key for h in self.fetch_hdrs]
@@ -198,9 +188,10 @@ class Tierkv:
         assert all(r.status.ok for r in res) and len(res) == len(self.src), res[:3]
 
     async def fetch(self, streams: int, dst: np.ndarray) -> int:
+        from kvstore.client.read import get_into
         from kvstore.results import Status
 
-        got = await self.clients[streams].get_into(self.fetch_keys, list(dst))
+        got = await get_into(self.clients[streams], self.fetch_keys, list(dst))
         return len(got) - got.count_of(Status.HIT)  # one GetResults: no record per block
 
     async def store(self, streams: int, _dst: np.ndarray) -> int:
@@ -213,8 +204,7 @@ class Tierkv:
     async def close(self) -> None:
         for c in self.clients.values():
             await c.close()
-        self.proc.terminate()
-        self.proc.wait(30)
+        self.daemon.stop()
 
 
 # ------------------------------------------------------------------ redis
@@ -224,7 +214,7 @@ class Redis:
     def __init__(self, src: np.ndarray) -> None:
         import redis
 
-        self.port = _free_port()
+        self.port = common.free_port()
         self.proc = subprocess.Popen(
             [shutil.which("redis-server"), "--port", str(self.port), "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
@@ -321,36 +311,33 @@ def mooncake_absent() -> str | None:
 # ------------------------------------------------------------------ driver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _timed(fn, server_pid: int | None) -> tuple[float, float, float, int]:
     """(seconds, client CPU s, server CPU s, failures) of the blocking call ``fn()``."""
-    srv0 = cpu_of(server_pid) if server_pid else 0.0
+    srv0 = cpu_s(server_pid) if server_pid else 0.0
     c0, t0 = time.process_time(), time.perf_counter()
     bad = fn()
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return dt, cpu, (cpu_of(server_pid) - srv0 if server_pid else 0.0), bad
+    return dt, cpu, (cpu_s(server_pid) - srv0 if server_pid else 0.0), bad
 
 
 async def _atimed(coro_fn, server_pid: int) -> tuple[float, float, float, int]:
-    srv0 = cpu_of(server_pid)
+    srv0 = cpu_s(server_pid)
     c0, t0 = time.process_time(), time.perf_counter()
     bad = await coro_fn()
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return dt, cpu, cpu_of(server_pid) - srv0, bad
+    return dt, cpu, cpu_s(server_pid) - srv0, bad
 
 
-async def bench_size(size: int, count: int, rounds: int, peers: set[str], notes: list[str]) -> list[dict]:
+async def bench_size(
+    size: int, count: int, rounds: int, peers: set[str], policies: list[str], notes: list[str]
+) -> list[dict]:
     nbytes = size * count
     src = np.random.default_rng(size).integers(0, 256, (count, size), dtype=np.uint8)
     dst = np.ones((count, size), np.uint8)  # touched: no first-fetch page faults
     samples: dict[tuple[str, str], list[tuple]] = {}
     runners: dict[str, tuple] = {}  # name -> (fetch, store, after_store)
     closers = []
+    kvs: list[Tierkv] = []
     with tempfile.TemporaryDirectory() as td:
         try:
             for k in (1, 4):
@@ -361,14 +348,18 @@ async def bench_size(size: int, count: int, rounds: int, peers: set[str], notes:
                     lambda raw=raw: _timed(lambda: raw.run(b"P", src), raw.pid),
                     None,
                 )
-            kv = Tierkv(Path(td), size, count, src, [1, 4])
-            await kv.start()
-            for s in (1, 4):
-                runners[f"tierkv-{s}"] = (
-                    lambda s=s: _atimed(lambda: kv.fetch(s, dst), kv.pid),
-                    lambda s=s: _atimed(lambda: kv.store(s, dst), kv.pid),
-                    lambda s=s: kv.after_store(s),
+            for policy in ["", *policies]:
+                kv = Tierkv(
+                    Path(td) / (policy or "default"), size, count, src, [1] if policy else [1, 4], policy
                 )
+                kvs.append(kv)
+                await kv.start()
+                for s in kv.streams:
+                    runners[f"tierkv{':' + policy if policy else ''}-{s}"] = (
+                        lambda s=s, kv=kv: _atimed(lambda: kv.fetch(s, dst), kv.pid),
+                        lambda s=s, kv=kv: _atimed(lambda: kv.store(s, dst), kv.pid),
+                        lambda s=s, kv=kv: kv.after_store(s),
+                    )
             if "redis" in peers:
                 rd = Redis(src)
                 closers.append(rd.close)
@@ -407,7 +398,7 @@ async def bench_size(size: int, count: int, rounds: int, peers: set[str], notes:
                                 await a
                 print(f"{size // KiB} KiB x{count} round {rnd + 1}/{rounds} done", flush=True)
         finally:
-            if "tierkv-1" in runners:
+            for kv in kvs:
                 await kv.close()
             for c in closers:
                 c()
@@ -429,31 +420,49 @@ async def bench_size(size: int, count: int, rounds: int, peers: set[str], notes:
         )
     base = {(r["op"], r["peer"]): r["gbps"] for r in rows}
     for r in rows:
-        ref = "raw-4" if r["peer"].endswith("-4") else "raw-1"
+        ref = (
+            "raw-4"
+            if r["peer"].endswith("-4")
+            else "tierkv-1"
+            if r["peer"].startswith("tierkv:")
+            else "raw-1"
+        )
         r["vs_raw"] = r["gbps"] / base[(r["op"], ref)]
         r["raw_ref"] = ref
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    raw = {(r["block_kib"], r["op"], r["peer"]): r for r in rows if r["peer"].startswith("raw")}
-    out = [
-        "| blocks | op | peer | GB/s | / raw | client CPU s/GB (raw's) | server CPU s/GB (raw's) | failures |",
-        "|---|---|---|---|---|---|---|---|",
+    """One row per block size, op and peer: GB/s, its ratio to its reference (raw-1, raw-4 for
+    4 streams, tierkv-1 for a policy), CPU s per GB of client and server beside the raw's."""
+    by = {(r["block_kib"], r["op"], r["peer"]): r for r in rows}
+
+    def row(r: dict) -> tuple:
+        kib = r["block_kib"]
+        raw = by[(kib, r["op"], "raw-4" if r["raw_ref"] == "raw-4" else "raw-1")]
+        cpu = [f"{r[k]:.2f} ({raw[k]:.2f})" for k in ("client_cpu_s_per_gb", "server_cpu_s_per_gb")]
+        blocks = f"{r['blocks']} x {kib // 1024} MiB" if kib >= 1024 else f"{r['blocks']} x {kib} KiB"
+        return (
+            blocks,
+            r["op"],
+            r["peer"],
+            f"{r['gbps']:.2f}",
+            f"{r['vs_raw']:.2f} ({r['raw_ref']})",
+            *cpu,
+            r["failures"],
+        )
+
+    header = [
+        "blocks",
+        "op",
+        "peer",
+        "GB/s",
+        "/ ref",
+        "client CPU s/GB (raw's)",
+        "server CPU s/GB (raw's)",
+        "failures",
     ]
-    for r in rows:
-        ref = raw[(r["block_kib"], r["op"], r["raw_ref"])]
-        blk = (
-            f"{r['blocks']} x {r['block_kib'] // 1024} MiB"
-            if r["block_kib"] >= 1024
-            else f"{r['blocks']} x {r['block_kib']} KiB"
-        )
-        out.append(
-            f"| {blk} | {r['op']} | {r['peer']} | {r['gbps']:.2f} | {r['vs_raw']:.2f} ({r['raw_ref']}) | "
-            f"{r['client_cpu_s_per_gb']:.2f} ({ref['client_cpu_s_per_gb']:.2f}) | "
-            f"{r['server_cpu_s_per_gb']:.2f} ({ref['server_cpu_s_per_gb']:.2f}) | {r['failures']} |"
-        )
-    return "\n".join(out)
+    return common.md_table(header, [row(r) for r in rows])
 
 
 async def amain(args) -> int:
@@ -471,14 +480,15 @@ async def amain(args) -> int:
     if "mooncake" in peers and (why := mooncake_absent()):
         notes.append(f"mooncake skipped: {why}")
         peers.discard("mooncake")
-    load_before = os.getloadavg()
+    load_before = common.loadavg()
+    print(f"load average (1, 5, 15 min) before: {load_before}", flush=True)
     rows = []
     sizes = [s for s in SIZES if str(s[0] // KiB) in args.sizes.split(",")] if args.sizes else SIZES
+    policies = [p for p in args.policies.split(",") if p]
     for size, count in sizes:
-        rows += await bench_size(size, count, args.rounds, peers, notes)
-    load = {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]}
+        rows += await bench_size(size, count, args.rounds, peers, policies, notes)
+    load = {"before": load_before, "after": common.loadavg()}
     doc = {
-        "host_cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "rounds": args.rounds,
         "load_avg": load,
@@ -490,9 +500,7 @@ async def amain(args) -> int:
     for n in notes:
         print("note:", n)
     print(f"load average (1, 5, 15 min): before {load['before']}, after {load['after']}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+    common.write_json(args.json, doc)
     return 0
 
 
@@ -506,6 +514,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peers", default="redis,mooncake", help="besides raw and tierkv")
     ap.add_argument("--sizes", default="", help="block sizes in KiB to run (default all: 2048,32768,256)")
+    ap.add_argument("--policies", default="", help="eviction policies, one more daemon each (tierkv:P-1)")
     return asyncio.run(amain(ap.parse_args()))
 
 
