@@ -10,8 +10,14 @@ payload costs a few syscalls and no per-chunk futures.
 
 :class:`SocketChannel` is bound to one event loop. It carries one send and one receive at a
 time, which may run at once (the daemon reads a connection's next request while its sender
-task sends the previous reply); never two sends, or two receives, at once. Both ends of the data port use it; :mod:`rdma.tcp` moves descriptors'
+task sends the previous reply); never two sends, or two receives, at once. Both ends of the
+data port use it; :mod:`rdma.tcp` moves descriptors'
 bytes over it. This module knows bytes and frames, never the store's ops or fields.
+
+It stays one file (~400 lines) because it is one class: every send and receive path shares the
+socket's loop registrations (:class:`_Watch`), its worker hand-off and its byte counters; the
+per-syscall loops themselves live in :mod:`rdma.bursts`. Most of its length is the measured
+reasons behind each mode, kept beside the code they justify.
 """
 
 from __future__ import annotations
@@ -98,10 +104,11 @@ class SocketChannel:
         self._worker_wait_s = worker_wait_s
         self._send_slices = send_slice_s > 0
         self.closed = False
-        self._reader_fd: int | None = None  # registered with _on_readable (see _wait_readable)
-        self._reader_wait: asyncio.Future | None = None
-        self._writer_fd: int | None = None  # registered with _on_writable while a send waits
-        self._writer_wait: asyncio.Future | None = None
+        # the reader stays registered across waits (see _on_readable), the writer while a send
+        # waits: a large send waits once per socket buffer drained, and two epoll_ctl calls per
+        # wait were a tenth of a daemon's loop time on a 256 KiB-block GET
+        self._reader = _Watch(self._loop.add_reader, self._loop.remove_reader, self._on_readable)
+        self._writer = _Watch(self._loop.add_writer, self._loop.remove_writer, self._on_writable)
         self.bytes_in = 0
         self.bytes_out = 0
 
@@ -129,52 +136,22 @@ class SocketChannel:
         fd = self.sock.fileno()
         if fd < 0:
             raise ConnectionError("channel closed")
-        fut = self._loop.create_future()
-        if not write:
-            await self._wait_readable(fd, fut)
-            return
-
-        # the writer stays registered until the send that waits ends (:meth:`send`): a large
-        # send waits once per socket buffer drained, and two epoll_ctl calls per wait were a
-        # tenth of a daemon's loop time on a 256 KiB-block GET
-        self._writer_wait = fut
-        if self._writer_fd is None:
-            self._loop.add_writer(fd, self._on_writable)
-            self._writer_fd = fd
-        try:
-            await fut
-        finally:
-            self._writer_wait = None
+        await (self._writer if write else self._reader).wait(fd, self._loop.create_future())
 
     def _on_writable(self) -> None:
-        fut = self._writer_wait
+        fut = self._writer.waiter
         if fut is not None and not fut.done():
             fut.set_result(None)
 
-    def _stop_writer(self) -> None:
-        if self._writer_fd is not None:
-            fd, self._writer_fd = self._writer_fd, None
-            self._loop.remove_writer(fd)
-
-    async def _wait_readable(self, fd: int, fut: asyncio.Future) -> None:
-        """Wait for ``fd`` to be readable. The reader stays registered after the wait (most
-        waits are followed by another: a daemon's next request, a client's next reply), which
-        saves two epoll_ctl calls and the selector's bookkeeping per wait; it removes itself
-        when it fires with no one waiting (epoll is level-triggered: it would fire on every
-        pass of the loop) and :meth:`close` removes it."""
-        self._reader_wait = fut
-        if self._reader_fd is None:
-            self._loop.add_reader(fd, self._on_readable)
-            self._reader_fd = fd
-        try:
-            await fut
-        finally:
-            self._reader_wait = None
-
     def _on_readable(self) -> None:
-        fut = self._reader_wait
+        """The reader stays registered after a wait (most waits are followed by another: a
+        daemon's next request, a client's next reply), which saves two epoll_ctl calls and the
+        selector's bookkeeping per wait; it removes itself when it fires with no one waiting
+        (epoll is level-triggered: it would fire on every pass of the loop) and :meth:`close`
+        removes it."""
+        fut = self._reader.waiter
         if fut is None:  # no one waits (nor was woken and not yet resumed): stop watching
-            self._stop_reader()
+            self._reader.stop()
         elif not fut.done() and self._has_input():
             fut.set_result(None)
 
@@ -189,11 +166,6 @@ class SocketChannel:
         except OSError:
             return True
         return True
-
-    def _stop_reader(self) -> None:
-        if self._reader_fd is not None:
-            fd, self._reader_fd = self._reader_fd, None
-            self._loop.remove_reader(fd)
 
     def offloads(self, nbytes: int, send: bool = False) -> bool:
         """Whether a transfer of ``nbytes`` (a send: ``send``) would copy in a worker thread now."""
@@ -233,7 +205,7 @@ class SocketChannel:
         try:
             await self._send(views)
         finally:
-            self._stop_writer()
+            self._writer.stop()
 
     def send_ready(self, views: list[memoryview]) -> int:
         """Send what the socket takes now from ``views`` (byte views, none empty), never
@@ -322,18 +294,26 @@ class SocketChannel:
         without a slot of their own). Never offloaded."""
         buf = bytearray()
         while len(buf) < n:
-            try:
-                data = self.sock.recv(min(n - len(buf), _GROW_CHUNK), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            data = self._recv_now(min(n - len(buf), _GROW_CHUNK), len(buf), n)
+            if data is None:
                 await self._wait(write=False)
-                continue
-            except OSError as exc:
-                raise ConnectionError(f"recv failed: {exc}") from exc
-            if not data:
-                raise ConnectionError(f"peer closed the connection after {len(buf)} of {n} bytes")
-            buf += data
-            self.bytes_in += len(data)
+            else:
+                buf += data
         return buf
+
+    def _recv_now(self, most: int, got: int, total: int) -> bytes | None:
+        """Up to ``most`` bytes the socket holds now, None when it holds none yet.
+        ConnectionError on EOF (naming ``got`` of ``total`` bytes received) or reset."""
+        try:
+            data = self.sock.recv(most, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            raise ConnectionError(f"recv failed: {exc}") from exc
+        if not data:
+            raise ConnectionError(f"peer closed the connection after {got} of {total} bytes")
+        self.bytes_in += len(data)
+        return data
 
     async def readable(self) -> None:
         """Wait until a byte (or EOF) can be read; at once when one is buffered already."""
@@ -357,17 +337,11 @@ class SocketChannel:
         peer costs about the bytes it sent (docs/security.md). ConnectionError on EOF."""
         left = n
         while left > 0:
-            try:
-                data = self.sock.recv(min(left, _DISCARD_CHUNK), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
+            data = self._recv_now(min(left, _DISCARD_CHUNK), n - left, n)
+            if data is None:
                 await self._wait(write=False)
-                continue
-            except OSError as exc:
-                raise ConnectionError(f"recv failed: {exc}") from exc
-            if not data:
-                raise ConnectionError(f"peer closed the connection after {n - left} of {n} bytes")
-            left -= len(data)
-            self.bytes_in += len(data)
+            else:
+                left -= len(data)
 
     async def send_frame(self, header: dict[str, Any], payloads: Sequence[Any] = ()) -> None:
         """Send one frame; ``plen`` is set from ``payloads`` (which are sent without copying)."""
@@ -387,9 +361,36 @@ class SocketChannel:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._stop_reader()  # first: the loop must not watch an fd number about to be reused
-            self._stop_writer()
+            self._reader.stop()  # first: the loop must not watch an fd number about to be reused
+            self._writer.stop()
             self.sock.close()
+
+
+class _Watch:
+    """One direction's registration of a channel's socket with the event loop, kept across
+    waits until :meth:`stop`; ``waiter`` is the future a wait awaits, None between waits."""
+
+    __slots__ = ("_add", "_remove", "_on_ready", "fd", "waiter")
+
+    def __init__(self, add: Callable, remove: Callable, on_ready: Callable[[], None]) -> None:
+        self._add, self._remove, self._on_ready = add, remove, on_ready
+        self.fd: int | None = None
+        self.waiter: asyncio.Future | None = None
+
+    async def wait(self, fd: int, fut: asyncio.Future) -> None:
+        self.waiter = fut
+        if self.fd is None:
+            self._add(fd, self._on_ready)
+            self.fd = fd
+        try:
+            await fut
+        finally:
+            self.waiter = None
+
+    def stop(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            self._remove(fd)
 
 
 def _retrieved(fut: asyncio.Future) -> None:
