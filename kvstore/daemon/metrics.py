@@ -185,7 +185,7 @@ class DaemonMetrics:
     def collect(self) -> _Collected:
         """Every family's samples now (on the loop: the collectors read the node's state),
         for :meth:`_Collected.render` off it. Bounded in size: per tier, tenants and the top
-        namespaces (kvstore.node.tiers.index.NamespaceIds.usage_summary)."""
+        namespaces (kvstore.node.tiers.namespace_ids.NamespaceIds.usage_summary)."""
         return _Collected(list(self.registry.collect()))
 
     def snapshot(self) -> dict[str, float]:

@@ -12,7 +12,8 @@ import numpy as np
 
 from kvstore.keys import KeyBatch
 from kvstore.keytable import key_pairs
-from kvstore.node.tiers.index import _SYNC_EVERY, LruIndex, NamespaceIds
+from kvstore.node.tiers.index import _SYNC_EVERY, LruIndex
+from kvstore.node.tiers.namespace_ids import NamespaceIds
 
 NS = [None, b"a" * 16, b"b" * 16, b"c" * 16]
 

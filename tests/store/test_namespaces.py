@@ -11,7 +11,7 @@ from kvstore.block import BlockHeader
 from kvstore.keys import KeyBatch, Namespace
 from kvstore.lookups import tier_names
 from kvstore.node.store import NodeStore
-from kvstore.node.tiers.index import NamespaceIds
+from kvstore.node.tiers.namespace_ids import NamespaceIds
 
 KiB = 1 << 10
 OTHER = Namespace("other-model", "float16", 4)

@@ -3,7 +3,7 @@
 
 A namespace id is a hash salted with its tenant (kvstore.keys), so a tier cannot tell from a
 block whose it is; the daemon can, at HELLO, when it salts the namespaces a tenant declares
-(:meth:`NamespaceOwners.claim`). Every tier's :class:`~kvstore.node.tiers.index.NamespaceIds`
+(:meth:`NamespaceOwners.claim`). Every tier's :class:`~kvstore.node.tiers.namespace_ids.NamespaceIds`
 sums its bytes per *owner*: the tenant of a claimed namespace, or the namespace itself while
 no HELLO has claimed it (blocks found on disk at start, or copied in by another node's
 repair): a tenant that writes one block per fresh namespace is still one tenant, holding the
@@ -27,7 +27,7 @@ class NamespaceCapError(Exception):
 
 
 class _OwnedIds(Protocol):
-    """What the book needs of a tier's namespace ids (kvstore.node.tiers.index.NamespaceIds)."""
+    """What the book needs of a tier's namespace ids (kvstore.node.tiers.namespace_ids.NamespaceIds)."""
 
     def retag(self, ns: bytes, owner: Hashable) -> None: ...
 
