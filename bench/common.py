@@ -9,6 +9,7 @@ until a daemon is started (bench/peers_mooncake.py runs it in the peers venv, wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,7 +18,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,7 @@ __all__ = [
     "loadavg",
     "md_table",
     "pct",
+    "running_daemon",
     "start_daemon",
     "write_json",
 ]
@@ -51,14 +54,43 @@ def free_port() -> int:
 
 
 def start_daemon(
-    wd: Path, *, disk: bool = False, env: dict[str, str] | None = None, **sections: dict
+    wd: Path, *, disk: bool = False, env: dict[str, str] | None = None, ready_s: float = 0.0, **sections: dict
 ) -> Daemon:
     """``kvstore serve`` under ``wd`` on ephemeral loopback ports (tests/daemonutil.py's
     ``launch_daemon``): DRAM only unless ``disk``; ``sections`` override config tables
-    ({"dram": {"capacity": "1GiB"}}). Stop it with ``.stop()``."""
+    ({"dram": {"capacity": "1GiB"}}). With ``ready_s``, also awaits its ``/readyz`` (a daemon
+    that pins and faults in a large DRAM tier serves only after). Stop it with ``.stop()``."""
     from daemonutil import launch_daemon
+    from polling import until
 
-    return launch_daemon(Path(wd), use_disk=disk, env=env, **sections)
+    daemon = launch_daemon(Path(wd), use_disk=disk, env=env, **sections)
+    if ready_s:
+
+        def ready() -> bool:
+            if daemon.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited ({daemon.proc.returncode}):\n{daemon.logs()}")
+            try:
+                with urllib.request.urlopen(daemon.admin + "/readyz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        try:
+            until(ready, ready_s, "the daemon's /readyz")
+        except BaseException:
+            daemon.stop()
+            raise
+    return daemon
+
+
+@contextlib.contextmanager
+def running_daemon(wd: Path, **kwargs) -> Iterator[Daemon]:
+    """:func:`start_daemon` for a ``with`` block: stopped when it ends."""
+    daemon = start_daemon(wd, **kwargs)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
 
 
 def cpu_s(pids: int | Iterable[int]) -> float:

@@ -1,7 +1,8 @@
 """GPU benchmark for a lent device (not run in CI): a Llama-3.1-8B-shaped model with random
 bf16 weights created on the GPU. Cold prefill at 2K / 8K / 32K tokens with achieved TFLOP/s
 beside a measured bf16 matmul peak, and decode tokens/s at batch 1 and 32. Prints a table;
-``--json PATH`` writes the numbers.
+``--json PATH`` writes the numbers. Also the model shapes and engine helpers
+bench/gpu_serving.py builds its engines with (``llama31_8b``, ``tiny_config``, ``build``, ``ttft``).
 
     python bench/gpu_engine.py --json gpu.json [--backend auto|torch|triton|flash_attn]
 """
@@ -13,6 +14,7 @@ import json
 import time
 
 import torch
+from serving_floors import matmul_peak_tflops
 
 
 def llama31_8b():
@@ -26,17 +28,51 @@ def llama31_8b():
     )  # fmt: skip
 
 
-def matmul_peak_tflops(n: int = 8192, reps: int = 20) -> float:
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
+def tiny_config():
+    """A tiny Llama for ``--tiny`` smoke runs on CPU."""
+    from engine.config import ModelConfig, RopeConfig
+
+    return ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position=8192, rope=RopeConfig(theta=1e4),
+    )  # fmt: skip
+
+
+def build(mc, cfg, url: str | None, backend=None, prefix_cache: bool = True):
+    """An AsyncEngine over random weights of shape ``mc`` (seed 0), its connector on ``url``
+    (``backend``: a store shared with another engine). Random weights have no folder to
+    fingerprint: the engine's prefix cache and the connector get a fixed namespace name."""
+    from connector.config import parse_connector_url
+    from connector.store_connector import StoreConnector
+    from engine.async_engine import AsyncEngine
+    from engine.kv_connector import ConnectorContext
+    from engine.llm import LLMEngine
+
+    eng = LLMEngine.from_random(mc, cfg, seed=0)
+    name = f"random-{mc.hidden_size}x{mc.num_layers}-seed0"
+
+    def ns(bt: int):  # the engine's namespace (KV dtype, layout) under that name
+        return eng.namespace(bt, fingerprint=name)
+
+    if prefix_cache:
+        eng.bm.namespace = ns(cfg.page_size)
+    conn = None
+    if url:
+        ctx = ConnectorContext(cfg.page_size, eng.kv, ns, "", cfg.device, eng.transfer)
+        conn = StoreConnector(ctx, parse_connector_url(url), backend=backend)
+    return AsyncEngine(eng, conn)
+
+
+async def ttft(aeng, prompt: list[int]) -> tuple[float, int, int]:
+    """Seconds to the first token of ``prompt`` (one token generated), cached tokens, the token."""
+    from engine.sequence import SamplingParams
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+    async for out in aeng.generate(prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)):
+        return time.perf_counter() - t0, out.cached_tokens, out.token_id
+    raise RuntimeError("no output")
 
 
 def prefill_flops(mc, n: int) -> float:
@@ -104,7 +140,7 @@ def main() -> None:
         max_num_seqs=max(args.batches), max_model_len=max_len + args.decode_tokens, attention_backend=args.backend,
     )  # fmt: skip
     eng = LLMEngine.from_random(mc, cfg)
-    peak = matmul_peak_tflops()
+    peak = matmul_peak_tflops("cuda", torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     rows = []
     one = SamplingParams(max_tokens=1, temperature=0)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU (docs/benchmarks.md, "GPU"), at most 8 minutes: the CUDA
-# tests, then the serving cases of issue 11 (bench/gpu_serving.py: cold, hbm_hit, dram_hit,
-# remote_hit against a daemon it starts on loopback, auto_remote_hit, then issue 15's fp8 KV
-# cases cold_fp8, remote_hit_fp8, dram_hit_fp8, then decode_b1, decode_b32, prefill_32k, each
-# beside a floor measured in the same run) written to OUTDIR/gpu_serving.json
+# tests, then the serving cases of issue 11 (bench/gpu_serving.py: the TTFT matrix of KV dtype
+# bf16 / fp8 x tier: cold, hbm_hit, remote_hit against a daemon it starts on loopback,
+# auto_remote_hit, dram_hit, disk_hit, and the same with _fp8; then decode_b1, decode_b32,
+# prefill_32k, each beside a floor measured in the same run) written to OUTDIR/gpu_serving.json
 # with each case's engine timeline in OUTDIR/gpu_timeline.json, then the paged attention kernel
 # against gather+SDPA (bench/paged_attention.py, OUTDIR/paged_attention.json). Every step has its own time
 # limit, so one hang costs only its own step; a step that fails does not stop the next.

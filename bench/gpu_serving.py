@@ -11,10 +11,12 @@ A Llama-3.1-8B-shaped model with random bf16 weights, a 32K-token prompt:
                    daemon this script starts on loopback (floor: KV bytes / loopback socket
                    bandwidth over the connector's parallel connections + the tail floor)
   auto_remote_hit  the same with ``policy=auto`` (floor: the cold TTFT: never slower than cold)
-  remote_hit_fp8   remote_hit with ``--kv-cache-dtype fp8_e4m3`` (issue 15): blocks of half the
-                   bytes plus scales, stored by a cold fp8 engine (floor as remote_hit, on the
-                   fp8 bytes); ``x_bf16`` = its TTFT / remote_hit's (target <= 0.6 at 32K)
-  dram_hit_fp8     dram_hit with fp8 KV (floor as dram_hit, on the fp8 bytes; ``x_bf16`` too)
+  disk_hit         the same ``local://`` store reopened with DRAM off: its disk (LMDB, in the
+                   OS page cache) (floor: as dram_hit's, a lower bound)
+  *_fp8            cold, remote, DRAM and disk hits with ``--kv-cache-dtype fp8_e4m3`` (issue
+                   15): blocks of half the bytes plus scales, stored by a cold fp8 engine
+                   (floors as bf16's, on the fp8 bytes); ``x_bf16`` = its TTFT / the bf16
+                   case's (target <= 0.6 at 32K for remote_hit_fp8)
   decode_b1/b32    decode tokens/s at batch 1 and 32 (floor: one weight read per step)
   prefill_32k      one cold prefill (floor: FLOPs at the matmul peak)
 
@@ -24,6 +26,8 @@ Writes a JSON list of rows ``{"case", "tokens", "ttft_ms", "hit_tokens", "floor_
 per layer group its load arrived in, ``[first, stop, load_wait_ms, compute_ms]`` (the engine's
 layer timing, engine/runner.py), printed as a ``layers:`` line too. ``--tiny`` runs the same
 script on CPU with a tiny model and short prompts (a smoke check; its numbers mean nothing).
+The same dtype x tier matrix on CPU with a real model, each hit beside a raw GET of its blocks:
+bench/ttft.py.
 
     python bench/gpu_serving.py --json OUT/gpu_serving.json [--tokens 32768]
     python bench/gpu_serving.py --tiny --json /tmp/x.json
@@ -40,26 +44,19 @@ import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 
+import common
 import torch
+from gpu_engine import build, llama31_8b, prefill_flops, tiny_config, ttft
+from serving_floors import device_copy_bytes_per_s, h2d_bytes_per_s, loopback_bytes_per_s, matmul_peak_tflops
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from gpu_engine import llama31_8b, prefill_flops  # noqa: E402
-from gpu_ttft import build, h2d_bytes_per_s, tiny_config, ttft  # noqa: E402
-from serving_floors import (  # noqa: E402
-    DaemonProcess,
-    device_copy_bytes_per_s,
-    loopback_bytes_per_s,
-    matmul_peak_tflops,
-)
-
-from connector.backends import Backend  # noqa: E402
-from connector.flush import require_saved  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.kv_cache import KVCache  # noqa: E402
-from engine.sequence import SamplingParams  # noqa: E402
-from engine.timeline import PHASES  # noqa: E402
+from connector.backends import Backend
+from connector.flush import require_saved
+from engine.config import EngineConfig
+from engine.kv_cache import KVCache
+from engine.sequence import SamplingParams
+from engine.timeline import PHASES
 
 LOAD_PARALLEL = 4  # the connector's parallel GET batches (= connections used); the floor uses as many
 
@@ -105,117 +102,104 @@ async def _measure(aeng, prompt, timelines: dict, case: str) -> tuple[float, int
     return secs * 1000, cached
 
 
-async def serving(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, timelines: dict) -> None:
+def _kv_bytes(mc, kv_dtype: str, n: int, bt: int) -> int:
+    """Bytes of the whole blocks of an ``n``-token prompt (fp8: plus its fp32 scales)."""
+    if kv_dtype == "fp8_e4m3":
+        scales = 4 * mc.num_layers * 2 * mc.num_kv_heads
+        per_block = bt * KVCache.bytes_per_page(
+            mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, torch.float8_e4m3fn
+        )
+        return n // bt * (per_block + scales)
+    return (
+        n // bt * bt * KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, torch.bfloat16)
+    )
+
+
+async def hits(
+    a, mc, cfg: EngineConfig, kv_dtype: str, n: int, floors: dict, rows: list, timelines: dict
+) -> None:
+    """One KV dtype's row of the matrix. A cold engine computes the prompt and saves it to a
+    daemon (bf16: then hits its own HBM cache); fresh engines' first requests load it from the
+    daemon (bf16: with policy always, then auto); then over an in-process ``local://`` store one
+    engine computes and saves, a fresh one loads from pinned DRAM, and a third from the same
+    store reopened with DRAM off (its disk). Cases of another dtype than bf16 are suffixed
+    (``remote_hit_fp8``) and carry ``x_bf16``."""
+    cfg = dataclasses.replace(cfg, kv_cache_dtype=kv_dtype)
+    sfx = "" if kv_dtype == "bf16" else "_fp8"
+    bf16 = {r["case"]: r["ttft_ms"] for r in rows}
+
+    def add(case: str, ms: float, cached: int, floor_ms: float) -> None:
+        rows.append(_row(case + sfx, n, ms, cached, floor_ms))
+        if sfx:
+            rows[-1]["x_bf16"] = ms / bf16[case] if bf16.get(case) else None
+
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(100, mc.vocab_size - 100, (n,), generator=g).tolist()
     bt = a.block_tokens
-    full = n // bt * bt
-    kv_bytes = full * KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, cfg_dtype(cfg))
+    kv_bytes = _kv_bytes(mc, kv_dtype, n, bt)
     tail = floors["tail_ms"]
-    common = f"lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=600&block_tokens={bt}&load_parallel={LOAD_PARALLEL}"
-    root = tempfile.mkdtemp(prefix="tierkv-gpu-serving-")
-    with DaemonProcess(root, dram_bytes=int(kv_bytes * 1.25) + (256 << 20)) as daemon:
-        remote = f"kvstore://{daemon.addr}?{common}&replicas=1&save_queue_bytes={int(kv_bytes * 1.1)}"
-        # cold, then the engine's own HBM prefix cache; its saves fill the daemon
-        e1 = build(mc, cfg, remote + "&policy=always")
+    opts = f"lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=600&block_tokens={bt}&load_parallel={LOAD_PARALLEL}"
+    opts += f"&save_queue_bytes={int(kv_bytes * 1.1)}"
+    dram = int(kv_bytes * 1.25) + (256 << 20)
+    root = tempfile.mkdtemp(prefix=f"tierkv-gpu-serving-{kv_dtype}-")
+    slab = f"{max(4, kv_bytes // max(1, n // bt) // (1 << 20) + 1)}MiB"  # one block and its header
+    with common.running_daemon(
+        Path(root) / "daemon", dram={"capacity": str(dram), "slab_size": slab}, ready_s=120
+    ) as d:
+        remote = f"kvstore://{d.addr}?{opts}&replicas=1"
+        e1 = build(mc, cfg, remote + "&policy=always", prefix_cache=not sfx)
         await e1.start()
-        cold_ms, _ = await _measure(e1, prompt, timelines, "cold")
-        rows.append(_row("cold", n, cold_ms, 0, floors["prefill_ms"]))
-        require_saved(await e1.connector.flush(600), "gpu_serving: saves to the daemon")
-        hbm_ms, cached = await _measure(e1, prompt, timelines, "hbm_hit")
-        rows.append(_row("hbm_hit", n, hbm_ms, cached, tail))
+        cold_ms, _ = await _measure(e1, prompt, timelines, "cold" + sfx)
+        add("cold", cold_ms, 0, floors["prefill_ms"])
+        require_saved(await e1.connector.flush(600), f"gpu_serving: {kv_dtype} saves to the daemon")
+        if not sfx:
+            hbm_ms, cached = await _measure(e1, prompt, timelines, "hbm_hit")
+            add("hbm_hit", hbm_ms, cached, tail)
         await e1.stop()
         del e1
         _free()
         # fresh engines against the daemon: the first request after start must hit every block
-        bw_net = loopback_bytes_per_s(LOAD_PARALLEL, min(kv_bytes, 1 << 30))
-        floors["loopback_bytes_per_s"] = bw_net
-        for case, policy in (("remote_hit", "always"), ("auto_remote_hit", "auto")):
+        if "loopback_bytes_per_s" not in floors:
+            floors["loopback_bytes_per_s"] = loopback_bytes_per_s(LOAD_PARALLEL, min(kv_bytes, 1 << 30))
+        bw_net = floors["loopback_bytes_per_s"]
+        for case, policy in (("remote_hit", "always"), ("auto_remote_hit", "auto"))[: 1 if sfx else 2]:
             e = build(mc, cfg, remote + f"&policy={policy}", prefix_cache=False)
-            if case == "remote_hit":  # where its time goes, per layer group (no sync added)
+            if case == "remote_hit" and not sfx:  # where its time goes, per layer group (no sync added)
                 e.engine.runner.time_layers(True)
             await e.start()
-            ms, cached = await _measure(e, prompt, timelines, case)
-            if case == "remote_hit":
+            ms, cached = await _measure(e, prompt, timelines, case + sfx)
+            if case == "remote_hit" and not sfx:
                 layers = timelines[case]["layer_groups"] = _layer_groups_ms(e)
                 print("layers:", json.dumps({"case": case, "steps": layers}), flush=True)
-            floor = cold_ms if policy == "auto" else kv_bytes / bw_net * 1000 + tail
-            rows.append(_row(case, n, ms, cached, floor))
+            add(case, ms, cached, cold_ms if policy == "auto" else kv_bytes / bw_net * 1000 + tail)
             await e.stop()
             del e
             _free()
     # pinned DRAM in this process (local://): one engine computes and saves, a fresh one loads
-    local = f"local://{root}/local?{common}&policy=always&dram_capacity={int(kv_bytes * 1.25) + (256 << 20)}&disk_capacity={2 * kv_bytes + (256 << 20)}&save_queue_bytes={int(kv_bytes * 1.1)}"
+    local = f"local://{root}/local?{opts}&policy=always&dram_capacity={dram}&disk_capacity={2 * kv_bytes + (256 << 20)}"
     e1 = build(mc, cfg, local, prefix_cache=False)
     await e1.start()
     await ttft(e1, prompt)
-    require_saved(await e1.connector.flush(600), "gpu_serving: saves to local://")
+    require_saved(await e1.connector.flush(600), f"gpu_serving: {kv_dtype} saves to local://")
     e2 = build(mc, cfg, local, backend=e1.connector.backend, prefix_cache=False)
     await e2.start()
-    ms, cached = await _measure(e2, prompt, timelines, "dram_hit")
-    bw_h2d = h2d_bytes_per_s(cfg.device) or floors["copy_bytes_per_s"]
-    floors["h2d_bytes_per_s"] = bw_h2d
-    rows.append(_row("dram_hit", n, ms, cached, kv_bytes / bw_h2d * 1000 + tail))
+    ms, cached = await _measure(e2, prompt, timelines, "dram_hit" + sfx)
+    if "h2d_bytes_per_s" not in floors:
+        floors["h2d_bytes_per_s"] = h2d_bytes_per_s(cfg.device) or floors["copy_bytes_per_s"]
+    h2d_ms = kv_bytes / floors["h2d_bytes_per_s"] * 1000
+    add("dram_hit", ms, cached, h2d_ms + tail)
     e2.connector.backend = Backend()  # the shared store is closed with e1
     await e2.stop()
     await e1.stop()
     del e1, e2
     _free()
-
-
-async def serving_fp8(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list, timelines: dict) -> None:
-    """remote_hit_fp8 and dram_hit_fp8: the remote and DRAM hits with fp8 KV, each engine a
-    fresh one whose first request must hit every block a cold fp8 engine stored."""
-    cfg = dataclasses.replace(cfg, kv_cache_dtype="fp8_e4m3")
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(100, mc.vocab_size - 100, (n,), generator=g).tolist()
-    bt = a.block_tokens
-    blocks = n // bt
-    scales = 4 * mc.num_layers * 2 * mc.num_kv_heads  # fp32 scales per block
-    kv_bytes = blocks * (
-        bt * KVCache.bytes_per_page(mc.num_layers, 1, mc.num_kv_heads, mc.head_dim, torch.float8_e4m3fn)
-        + scales
-    )
-    tail = floors["tail_ms"]
-    common = f"lookup_deadline_s=60&load_deadline_s=120&save_deadline_s=600&block_tokens={bt}&load_parallel={LOAD_PARALLEL}"
-    bf16 = {r["case"]: r["ttft_ms"] for r in rows}
-    root = tempfile.mkdtemp(prefix="tierkv-gpu-serving-fp8-")
-    with DaemonProcess(root, dram_bytes=int(kv_bytes * 1.25) + (256 << 20)) as daemon:
-        remote = f"kvstore://{daemon.addr}?{common}&replicas=1&save_queue_bytes={int(kv_bytes * 1.1)}&policy=always"
-        e1 = build(mc, cfg, remote, prefix_cache=False)
-        await e1.start()
-        cold_ms, _ = await _measure(e1, prompt, timelines, "cold_fp8")
-        rows.append(_row("cold_fp8", n, cold_ms, 0, floors["prefill_ms"]))
-        require_saved(await e1.connector.flush(600), "gpu_serving: fp8 saves to the daemon")
-        await e1.stop()
-        del e1
-        _free()
-        bw_net = floors.get("loopback_bytes_per_s") or loopback_bytes_per_s(
-            LOAD_PARALLEL, min(kv_bytes, 1 << 30)
-        )
-        e = build(mc, cfg, remote, prefix_cache=False)
-        await e.start()
-        ms, cached = await _measure(e, prompt, timelines, "remote_hit_fp8")
-        rows.append(_row("remote_hit_fp8", n, ms, cached, kv_bytes / bw_net * 1000 + tail))
-        rows[-1]["x_bf16"] = ms / bf16["remote_hit"] if bf16.get("remote_hit") else None
-        await e.stop()
-        del e
-        _free()
-    local = f"local://{root}/local?{common}&policy=always&dram_capacity={int(kv_bytes * 1.25) + (256 << 20)}&disk_capacity={2 * kv_bytes + (256 << 20)}&save_queue_bytes={int(kv_bytes * 1.1)}"
-    e1 = build(mc, cfg, local, prefix_cache=False)
-    await e1.start()
-    await ttft(e1, prompt)
-    require_saved(await e1.connector.flush(600), "gpu_serving: fp8 saves to local://")
-    e2 = build(mc, cfg, local, backend=e1.connector.backend, prefix_cache=False)
-    await e2.start()
-    ms, cached = await _measure(e2, prompt, timelines, "dram_hit_fp8")
-    bw_h2d = floors.get("h2d_bytes_per_s") or h2d_bytes_per_s(cfg.device) or floors["copy_bytes_per_s"]
-    rows.append(_row("dram_hit_fp8", n, ms, cached, kv_bytes / bw_h2d * 1000 + tail))
-    rows[-1]["x_bf16"] = ms / bf16["dram_hit"] if bf16.get("dram_hit") else None
-    e2.connector.backend = Backend()  # the shared store is closed with e1
-    await e2.stop()
-    await e1.stop()
-    del e1, e2
+    # its disk: the same store reopened with DRAM off (one process opens a store once at a time)
+    e3 = build(mc, cfg, local.replace(f"dram_capacity={dram}", "dram_capacity=0"), prefix_cache=False)
+    await e3.start()
+    ms, cached = await _measure(e3, prompt, timelines, "disk_hit" + sfx)
+    add("disk_hit", ms, cached, h2d_ms + tail)
+    await e3.stop()
+    del e3
     _free()
 
 
@@ -283,10 +267,9 @@ def main() -> None:
     ap.add_argument("--decode-prompt", type=int, default=128)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument(
-        "--only",
-        choices=["serving", "fp8", "engine"],
-        help="run one part only (fp8: the bf16 serving cases, then fp8's)",
+        "--kv-dtypes", default="bf16,fp8_e4m3", help="the hits' KV dtypes (the first: bf16's cases)"
     )
+    ap.add_argument("--only", choices=["serving", "engine"], help="run one part only")
     ap.add_argument("--tiny", action="store_true", help="tiny model on CPU: check the script runs")
     ap.add_argument("--json", required=True, help="rows go here")
     ap.add_argument("--timeline", help="per-case engine timelines (default: beside --json)")
@@ -319,9 +302,8 @@ def main() -> None:
     timelines: dict[str, dict] = {}
     try:
         if a.only != "engine":
-            asyncio.run(serving(a, mc, cfg, n, floors, rows, timelines))
-        if a.only in (None, "fp8"):
-            asyncio.run(serving_fp8(a, mc, cfg, n, floors, rows, timelines))
+            for kv_dtype in a.kv_dtypes.split(","):
+                asyncio.run(hits(a, mc, cfg, kv_dtype, n, floors, rows, timelines))
         if a.only in (None, "engine"):
             engine_figures(a, mc, cfg, n, floors, rows)
     finally:  # what was measured is kept even when a later case fails

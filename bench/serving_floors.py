@@ -1,25 +1,19 @@
-"""Floors for bench/gpu_serving.py, measured in the same run as the cases they bound, and the
-daemon the remote cases use.
+"""Floors for bench/gpu_serving.py (and bench/gpu_engine.py's matmul peak), measured in the
+same run as the cases they bound.
 
 - ``matmul_peak_tflops``: a large square matmul in the model's dtype (best of several).
 - ``device_copy_bytes_per_s``: read bandwidth of the device's memory (a large copy reads and
   writes each byte once: 2 x bytes / time).
 - ``loopback_bytes_per_s``: bytes/s over ``streams`` parallel TCP connections on 127.0.0.1
   (what the connector's parallel GETs could move at best).
-- ``DaemonProcess``: ``kvstore serve`` on ephemeral loopback ports, ready (``/readyz``) before
-  it is used, stopped on exit.
+- ``h2d_bytes_per_s``: page-locked host -> device copy bandwidth (a DRAM hit's floor).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import torch
 
@@ -110,56 +104,17 @@ def _loopback_round(streams: int, per: int, chunk: int) -> float:
     return per * streams / secs
 
 
-class DaemonProcess:
-    """``kvstore serve`` with a DRAM tier of ``dram_bytes`` (no disk) under ``root``."""
-
-    def __init__(self, root: str, dram_bytes: int, ready_s: float = 120.0) -> None:
-        self.root, self.dram_bytes, self.ready_s = root, dram_bytes, ready_s
-        self.proc: subprocess.Popen | None = None
-        self.addr = ""
-
-    def __enter__(self) -> DaemonProcess:
-        ports = os.path.join(self.root, "ports.json")
-        cfg = os.path.join(self.root, "node.toml")
-        with open(cfg, "w") as f:
-            f.write(
-                f'[dram]\ncapacity = "{self.dram_bytes}"\n[disk]\nenabled = false\n'
-                f'[server]\nport_file = "{ports}"\n'
-            )
-        log = open(os.path.join(self.root, "daemon.log"), "w")  # noqa: SIM115 - the process owns it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvstore.cli", "serve", "--config", cfg], stdout=log, stderr=log
-        )
-        end = time.monotonic() + self.ready_s
-        while not os.path.exists(ports):
-            self._alive_until(end)
-            time.sleep(0.05)
-        with open(ports) as f:
-            info = json.load(f)
-        self.addr = f"127.0.0.1:{info['data_port']}"
-        ready = f"http://127.0.0.1:{info['admin_port']}/readyz"
-        while True:  # a daemon pins and faults its DRAM tier in before it serves
-            try:
-                with urllib.request.urlopen(ready, timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            self._alive_until(end)
-            time.sleep(0.1)
-
-    def _alive_until(self, end: float) -> None:
-        if self.proc.poll() is not None:
-            raise SystemExit(f"daemon exited with {self.proc.returncode}; see {self.root}/daemon.log")
-        if time.monotonic() > end:
-            self.proc.kill()
-            raise SystemExit(f"daemon not ready after {self.ready_s} s; see {self.root}/daemon.log")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def h2d_bytes_per_s(device: str, nbytes: int = 1 << 30) -> float:
+    """Page-locked host -> device copy bandwidth (best of 5), or 0.0 on CPU."""
+    if not device.startswith("cuda"):
+        return 0.0
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best

@@ -1,6 +1,9 @@
-"""Time to first token, cold vs hit, per tier, beside each hit's floor — SmolLM2-135M on CPU.
+"""Time to first token, cold vs hit, per KV dtype and tier, beside each hit's floor —
+SmolLM2-135M on CPU. (On a GPU: bench/gpu_serving.py, the same dtype x tier cases beside
+hardware floors, run by bench/gpu_run.sh.)
 
-For prompts of 1K, 4K and 8K tokens (``--lengths``):
+For each KV cache dtype (``--kv-dtypes``, default bf16 and fp8_e4m3: fp8 blocks are about half
+the bytes) and prompts of 1K, 4K and 8K tokens (``--lengths``):
 - cold: a fresh engine with an empty store computes the whole prompt;
 - hit from the engine's own prefix cache (HBM tier; on CPU, the same memory): only the tail
   after the last full block is computed — this is also the *tail compute* of every other hit;
@@ -11,23 +14,25 @@ Each hit's floor = the seconds of one raw batched GET of the same blocks from th
 tail compute, both measured right before that hit; each case runs ``--reps`` hits (the engine
 keeps no prefix cache, so each loads again), and its row has the medians (× floor: the median of
 each hit's own ratio), the first hit apart and the hit's engine timeline (lookup, load, compute).
-Target (issue 18): remote hit <= 1.15x its floor. Prints a table, writes JSON (``--json``) and a
-PNG plot (``--plot``). Not a test.
+Every hit's first token is checked against that dtype's cold run. Target (issue 18): remote hit
+<= 1.15x its floor. Prints a table (and fp8 / bf16 per tier), writes JSON (``--json``) and a
+PNG plot of the first dtype (``--plot``). Not a test.
+
+    python bench/ttft.py --json docs/results/ttft.json
+    python bench/ttft.py --lengths 256 --reps 1 --kv-dtypes bf16     # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from pathlib import Path
 
+import common
 import torch
 
 from connector.backends import Backend
@@ -40,16 +45,19 @@ from engine.config import EngineConfig
 from engine.kv_connector import ConnectorContext
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams
+from kvstore.client.read import get_into
 
 ONE = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
 
-def _cfg(prefix_cache: bool) -> EngineConfig:
-    return EngineConfig(kv_cache_bytes=1 << 30, enable_prefix_cache=prefix_cache, max_num_batched_tokens=2048)
-
-
-def _engine(model_dir: str, url: str, prefix_cache: bool, backend=None) -> AsyncEngine:
-    eng = LLMEngine(model_dir, _cfg(prefix_cache))
+def _engine(model_dir: str, url: str, kv_dtype: str, prefix_cache: bool, backend=None) -> AsyncEngine:
+    cfg = EngineConfig(
+        kv_cache_bytes=1 << 30,
+        enable_prefix_cache=prefix_cache,
+        max_num_batched_tokens=2048,
+        kv_cache_dtype=kv_dtype,
+    )
+    eng = LLMEngine(model_dir, cfg)
     ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     conn = StoreConnector(ctx, parse_connector_url(url), backend=backend) if url else None
     return AsyncEngine(eng, conn)
@@ -79,9 +87,9 @@ async def _ttft(aeng: AsyncEngine, prompt: list[int]) -> tuple[float, int, int, 
 async def _get_seconds(backend, keys, block_bytes: int) -> float:
     """Seconds of one batched GET of ``keys`` from ``backend`` into fresh-but-touched buffers."""
     bufs = [torch.zeros(block_bytes, dtype=torch.uint8).numpy() for _ in keys]
-    await backend.get_into(keys, bufs, None, 60)  # warm (connections, page cache)
+    await get_into(backend, keys, bufs, None, 60)  # warm (connections, page cache)
     t = time.perf_counter()
-    res = await backend.get_into(keys, bufs, None, 60)
+    res = await get_into(backend, keys, bufs, None, 60)
     dt = time.perf_counter() - t
     assert all(r.status.name == "HIT" for r in res), [r.status for r in res][:4]
     return dt
@@ -91,7 +99,7 @@ async def _copy_blocks(src, dst, keys, block_bytes: int) -> None:
     """Store in ``dst`` the blocks ``src`` holds under ``keys``, byte for byte (headers too):
     what a connector save of the same prompt would write, without computing it again."""
     bufs = [torch.empty(block_bytes, dtype=torch.uint8).numpy() for _ in keys]
-    res = await src.get_into(keys, bufs, None, 60)
+    res = await get_into(src, keys, bufs, None, 60)
     assert all(r.status.name == "HIT" for r in res)
     report = await dst.put([(r.header, b) for r, b in zip(res, bufs)], 120)
     assert all(r.status.ok for r in report.results), [r.status for r in report.results][:4]
@@ -131,32 +139,18 @@ async def _hits(case, tier: str, n: int, reps: int, tok_cold: int, tail_of, get_
     )
 
 
-def _start_daemon(root: str) -> tuple[subprocess.Popen, str]:
-    ports = os.path.join(root, "ports.json")
-    cfg = os.path.join(root, "node.toml")
-    with open(cfg, "w") as f:
-        f.write(f'[dram]\ncapacity = "2GiB"\n[disk]\nenabled = false\n[server]\nport_file = "{ports}"\n')
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli", "serve", "--config", cfg], stdout=subprocess.DEVNULL
-    )
-    while not os.path.exists(ports):
-        if proc.poll() is not None:
-            raise SystemExit("daemon failed to start")
-        time.sleep(0.05)
-    with open(ports) as f:
-        return proc, f"127.0.0.1:{json.load(f)['data_port']}"
-
-
-async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str, reps: int) -> list[dict]:
+async def bench_length(
+    model_dir: str, n: int, kv_dtype: str, root: str, daemon_addr: str, reps: int
+) -> list[dict]:
     vocab = 49152
     g = torch.Generator().manual_seed(n)
     prompt = torch.randint(100, vocab - 100, (n,), generator=g).tolist()
     rows = []
     opts = "lookup_deadline_s=30&load_deadline_s=60&policy=always"
-    local = f"local://{root}/store-{n}?{opts}"
+    local = f"local://{root}/store-{kv_dtype}-{n}?{opts}"
 
     # cold, then the engine's own prefix cache (tail compute only)
-    a = _engine(model_dir, local, prefix_cache=True)
+    a = _engine(model_dir, local, kv_dtype, prefix_cache=True)
     await _warm(a)
     cold, cached, tok_cold, _ = await _ttft(a, prompt)
     assert cached == 0
@@ -175,7 +169,7 @@ async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str, reps
     rows.append(dict(tokens=n, tier="engine cache", ttft=_med(tails), hit=hit, floor=_med(tails)))
 
     def case(url: str, backend=None) -> AsyncEngine:
-        e = _engine(model_dir, url, prefix_cache=False, backend=backend)
+        e = _engine(model_dir, url, kv_dtype, prefix_cache=False, backend=backend)
         e.prompt, e.block_bytes = prompt, bb
         return e
 
@@ -221,6 +215,8 @@ async def bench_length(model_dir: str, n: int, root: str, daemon_addr: str, reps
     )
     await c.stop()
     for r in rows:
+        r["kv_dtype"] = kv_dtype
+        r["block_bytes"] = bb
         r["speedup"] = cold / r["ttft"]
         r.setdefault("vs_floor", r["ttft"] / r["floor"] if r["floor"] else None)
     return rows
@@ -236,6 +232,7 @@ def plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r["kv_dtype"] == rows[0]["kv_dtype"]]
     tiers = ["cold", "engine cache", "local dram", "local disk", "remote daemon"]
     lengths = sorted({r["tokens"] for r in rows})
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -250,16 +247,43 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_xticks(range(len(lengths)), [f"{n} tokens" for n in lengths])
     ax.set_ylabel("TTFT (ms, log)")
     ax.set_yscale("log")
-    ax.set_title("SmolLM2-135M on CPU: time to first token, cold vs hit (black: hit floor)")
+    ax.set_title(f"SmolLM2-135M on CPU, {rows[0]['kv_dtype']} KV: TTFT cold vs hit (black: hit floor)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def fp8_over_bf16(rows: list[dict]) -> list[dict]:
+    """Per prompt length and tier: fp8's block bytes and TTFT over bf16's (same run)."""
+    by = {(r["kv_dtype"], r["tokens"], r["tier"]): r for r in rows}
+    return [
+        dict(tokens=n, tier=t, block_bytes=f["block_bytes"] / b["block_bytes"], ttft=f["ttft"] / b["ttft"])
+        for (d, n, t), f in by.items()
+        if d == "fp8_e4m3" and (b := by.get(("bf16", n, t)))
+    ]
+
+
+def print_table(rows: list[dict]) -> None:
+    ms = lambda x: None if x is None else round(x * 1000, 1)  # noqa: E731
+    head = ["kv dtype", "tokens", "tier", "TTFT ms", "hit", "speedup", "floor ms", "x floor"]
+    head += ["GET ms", "tail ms", "lookup ms", "load ms", "compute ms", "1st ms"]
+    out = []
+    for r in rows:
+        line = [r["kv_dtype"], r["tokens"], r["tier"], ms(r["ttft"]), r["hit"], round(r["speedup"], 1)]
+        line += [ms(r["floor"]), None if r["vs_floor"] is None else round(r["vs_floor"], 2)]
+        p = r.get("parts")
+        line += [ms(r.get("get_s")), ms(r.get("tail_s"))] + [
+            ms(p[k]) if p else None for k in PARTS if k != "queue"
+        ]
+        out.append([*line, ms(r.get("first_ttft"))])
+    print(common.md_table(head, out))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL_DIR)
     ap.add_argument("--lengths", default="1024,4096,8000")
+    ap.add_argument("--kv-dtypes", default="bf16,fp8_e4m3", help="KV cache dtypes (auto: the model's)")
     ap.add_argument("--reps", type=int, default=3, help="hits per case (medians reported)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
@@ -267,47 +291,26 @@ def main() -> None:
     from rich.console import Console
 
     model_dir = ensure_model(a.model, Console())
-    load0 = os.getloadavg()
+    load0 = common.loadavg()
     root = tempfile.mkdtemp(prefix="tierkv-ttft-")
-    daemon, addr = _start_daemon(root)
+    daemon = common.start_daemon(Path(root) / "daemon", dram={"capacity": "2GiB"})
     rows: list[dict] = []
     try:
-        for n in [int(x) for x in a.lengths.split(",")]:
-            rows += asyncio.run(bench_length(model_dir, n, root, addr, a.reps))
+        for kd in a.kv_dtypes.split(","):
+            for n in [int(x) for x in a.lengths.split(",")]:
+                rows += asyncio.run(bench_length(model_dir, n, kd, root, daemon.addr, a.reps))
     finally:
-        daemon.terminate()
-        daemon.wait(30)
+        daemon.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print(f"load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f}")
-    print(
-        f"{'tokens':>6} {'tier':14} {'TTFT ms':>9} {'hit':>6} {'speedup':>8} {'floor ms':>9} {'x floor':>8}"
-        f" {'GET ms':>7} {'tail ms':>8} {'lookup':>7} {'load':>7} {'compute':>8} {'1st ms':>7}"
-    )
-    for r in rows:
-        floor = f"{r['floor'] * 1000:9.1f}" if r["floor"] else f"{'-':>9}"
-        vs = f"{r['vs_floor']:8.2f}" if r["vs_floor"] else f"{'-':>8}"
-        line = f"{r['tokens']:>6} {r['tier']:14} {r['ttft'] * 1000:9.1f} {r['hit']:>6} {r['speedup']:8.1f} {floor} {vs}"
-        if "parts" in r:
-            p = r["parts"]
-            line += (
-                f" {r['get_s'] * 1000:7.1f} {r['tail_s'] * 1000:8.1f} {p['lookup'] * 1000:7.1f}"
-                f" {p['load'] * 1000:7.1f} {p['compute'] * 1000:8.1f} {r['first_ttft'] * 1000:7.1f}"
-            )
-        print(line)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "cpus": os.cpu_count(),
-                    "model": os.path.basename(model_dir),
-                    "reps": a.reps,
-                    "loadavg_start": load0,
-                    "loadavg_end": os.getloadavg(),
-                    "rows": rows,
-                },
-                f,
-                indent=1,
-            )
+    print(f"load average at start {load0}, at end {common.loadavg()}")
+    print_table(rows)
+    ratios = fp8_over_bf16(rows)
+    for r in ratios:
+        print(
+            f"fp8/bf16 at {r['tokens']} tokens, {r['tier']}: block bytes {r['block_bytes']:.3f}, TTFT {r['ttft']:.2f}"
+        )
+    doc = dict(model=Path(model_dir).name, reps=a.reps, loadavg_start=load0, rows=rows, fp8_over_bf16=ratios)
+    common.write_json(a.json, doc)
     if a.plot:
         plot(rows, a.plot)
 
