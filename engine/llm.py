@@ -13,44 +13,22 @@ import torch
 from engine.attention import make_backend
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import ModelLoadError, RequestError
+from engine.errors import RequestError
 from engine.kv_cache import KVCache
 from engine.kv_calibration import calibrate_scales, calibration_tokens
 from engine.kv_connector import EngineKeys
 from engine.kv_dtype import dtype_name, is_scaled, layout_name, storage_dtype
 from engine.kv_transfer import KVTransfer
-from engine.loader import IncrementalDetokenizer, Tokenizer, load_state
-from engine.model import CausalLM, rope_table
+from engine.loader import IncrementalDetokenizer, Tokenizer
+from engine.model import CausalLM
 from engine.runner import ModelRunner
 from engine.sampling import sample
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence, Status
 from engine.timeline import Timeline
+from engine.weights import TORCH_DTYPES, load_model, random_model
 
 log = logging.getLogger("engine")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def load_model(
-    model_dir: str | os.PathLike, cfg: ModelConfig, dtype: torch.dtype, device: str, max_len: int
-) -> CausalLM:
-    """Build the model and assign the folder's weights (memory-mapped; converted only when
-    the dtype or device differs). Raises ModelLoadError naming missing or misshapen tensors."""
-    state = load_state(model_dir)
-    state = {k: v.to(device=device, dtype=dtype) if v.is_floating_point() else v for k, v in state.items()}
-    with torch.device("meta"):
-        model = CausalLM(cfg, max_len)
-    try:
-        result = model.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as exc:
-        raise ModelLoadError(f"{os.fspath(model_dir)}: weights do not fit config.json: {exc}") from exc
-    missing = [k for k in result.missing_keys if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
-    if missing:
-        raise ModelLoadError(f"{os.fspath(model_dir)}: missing tensors {missing[:5]}")
-    cos, sin = rope_table(cfg.rope, cfg.head_dim, max_len)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
-    model.tie_weights()
-    return model.eval()
 
 
 @dataclass
@@ -70,7 +48,7 @@ class LLMEngine:
         self.model_dir: str | None = os.fspath(model_dir)
         mc = ModelConfig.from_dir(self.model_dir)
         tokenizer = Tokenizer(self.model_dir)
-        dtype = _DTYPES[cfg.torch_dtype_name()]
+        dtype = TORCH_DTYPES[cfg.torch_dtype_name()]
         max_len = min(cfg.max_model_len or mc.max_position, mc.max_position)
         self._setup(cfg, mc, load_model(self.model_dir, mc, dtype, cfg.device, max_len), tokenizer)
 
@@ -80,33 +58,18 @@ class LLMEngine:
         model shapes without a checkpoint). No tokenizer: outputs carry token ids only."""
         self = cls.__new__(cls)
         self.model_dir = None
-        dtype = _DTYPES[config.torch_dtype_name()]
+        dtype = TORCH_DTYPES[config.torch_dtype_name()]
         max_len = min(config.max_model_len or model_config.max_position, model_config.max_position)
-        torch.manual_seed(seed)
-        prev = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)  # create weights in the target dtype: no fp32 transient
-        try:
-            with torch.device(config.device):
-                model = CausalLM(model_config, max_len)
-        finally:
-            torch.set_default_dtype(prev)
-        for name, p in model.named_parameters():
-            with torch.no_grad():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02)
-        cos, sin = rope_table(model_config.rope, model_config.head_dim, max_len)
-        model.rope_cos, model.rope_sin = cos.to(config.device), sin.to(config.device)
-        model.tie_weights()
-        self._setup(config, model_config, model.eval(), None)
+        self._setup(
+            config, model_config, random_model(model_config, dtype, config.device, max_len, seed), None
+        )
         return self
 
     def _setup(
         self, cfg: EngineConfig, mc: ModelConfig, model: CausalLM, tokenizer: Tokenizer | None
     ) -> None:
         self.config, self.model_config, self.model, self.tokenizer = cfg, mc, model, tokenizer
-        self.dtype = _DTYPES[cfg.torch_dtype_name()]
+        self.dtype = TORCH_DTYPES[cfg.torch_dtype_name()]
         self.max_model_len = min(cfg.max_model_len or mc.max_position, mc.max_position)
         shape = dict(
             num_layers=mc.num_layers,
