@@ -14,7 +14,7 @@ from typing import Any, Literal
 from kvstore.errors import ConfigError
 
 # the loader's names, importable from here too for the store's modules and tools
-from kvstore.settings import Size, coerce, format_size, load_config, parse_size  # noqa: F401
+from kvstore.settings import Size, check_floor, coerce, format_size, load_config, parse_size  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -117,17 +117,16 @@ class LimitsSection:
     admin_max_body: Size = Size(1024**2)
 
     def __post_init__(self) -> None:
-        for name in (
+        timeouts = (
             "hello_timeout_s",
             "idle_timeout_s",
             "transfer_timeout_s",
             "max_lease_ttl_s",
             "admin_header_timeout_s",
             "admin_request_timeout_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"limits.{name}: must be > 0, got {getattr(self, name)}")
-        for name in (
+        )
+        check_floor("limits", self, 0, timeouts, strict=True)
+        counts = (
             "max_unauthenticated",
             "max_conns_per_tenant",
             "max_namespaces_per_tenant",
@@ -137,9 +136,8 @@ class LimitsSection:
             "admin_max_connections",
             "admin_max_body",
             "send_buffer",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"limits.{name}: must be >= 1, got {getattr(self, name)}")
+        )
+        check_floor("limits", self, 1, counts)
         if self.max_header_unauthenticated < 256:
             raise ConfigError(
                 f"limits.max_header_unauthenticated: at least 256 bytes (a HELLO), got {self.max_header_unauthenticated}"
@@ -178,15 +176,9 @@ class RepairSection:
     deadline_s: float = 5.0  # each call to a peer
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ConfigError(f"repair.replicas: must be >= 1, got {self.replicas}")
-        if self.batch_keys < 1:
-            raise ConfigError(f"repair.batch_keys: must be >= 1, got {self.batch_keys}")
-        for name in ("interval_s", "deadline_s", "max_bytes_per_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"repair.{name}: must be > 0, got {getattr(self, name)}")
-        if self.settle_s < 0:
-            raise ConfigError(f"repair.settle_s: must be >= 0, got {self.settle_s}")
+        check_floor("repair", self, 1, ("replicas", "batch_keys"))
+        check_floor("repair", self, 0, ("interval_s", "deadline_s", "max_bytes_per_s"), strict=True)
+        check_floor("repair", self, 0, ("settle_s",))
 
 
 @dataclass(frozen=True)
@@ -209,15 +201,9 @@ class OrphansSection:
     departed_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if self.batch_keys < 1:
-            raise ConfigError(f"orphans.batch_keys: must be >= 1, got {self.batch_keys}")
-        if self.slice_blocks < 1:
-            raise ConfigError(f"orphans.slice_blocks: must be >= 1, got {self.slice_blocks}")
-        if self.lookahead < 0:
-            raise ConfigError(f"orphans.lookahead: must be >= 0, got {self.lookahead}")
-        for name in ("interval_s", "deadline_s", "departed_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"orphans.{name}: must be > 0, got {getattr(self, name)}")
+        check_floor("orphans", self, 1, ("batch_keys", "slice_blocks"))
+        check_floor("orphans", self, 0, ("lookahead",))
+        check_floor("orphans", self, 0, ("interval_s", "deadline_s", "departed_s"), strict=True)
 
 
 @dataclass(frozen=True)
@@ -229,10 +215,8 @@ class TombstonesSection:
     max_age_s: float = 7 * 86400.0  # a tombstone older than this ends
 
     def __post_init__(self) -> None:
-        if self.per_tenant < 1:
-            raise ConfigError(f"tombstones.per_tenant: must be >= 1, got {self.per_tenant}")
-        if not self.max_age_s > 0:
-            raise ConfigError(f"tombstones.max_age_s: must be > 0, got {self.max_age_s}")
+        check_floor("tombstones", self, 1, ("per_tenant",))
+        check_floor("tombstones", self, 0, ("max_age_s",), strict=True)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ __all__ = [
     "SIZE_UNITS",
     "ConfigError",
     "Size",
+    "check_floor",
     "coerce",
     "format_size",
     "load_config",
@@ -79,6 +80,18 @@ def parse_size(value: Any, name: str = "size") -> int:
                 raise ConfigError(f"{name}: {value!r} is not a whole number of bytes")
             return int(n)
     raise ConfigError(f"{name}: {value!r} is not a size ({_SIZE_HELP})")
+
+
+def check_floor(
+    section: str, obj: object, low: float, names: tuple[str, ...], *, strict: bool = False
+) -> None:
+    """A section's bounds check: ConfigError ``{section}.{name}: must be >= {low}, got ...``
+    (``strict``: ``> {low}``) for the first field of ``names`` on ``obj`` whose value is not
+    (NaN included)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not (value > low if strict else value >= low):
+            raise ConfigError(f"{section}.{name}: must be {'>' if strict else '>='} {low}, got {value}")
 
 
 def format_size(n: float) -> str:

@@ -44,6 +44,27 @@ def test_errors_name_the_key(tmp_path, toml, word):
         load_store_config(f, {"disk.path": "/x"}, env={})
 
 
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("limits.idle_timeout_s", 0, "must be > 0, got 0"),
+        ("limits.send_buffer", 0, "must be >= 1, got 0"),
+        ("repair.replicas", 0, "must be >= 1, got 0"),
+        ("repair.deadline_s", float("nan"), "must be > 0, got nan"),
+        ("repair.settle_s", -1, "must be >= 0, got -1"),
+        ("orphans.slice_blocks", 0, "must be >= 1, got 0"),
+        ("orphans.lookahead", -1, "must be >= 0, got -1"),
+        ("orphans.departed_s", 0, "must be > 0, got 0"),
+        ("tombstones.per_tenant", 0, "must be >= 1, got 0"),
+        ("tombstones.max_age_s", -1, "must be > 0, got -1"),
+    ],
+)
+def test_bounds_name_the_key_and_the_bound(key, value, says):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + ": " + says.replace(".", r"\.")):
+        load_store_config(None, {"disk.enabled": False, key: value}, env={})
+    load_store_config(None, {"disk.enabled": False}, env={})  # the defaults are within bounds
+
+
 def test_env_errors_name_the_key():
     with pytest.raises(ConfigError, match="disk.sync"):
         load_store_config(None, {"disk.path": "/x"}, env={"TIERKV_DISK__SYNC": "maybe"})
