@@ -15,6 +15,33 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 _LATENCY_BUCKETS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
+# per tier: the stats field, and the family it is exported as
+_TIER_FAMILIES = (
+    (
+        "used_bytes",
+        GaugeMetricFamily,
+        "tierkv_tier_bytes",
+        "Bytes a tier holds for its blocks (slots or file records)",
+    ),
+    (
+        "payload_bytes",
+        GaugeMetricFamily,
+        "tierkv_tier_payload_bytes",
+        "Payload bytes of the blocks stored per tier",
+    ),
+    (
+        "waste_bytes",
+        GaugeMetricFamily,
+        "tierkv_tier_waste_bytes",
+        "Memory a tier holds but no payload fills (slot tails, free slots of used spans)",
+    ),
+    ("file_bytes", GaugeMetricFamily, "tierkv_tier_file_bytes", "Size of the tier's file on disk (LMDB)"),
+    ("capacity_bytes", GaugeMetricFamily, "tierkv_tier_capacity_bytes", "Configured capacity per tier"),
+    ("blocks", GaugeMetricFamily, "tierkv_tier_blocks", "Blocks stored per tier"),
+    ("evictions", CounterMetricFamily, "tierkv_tier_evictions", "Blocks evicted per tier"),
+)
+
+
 class _TierCollector:
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
         self._stats = stats
@@ -25,31 +52,7 @@ class _TierCollector:
             tiers, node = stats.get("tiers", {}), stats.get("node", {})
         except Exception:  # a scrape must never fail because the node is closing
             tiers, node = {}, {}
-        fams = {
-            "used_bytes": GaugeMetricFamily(
-                "tierkv_tier_bytes",
-                "Bytes a tier holds for its blocks (slots or file records)",
-                labels=["tier"],
-            ),
-            "payload_bytes": GaugeMetricFamily(
-                "tierkv_tier_payload_bytes", "Payload bytes of the blocks stored per tier", labels=["tier"]
-            ),
-            "waste_bytes": GaugeMetricFamily(
-                "tierkv_tier_waste_bytes",
-                "Memory a tier holds but no payload fills (slot tails, free slots of used spans)",
-                labels=["tier"],
-            ),
-            "file_bytes": GaugeMetricFamily(
-                "tierkv_tier_file_bytes", "Size of the tier's file on disk (LMDB)", labels=["tier"]
-            ),
-            "capacity_bytes": GaugeMetricFamily(
-                "tierkv_tier_capacity_bytes", "Configured capacity per tier", labels=["tier"]
-            ),
-            "blocks": GaugeMetricFamily("tierkv_tier_blocks", "Blocks stored per tier", labels=["tier"]),
-            "evictions": CounterMetricFamily(
-                "tierkv_tier_evictions", "Blocks evicted per tier", labels=["tier"]
-            ),
-        }
+        fams = {field: kind(name, doc, labels=["tier"]) for field, kind, name, doc in _TIER_FAMILIES}
         for name, t in tiers.items():
             for field, fam in fams.items():
                 v = t.get(field)
