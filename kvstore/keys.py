@@ -21,7 +21,7 @@ import os
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, overload
 
 import xxhash
@@ -312,17 +312,7 @@ class Namespace:
 
     def with_tenant(self, salt: str) -> Namespace:
         """The same namespace for another tenant (salt); blocks never cross tenants."""
-        return Namespace(
-            self.model_fingerprint,
-            self.kv_dtype,
-            self.block_tokens,
-            self.layout,
-            self.tp_size,
-            self.tp_rank,
-            salt,
-            self.hash,
-            self.version,
-        )
+        return replace(self, tenant_salt=salt)
 
     def next_key(self, parent: BlockKey, block: Sequence[int]) -> BlockKey:
         """The key of ``block`` (exactly ``block_tokens`` ids) following ``parent``."""

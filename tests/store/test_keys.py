@@ -131,6 +131,14 @@ def test_bad_namespace_names_the_field(kwargs, word):
         Namespace(**{**base, **kwargs})
 
 
+def test_with_tenant_changes_only_the_salt():
+    base = Namespace("fp", "float16", 32, layout="LKTHD-fp8", tp_size=4, tp_rank=3, hash="blake2b_128")
+    t = base.with_tenant("acme")
+    assert t == Namespace("fp", "float16", 32, "LKTHD-fp8", 4, 3, "acme", "blake2b_128")
+    assert t.id == Namespace("fp", "float16", 32, "LKTHD-fp8", 4, 3, "acme", "blake2b_128").id != base.id
+    assert t.with_tenant("") == base and t.with_tenant("").id == base.id
+
+
 def test_bad_inputs():
     with pytest.raises(KeyFormatError, match="int32"):
         NS.block_keys([2**31] * 16)
