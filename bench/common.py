@@ -54,16 +54,21 @@ def free_port() -> int:
 
 
 def start_daemon(
-    wd: Path, *, disk: bool = False, env: dict[str, str] | None = None, ready_s: float = 0.0, **sections: dict
+    wd: Path,
+    *,
+    use_disk: bool = False,
+    env: dict[str, str] | None = None,
+    ready_s: float = 0.0,
+    **sections: dict,
 ) -> Daemon:
     """``kvstore serve`` under ``wd`` on ephemeral loopback ports (tests/daemonutil.py's
-    ``launch_daemon``): DRAM only unless ``disk``; ``sections`` override config tables
+    ``launch_daemon``): DRAM only unless ``use_disk``; ``sections`` override config tables
     ({"dram": {"capacity": "1GiB"}}). With ``ready_s``, also awaits its ``/readyz`` (a daemon
     that pins and faults in a large DRAM tier serves only after). Stop it with ``.stop()``."""
     from daemonutil import launch_daemon
     from polling import until
 
-    daemon = launch_daemon(Path(wd), use_disk=disk, env=env, **sections)
+    daemon = launch_daemon(Path(wd), use_disk=use_disk, env=env, **sections)
     if ready_s:
 
         def ready() -> bool:

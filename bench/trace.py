@@ -15,7 +15,7 @@ nodes' addresses (rendezvous hashes a key with each address), so a simulated thr
 is the mean over ``--placements`` draws of the addresses (each draw's hit ratio is in its
 row); the daemons run one draw, their ports, beside the simulation of the same addresses.
 Three nodes are a static cluster
-(``cluster.peers``) running the orphan pass (kvstore/client/orphans.py) every
+(``cluster.peers``) running the orphan pass (kvstore/member/orphans.py) every
 ``--orphan-every`` requests, node after node (the daemons asked through
 ``POST /v1/orphans/pass``, the simulation at the same points); ``--orphan-every 0``: none.
 
@@ -31,19 +31,14 @@ import asyncio
 import json
 import os
 import shutil
-import socket
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.append(str(REPO / "tests"))  # tests/daemonutil.py imports its neighbours by name
-
-from trace_sim import (  # noqa: E402
+import common
+from common import REPO
+from trace_sim import (
     BLOCK_TOKENS,
     GET_BATCH,
     ChainKeys,
@@ -53,10 +48,11 @@ from trace_sim import (  # noqa: E402
     trace_namespace,
 )
 
-from kvstore.block import make_header  # noqa: E402
-from kvstore.config import EvictionSection  # noqa: E402
-from kvstore.keys import BlockKey  # noqa: E402
-from kvstore.node.tiers.order import POLICIES as ORDER_POLICIES  # noqa: E402
+from kvstore.block import make_header
+from kvstore.client.read import get_into
+from kvstore.config import EvictionSection
+from kvstore.keys import BlockKey
+from kvstore.node.tiers.order import POLICIES as ORDER_POLICIES
 
 CAPACITIES: list[int | None] = [1000, 3000, 6000, 10000, 30000, None]
 POLICIES = list(ORDER_POLICIES)
@@ -123,12 +119,6 @@ def sweep_cells(
 # ---------------------------------------------------------------- real daemons
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(
     wd: Path,
     per_node: int | None,
@@ -141,8 +131,6 @@ def _launch(
 ):
     """One daemon; with ``peers`` (more than one node) a static cluster member whose orphan
     pass runs only when asked (no repair: one copy, every block on its owner)."""
-    from daemonutil import launch_daemon
-
     blocks = per_node if tiers == "dram" else max(per_node // 4, 1)
     dram = {"capacity": max(blocks, 2) * payload, "slab_size": payload}
     sections: dict = {"dram": dram, "eviction": {"policy": policy}, "node": {"lease_ttl_s": 30.0}}
@@ -152,9 +140,9 @@ def _launch(
         sections["repair"] = {"enabled": False, "replicas": 1}
         sections["orphans"] = {"interval_s": 1e6, "deadline_s": 120.0}
     if tiers == "dram":
-        return launch_daemon(wd, use_disk=False, **sections)
+        return common.start_daemon(wd, **sections)
     disk = {"capacity": per_node * (payload + hlen), "sync": False}
-    return launch_daemon(wd, use_disk=True, disk=disk, **sections)
+    return common.start_daemon(wd, use_disk=True, disk=disk, **sections)
 
 
 async def _orphan_passes(admins: list[str]) -> int:
@@ -203,12 +191,12 @@ async def _replay_daemons(
             raws = chain.keys(req.hash_ids)
             keys = [BlockKey(k) for k in raws]
             out["input_tokens"] += req.input_tokens
-            tiers = await store.exists(keys) if keys else []
+            tiers = (await store.lookup(keys)).names() if keys else []
             hit = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
             got = 0
             for start in range(0, hit, len(bufs)):
                 part = keys[start : min(hit, start + len(bufs))]
-                res = await store.get_into(part, bufs[: len(part)])
+                res = await get_into(store, part, bufs[: len(part)])
                 ok = next((i for i, r in enumerate(res) if not r.status.ok), len(res))
                 got += ok
                 if ok < len(res):
@@ -240,7 +228,7 @@ async def _replay_daemons(
         known = list(parent_of)
         for start in range(0, len(known), 2048):
             part = known[start : start + 2048]
-            for k, t in zip(part, await store.exists([BlockKey(k) for k in part])):
+            for k, t in zip(part, (await store.lookup([BlockKey(k) for k in part])).names()):
                 if t is not None:
                     stored.add(k)
         out["orphans"] = sum(1 for k in stored if parent_of[k] != ns.id.raw and parent_of[k] not in stored)
@@ -278,7 +266,7 @@ def daemon_cell(
     wd = Path(tempfile.mkdtemp(prefix="tierkv-trace-"))
     daemons = []
     try:
-        ports = [_free_port() for _ in range(nodes)]
+        ports = [common.free_port() for _ in range(nodes)]
         peers = [f"127.0.0.1:{p}" for p in ports]
         for i in range(nodes):
             daemons.append(_launch(wd / f"n{i}", cap // nodes, tiers, policy, payload, hlen, ports[i], peers))

@@ -1,42 +1,44 @@
 """Offline simulation of trace replay: the nodes' tier stack and eviction, in block counts.
 
-Each simulated node runs the real eviction orders (kvstore.node.tiers.order) over the same
-operations a daemon does for the connector's requests: EXISTS (no touch), GET of the hit
-prefix (a read touches, a DRAM hit the disk copy too, a GET's DRAM uses deepest first when
-it ends; a disk hit moves into DRAM when that evicts only blocks disk also
-holds and none the same GET read, and is touched there: the node's lease reads the DRAM
-copy), PUT of the request's new full blocks (room made in DRAM by moving victims down to
-disk, committed deepest first as kvstore.node.depth_order orders them, write-through to disk,
-which evicts its own victims; a block DRAM has no room for goes to disk only). tests/store/
-test_sim_matches_node.py checks a real node against it, request by request. Keys are placed
-over nodes by
-the client's rendezvous placement (kvstore.client.placement.rank_many, one copy). bench/trace.py
-runs the same requests on real daemons and compares.
+Each simulated node is a real node (kvstore.node.store.NodeStore) over count-only tiers
+(kvstore/node/tiers/count.py: no payload bytes, no LMDB writes), fed the operations a daemon
+does for the connector's requests: EXISTS (no touch), GET of the hit prefix, PUT of the
+request's new full blocks. So its placement, promotion, write-through, room-making and
+eviction orders are the node's own, not a second model of them. tests/store/
+test_sim_matches_node.py checks it against a node over the real tiers, request by request;
+bench/trace.py runs the same requests on real daemons and compares. Keys are placed over
+nodes by the client's rendezvous placement (kvstore.client.placement.rank_many, one copy).
 
 Orphans: blocks stored somewhere in the cluster whose parent is stored nowhere (they can
 never be part of a hit prefix again). Measured every ``sample_every`` requests. On more than
 one node, every ``orphan_every`` requests each node in turn (in node-id order) runs the orphan
-pass the daemons run (kvstore/client/orphans.py; bench/trace.py asks the daemons for it at the
-same points): it evicts its blocks whose parent is on neither the parent's owner nor itself,
-with their chains below them on the node.
+pass the daemons run (kvstore/member/orphans.py; bench/trace.py asks the daemons for it at the
+same points): it evicts (kvstore/node/orphans.py ``drop``) its blocks whose parent is on
+neither the parent's owner nor itself, with their chains below them on the node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvstore.block import BlockHeader, make_header  # noqa: E402
 from kvstore.client.placement import Node, rank_many  # noqa: E402
-from kvstore.config import EvictionSection  # noqa: E402
+from kvstore.config import EvictionSection, load_store_config  # noqa: E402
 from kvstore.keys import BlockKey, Namespace  # noqa: E402
-from kvstore.node.depth_order import commit_order  # noqa: E402
-from kvstore.node.tiers.order import make_order  # noqa: E402
+from kvstore.node import orphans as node_orphans  # noqa: E402
+from kvstore.node.store import NodeStore  # noqa: E402
+from kvstore.node.tiers.build import build_count_tiers  # noqa: E402
 from kvstore.node.tiers.order_marginal import START_SHARE  # noqa: E402
+from kvstore.node.tiers.tasks import Finishing  # noqa: E402
 
 BLOCK_TOKENS = 512  # the traces' block size
 UPPER_TIERS = EvictionSection().upper_tiers  # the node's default
@@ -93,36 +95,33 @@ class ChainKeys:
         return out
 
 
+SIM_BLOCK = 8192  # a simulated block's bytes, payload + header: one DRAM slab, one disk unit
+
+
 class SimTier:
-    def __init__(
-        self,
-        name: str,
-        capacity: int | None,
-        policy: str,
-        probation: float,
-        top: bool = True,
-        marginal_start: float = START_SHARE,
-    ) -> None:
-        self.name, self.capacity = name, capacity
-        # as kvstore.node.tiers.build
-        self.order = make_order(policy, probation, marks_orphans=top, marginal_start=marginal_start)
-        self.keys: set[bytes] = set()
-        self.reserved = 0  # slots taken by a PUT not committed yet
+    """What the simulation and its tests read of one of the node's tiers: its keys and its
+    eviction order (the tier's own)."""
 
-    def full(self) -> bool:
-        return self.capacity is not None and len(self.keys) + self.reserved >= self.capacity
+    def __init__(self, tier) -> None:
+        self.tier = tier
 
-    def add(self, key: bytes, parent: bytes, demoted: bool = False) -> None:
-        self.keys.add(key)
-        self.order.add(key, parent, demoted)
+    @property
+    def keys(self) -> set[bytes]:
+        return set(self.tier.keys())
 
-    def remove(self, key: bytes) -> None:
-        self.keys.discard(key)
-        self.order.discard(key)
+    @property
+    def order(self):
+        return self.tier._order  # the tier's EvictionOrder: its policy, probation, counters
 
 
 class SimNode:
-    """A node: DRAM, and disk (write-through) when ``disk_blocks`` is not 0."""
+    """A node in block counts: a real :class:`~kvstore.node.store.NodeStore` over count-only
+    tiers (kvstore/node/tiers/count.py: the node's own placement, promotion, write-through,
+    room-making and eviction orders, no payload bytes): DRAM of ``dram_blocks`` and, unless
+    ``disk_blocks`` is 0, a write-through disk of ``disk_blocks`` (None: ``unlimited``).
+    Every block is :data:`SIM_BLOCK` bytes (a zero payload, one header length), so a tier of
+    N blocks' bytes holds N blocks. The node runs on an event loop of its own, in a thread
+    (callable from sync code and from inside another loop alike); :meth:`close` ends it."""
 
     def __init__(
         self,
@@ -132,133 +131,94 @@ class SimNode:
         probation: float,
         marginal_start: float = START_SHARE,
         upper_tiers: str = UPPER_TIERS,
+        unlimited: int = 1 << 18,
     ):
-        # DRAM above the write-through disk runs the policy, or keeps recency under upper_tiers "recency"
-        # (kvstore.node.tiers.build: EvictionSection.tier_policy)
-        dram_policy = EvictionSection(policy=policy, upper_tiers=upper_tiers).tier_policy(disk_blocks != 0)  # type: ignore[arg-type]
-        self.dram = SimTier("dram", dram_blocks, dram_policy, probation, marginal_start=marginal_start)
-        self.disk = (
-            SimTier("disk", disk_blocks, policy, probation, False, marginal_start)
-            if disk_blocks != 0
-            else None
+        self._tmp = tempfile.TemporaryDirectory(prefix="tierkv-sim-")
+        self.ns = trace_namespace()
+        self._payload = bytes(SIM_BLOCK // 2)  # a length of the same width: the header's length
+        self._payload = bytes(SIM_BLOCK - len(self._header(self.ns.id.raw, self.ns.id.raw).encode()))
+        dram = unlimited if dram_blocks is None else dram_blocks
+        disk = unlimited if disk_blocks is None else disk_blocks
+        if dram < 2:
+            raise ValueError(f"dram_blocks {dram_blocks}: a node's DRAM holds at least 2 blocks")
+        cfg = load_store_config(
+            None,
+            {
+                "node.index_memory": (dram + disk) * 2048 + (64 << 20),  # never the bound
+                "dram.capacity": dram * SIM_BLOCK,
+                "dram.slab_size": SIM_BLOCK,
+                "disk.enabled": disk != 0,
+                "disk.path": self._tmp.name,
+                "disk.capacity": disk * SIM_BLOCK,
+                "disk.sync": False,
+                "eviction.policy": policy,
+                "eviction.probation": probation,
+                "eviction.marginal_start": marginal_start,
+                "eviction.upper_tiers": upper_tiers,
+            },
+            env={},
         )
-        self.parent: dict[bytes, bytes] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tierkv-sim-node", daemon=True)
+        self._thread.start()
+        self.node: NodeStore = self._run(self._open(cfg))
+        self.dram = SimTier(self.node.stack.dram)
+        self.disk = SimTier(self.node.stack.disk) if self.node.stack.disk is not None else None
+        self.parent: dict[bytes, bytes] = {}  # every key put here -> its parent (pruned by orphan_pass)
         self.hits = {"dram": 0, "disk": 0}
+        self._bufs: list[bytearray] = []
+
+    @staticmethod
+    async def _open(cfg) -> NodeStore:
+        finishing = Finishing()
+        memory, disk = build_count_tiers(cfg, finishing)
+        return NodeStore(cfg, memory, disk, finishing)
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _header(self, key: bytes, parent: bytes) -> BlockHeader:
+        return make_header(
+            key=BlockKey(key), parent=BlockKey(parent), namespace=self.ns.id, tokens=[0],
+            dtype="uint8", shape=[len(self._payload)], payload=self._payload, created=0.0,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._run(self.node.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        self._tmp.cleanup()
 
     def has(self, key: bytes) -> bool:
-        return key in self.dram.keys or (self.disk is not None and key in self.disk.keys)
+        return self.node.state.where(key) is not None
 
     def get(self, keys: list[bytes]) -> None:
-        """One GET of ``keys`` (in chain order) as the node's lease of them
-        (kvstore/node/leasing.py): the keys read so far are held until it ends, so a promotion
-        does not evict them from DRAM; a disk hit touches the disk's copy as it is read; the
-        DRAM uses (a DRAM hit, a promoted block read from its new slot) are marked when the
-        GET ends, deepest first, each on the disk's copy too (``_touch_dram``)."""
-        held: set[bytes] = set()
-        used: list[bytes] = []
-        for key in keys:
-            held.add(key)
-            if key in self.dram.keys:
-                used.append(key)
-                self.hits["dram"] += 1
-                continue
-            if self.disk is None or key not in self.disk.keys:
-                continue
-            self.disk.order.touch(key)
-            self.hits["disk"] += 1
-            if self._room_without_io(held):
-                # the node's lease of a promoted block reads it from its new DRAM slot, and that
-                # read touches it (kvstore/node/leasing.py): it joins DRAM's main segment, not
-                # probation. Without this touch the simulation drifted from the node from the
-                # first promotion on (tests/store/test_sim_matches_node.py).
-                self.dram.add(key, self.parent[key])
-                used.append(key)
-        for key in reversed(used):
-            self._touch_dram(key)
-
-    def _touch_dram(self, key: bytes) -> None:
-        """A use of ``key`` in DRAM: touched there and in the disk's order (a no-op where the
-        disk has no copy), as kvstore.node.tiers.stack.TierStack.touch does."""
-        self.dram.order.touch(key)
-        if self.disk is not None:
-            self.disk.order.touch(key)
-
-    def _room_without_io(self, held: set[bytes]) -> bool:
-        disk = self.disk.keys  # type: ignore[union-attr]
-        while self.dram.full():
-            victim = next((k for k in self.dram.order.candidates() if k in disk and k not in held), None)
-            if victim is None:
-                return False
-            self.dram.remove(victim)
-        return True
+        """One GET of ``keys`` (in chain order), the node's read (kvstore/node/reads.py);
+        ``hits`` counts the keys found, by the tier they were in."""
+        where = self.node.state.where
+        for k in keys:
+            t = where(k)
+            if t is not None:
+                self.hits["disk" if t is self.node.stack.disk else "dram"] += 1
+        while len(self._bufs) < len(keys):
+            self._bufs.append(bytearray(len(self._payload)))
+        self._run(self.node.reader.get_into([BlockKey(k) for k in keys], self._bufs[: len(keys)]))
 
     def put(self, items: list[tuple[bytes, bytes]]) -> None:
-        """One PUT of (key, parent) blocks: each reserved in DRAM in turn (room made by moving
-        victims down; where none can be made -- DRAM all reserved by this PUT -- a block goes
-        to disk only, as the node's placement sends it), then committed deepest first
-        (kvstore/node/depth_order.py: the last run of consecutive blocks first) and written
-        through to disk in one batch in that order, as the node does."""
-        new, in_dram = [], set()
+        """One PUT of (key, parent) blocks, the node's write (kvstore/node/writes.py)."""
+        blocks = []
         for key, parent in items:
-            if self.has(key):  # EXISTS: the node touches it in its highest tier, as a read
-                if key in self.dram.keys:
-                    self._touch_dram(key)
-                else:
-                    self.disk.order.touch(key)  # type: ignore[union-attr]
-                continue
             self.parent[key] = parent
-            while self.dram.full():
-                victim = next(self.dram.order.candidates(), None)
-                if victim is None:
-                    break
-                self.dram.remove(victim)
-                if self.disk is not None and victim not in self.disk.keys:
-                    self._disk_put([(victim, self.parent[victim])], demoted=True)
-                self._forget_if_gone(victim)
-            if not self.dram.full():
-                self.dram.reserved += 1
-                in_dram.add(key)
-            elif self.disk is None:
-                continue  # NO_SPACE
-            new.append((key, parent))
-        self.dram.reserved = 0
-        new = [new[i] for i in commit_order([k for k, _ in new], [p for _, p in new])]
-        for key, parent in new:  # committed deepest first
-            if key in in_dram:
-                self.dram.add(key, parent)
-        if self.disk is not None and new:
-            self._disk_put(new)
-            for key, _ in new:  # a disk-only block the disk had no room for is nowhere
-                self._forget_if_gone(key)
+            h = self._header(key, parent)
+            if len(self._payload) + len(h.encode()) != SIM_BLOCK:  # a tier of N blocks' bytes: N blocks
+                raise ValueError(f"simulated block {key.hex()}: header of another length")
+            blocks.append((h, self._payload))
+        self._run(self.node.writer.put(blocks))
 
-    def _disk_put(self, items: list[tuple[bytes, bytes]], demoted: bool = False) -> None:
-        """One disk put: victims planned from one pass over the order, each counted as gone
-        for the rest of the pass (the tier's plan); ``demoted``: blocks DRAM evicts."""
-        disk = self.disk
-        assert disk is not None
-        held = {k for k, _ in items}
-        todo = [(k, p) for k, p in items if k not in disk.keys]
-        room = None if disk.capacity is None else disk.capacity - len(disk.keys)
-        evict: list[bytes] = []
-        if room is not None and room < len(todo):
-            it = disk.order.candidates(lambda k: k not in held)
-            try:
-                for k in it:
-                    evict.append(k)
-                    if room + len(evict) >= len(todo):
-                        break
-            finally:
-                it.close()
-            todo = todo[: room + len(evict)]
-        for v in evict:
-            disk.remove(v)
-            self._forget_if_gone(v)
-        for k, p in todo:
-            disk.add(k, p, demoted)
-
-    def _forget_if_gone(self, key: bytes) -> None:
-        if not self.has(key):
-            self.parent.pop(key, None)
+    def drop(self, keys: list[bytes]) -> None:
+        """Evict ``keys`` as the orphan pass does (kvstore/node/orphans.py ``drop``)."""
+        self._run(node_orphans.drop(self.node, keys))
 
     def stored(self) -> set[bytes]:
         return self.dram.keys | (self.disk.keys if self.disk is not None else set())
@@ -284,6 +244,7 @@ class Replay:
 def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, root: bytes) -> int:
     """The orphan pass of ``node`` (see the module docstring); the blocks it evicted."""
     s = sims[node]
+    s.parent = {k: p for k, p in s.parent.items() if s.has(k)}
     lost = [
         k
         for k, p in s.parent.items()
@@ -301,11 +262,7 @@ def orphan_pass(sims: dict[str, SimNode], owner: dict[bytes, str], node: str, ro
             if c not in doomed:
                 doomed[c] = None
                 todo.append(c)
-    for k in doomed:
-        s.dram.remove(k)
-        if s.disk is not None:
-            s.disk.remove(k)
-        s._forget_if_gone(k)
+    s.drop(list(doomed))
     return len(doomed)
 
 
@@ -342,7 +299,24 @@ def simulate(
     per = None if capacity is None else capacity // nodes
     dram = per if tiers == "dram" else (None if per is None else max(per // 4, 1))
     disk = 0 if tiers == "dram" else per
-    sims = {i: SimNode(dram, disk, policy, probation, marginal_start, upper_tiers) for i in ids}
+    unlimited = len({r.hash_ids[: i + 1] for r in requests for i in range(len(r.hash_ids))}) + 2
+    sims = {i: SimNode(dram, disk, policy, probation, marginal_start, upper_tiers, unlimited) for i in ids}
+    try:
+        return _replay(requests, sims, nodes, capacity, ids, sample_every, orphan_every)
+    finally:
+        for s in sims.values():
+            s.close()
+
+
+def _replay(
+    requests: list[Request],
+    sims: dict[str, SimNode],
+    nodes: int,
+    capacity: int | None,
+    ids: list[str],
+    sample_every: int,
+    orphan_every: int,
+) -> Replay:
     view = [Node(i) for i in ids]
     chain = ChainKeys(trace_namespace())
     root = chain.ns.id.raw

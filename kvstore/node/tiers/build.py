@@ -9,6 +9,7 @@ import asyncio
 from kvstore.config import StoreConfig
 from kvstore.node.tiers.arena import CudaArena, HostArena
 from kvstore.node.tiers.base import BottomTier, SlotTier
+from kvstore.node.tiers.count import CountArena, CountDiskTier
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.memory import MemoryTier
 from kvstore.node.tiers.order import EvictionOrder, make_order
@@ -60,5 +61,22 @@ async def build_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[Slot
             finishing=finishing,
             order=_order(cfg, not memory, False),
             shares=_shares(cfg),
+        )
+    return memory, disk
+
+
+def build_count_tiers(cfg: StoreConfig, finishing: Finishing) -> tuple[list[SlotTier], BottomTier | None]:
+    """The tiers of :func:`build_tiers` with no bytes behind them (kvstore/node/tiers/count.py):
+    DRAM over a :class:`CountArena`, the disk a :class:`CountDiskTier` (its empty LMDB at
+    ``disk.path``); no HBM. For simulations (bench/trace_sim.py) of a node of this config."""
+    memory: list[SlotTier] = []
+    if cfg.dram.capacity:
+        arena = CountArena(cfg.dram.capacity // cfg.dram.slab_size * cfg.dram.slab_size)
+        memory.append(MemoryTier("dram", arena, cfg.dram.slab_size, _order(cfg, True, True), _shares(cfg)))
+    disk = None
+    if cfg.disk.enabled:
+        order = _order(cfg, not memory, False)
+        disk = CountDiskTier(
+            cfg.disk.path, cfg.disk.capacity, finishing=finishing, order=order, shares=_shares(cfg)
         )
     return memory, disk
