@@ -36,9 +36,9 @@ sys.path.insert(0, str(REPO))
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
-from kvstore.client.peer_sessions import PEER_TENANT  # noqa: E402
 from kvstore.config import parse_size  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
+from kvstore.member.peer_sessions import PEER_TENANT  # noqa: E402
 
 NS = Namespace("bench-repair", "uint8", 16)
 CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0)

@@ -184,7 +184,7 @@ class RepairSection:
 @dataclass(frozen=True)
 class OrphansSection:
     """The orphan pass (docs/cluster.md "Orphans"): a cluster member evicts its blocks whose
-    parent is stored on none of the parent's owners (kvstore/client/orphans.py)."""
+    parent is stored on none of the parent's owners (kvstore/member/orphans.py)."""
 
     enabled: bool = True
     interval_s: float = 5.0  # a pass this often (the orphans it bounds are what forms between two)

@@ -111,7 +111,7 @@ def test_find_cycle_finds_a_circle_and_accepts_a_tree():
 def test_graph_sees_function_level_and_package_imports():
     graph = package_graph()
     # kvstore/daemon/member.py imports the daemon's server and the repair inside a function
-    assert {"kvstore.daemon.server", "kvstore.client.repair"} <= graph["kvstore.daemon.member"]
+    assert {"kvstore.daemon.server", "kvstore.member.repair"} <= graph["kvstore.daemon.member"]
     # `from kvstore.inspect import cmd_blocks` is an import of the module
     assert "kvstore.inspect.cmd_blocks" in graph["kvstore.inspect.command"]
     assert "kvstore.keys" in graph["kvstore.block"]
@@ -164,7 +164,8 @@ ROOT_MODULES = {
     "results",
     "settings",
 }
-FOLDERS = {"client", "daemon", "inspect", "node", "protocol"}  # protocol: the wire format, in five files
+# protocol: the wire format; member: the daemon's member role (registration, background passes)
+FOLDERS = {"client", "daemon", "inspect", "member", "node", "protocol"}
 
 
 def test_kvstore_root_holds_format_modules_and_role_folders():
@@ -178,7 +179,93 @@ def test_kvstore_root_holds_format_modules_and_role_folders():
 def test_the_node_knows_no_client_and_no_daemon():
     """The node store is a library the daemon (and `local://`) drive: it imports neither."""
     graph = subpackage_graph(package_graph())
-    assert not graph["kvstore.node"] & {"kvstore.client", "kvstore.daemon", "kvstore.inspect"}
+    assert not graph["kvstore.node"] & {
+        "kvstore.client",
+        "kvstore.daemon",
+        "kvstore.inspect",
+        "kvstore.member",
+    }
+
+
+# Which role's folder may import which (docs/architecture.md): the wire format and the node are
+# leaves; the engine's client knows the node (``local://`` runs one in-process) and the format;
+# the member role (registration, repair, the orphan pass) reaches its peers through the client
+# and works on the node, never through the daemon's internals; the daemon composes the member
+# role; the inspection CLI talks to daemons through the client and the daemon's admin routes.
+SUBPACKAGE_MAY_IMPORT = {
+    "kvstore.protocol": set(),
+    "kvstore.node": set(),
+    "kvstore.node.tiers": set(),
+    "kvstore.client": {"kvstore.node", "kvstore.protocol"},
+    "kvstore.member": {"kvstore.client", "kvstore.node"},
+    "kvstore.daemon": {"kvstore.client", "kvstore.member", "kvstore.node", "kvstore.protocol"},
+    "kvstore.inspect": {"kvstore.client", "kvstore.daemon"},
+}
+
+
+def test_each_role_imports_only_the_roles_below_it():
+    graph = subpackage_graph(package_graph())
+    assert "kvstore.member" in graph["kvstore.daemon"]  # the check sees the member role's users
+    assert {"kvstore.client", "kvstore.node"} <= graph["kvstore.member"]
+    assert set(graph) == set(SUBPACKAGE_MAY_IMPORT), (
+        f"a folder without a rule: {set(graph) ^ set(SUBPACKAGE_MAY_IMPORT)}"
+    )
+    bad = {
+        p: sorted(deps - SUBPACKAGE_MAY_IMPORT[p])
+        for p, deps in graph.items()
+        if deps - SUBPACKAGE_MAY_IMPORT[p]
+    }
+    assert not bad, f"folders importing past their rule: {bad}"
+
+
+def test_the_client_knows_no_member_role_and_no_daemon():
+    """The engine's client (and everything it imports) loads without the daemon's parts: a
+    connector never pulls in the repair, the orphan pass or the data port."""
+    graph = package_graph()
+    reached, todo = set(), [m for m in graph if m.startswith("kvstore.client")]
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo.extend(graph[m])
+    assert "kvstore.node.store" in reached  # the walk follows the client's imports
+    beyond = sorted(m for m in reached if m.split(".")[1] in ("member", "daemon", "inspect"))
+    assert not beyond, f"the client reaches: {beyond}"
+
+
+# Parts that hold the node reach it through its type (kvstore/node/store.py), never ``Any`` or
+# no annotation: a reader or a call-graph tool follows a remote load from the data port (or a
+# background pass) into the node.
+NODE_HOLDERS = (
+    "kvstore/member",
+    "kvstore/node/orphans.py",
+    "kvstore/daemon/block_ops.py",
+    "kvstore/daemon/descriptor_ops.py",
+    "kvstore/daemon/transfer.py",
+)
+
+
+def node_parameters(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, function, annotation) of every parameter named ``node`` in ``path``."""
+    out = []
+    for f in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in [*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs]:
+                if a.arg == "node":
+                    out.append((f.lineno, f.name, ast.unparse(a.annotation) if a.annotation else None))
+    return out
+
+
+def test_the_parts_that_hold_the_node_name_its_type():
+    files = [
+        p
+        for h in NODE_HOLDERS
+        for p in ([ROOT / h] if h.endswith(".py") else sorted((ROOT / h).rglob("*.py")))
+    ]
+    found = {f"{p.relative_to(ROOT)}:{line} {fn}": ann for p in files for line, fn, ann in node_parameters(p)}
+    assert len(found) >= 10, found  # the repair, the orphan pass, the node's pass helpers, the ops
+    untyped = {where: ann for where, ann in found.items() if ann != "NodeStore"}
+    assert not untyped, f"the node held without its type: {untyped}"
 
 
 # ---------------------------------------------------------------- engine/ and connector/

@@ -1,5 +1,5 @@
 """Membership from etcd: every daemon registers ``<prefix><addr> -> Member JSON`` under a lease
-it keeps alive (kvstore/client/register.py); this source lists the prefix, then watches it
+it keeps alive (kvstore/member/register.py); this source lists the prefix, then watches it
 from the next revision, so joins show up at once and departures within the lease TTL.
 
 When etcd is unreachable the last known members stay in force (the data path keeps working)

@@ -3,7 +3,7 @@
 Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the first healthy
 nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
 space, node down) goes to the next node in that order while the caller's deadline lasts (a
-node-side repair moves the copy back to its owner later: kvstore/client/repair.py). It
+node-side repair moves the copy back to its owner later: kvstore/member/repair.py). It
 never raises for a node problem and tells exactly what happened
 (:class:`~kvstore.client.api.PutReport`: ``under_replicated`` counts the blocks stored on fewer
 than ``wanted`` nodes; counters ``blocks_under_replicated``, ``puts_under_replicated``,

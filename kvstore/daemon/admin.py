@@ -16,7 +16,6 @@ from typing import Any
 
 from aiohttp import web
 
-from kvstore.client.passes import PassWithdrawn
 from kvstore.daemon.admin_inspect import add_inspect_routes
 from kvstore.daemon.admin_inspect import block_json as _info
 from kvstore.daemon.auth import OPERATOR, TokenTable
@@ -24,6 +23,7 @@ from kvstore.daemon.logs import kv
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.errors import KeyFormatError
 from kvstore.keys import BlockKey
+from kvstore.member.passes import PassWithdrawn
 
 log = logging.getLogger("kvstore.daemon.admin")
 _OPEN = ("/healthz", "/readyz")
@@ -51,7 +51,7 @@ def make_app(
     data port serves (``/readyz`` 200, else 503); ``first`` is the middleware that runs
     before any other (the listener's deadlines, kvstore/daemon/admin_listener.py); a body
     is at most ``limits.admin_max_body`` bytes. ``orphans_of`` returns a cluster member's
-    orphan pass (kvstore/client/orphans.py), None elsewhere (``POST /v1/orphans/pass``: 404)."""
+    orphan pass (kvstore/member/orphans.py), None elsewhere (``POST /v1/orphans/pass``: 404)."""
 
     @web.middleware
     async def starting(request: web.Request, handler):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from msgpack import unpackb
@@ -27,6 +26,8 @@ from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.transfer import Transfers
 from kvstore.keys import KEY_BYTES, KeyBatch
+from kvstore.node.leases import Lease
+from kvstore.node.store import NodeStore
 from kvstore.results import PutResult, Status
 
 _DISCARD_CHUNK = 1 << 20  # the scratch buffer a refused PUT payload is received into
@@ -41,7 +42,7 @@ class BlockOps:
 
     def __init__(
         self,
-        node: Any,
+        node: NodeStore,
         metrics: DaemonMetrics,
         transfers: Transfers,
         admission: Admission,
@@ -273,7 +274,7 @@ def _sink(scratch: memoryview | None, n: int) -> list[memoryview]:
     return [scratch[: min(step, n - k)] for k in range(0, n, step)]
 
 
-def stored_header(lease: Any) -> bytes:
+def stored_header(lease: Lease) -> bytes:
     """The encoded header a reply forwards for ``lease``'s block: the bytes the node stored,
     as they are (no decode and encode again)."""
     return lease.raw_header

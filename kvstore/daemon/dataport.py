@@ -70,7 +70,7 @@ from rdma.framing import FrameError, decode_header, header_length, payload_len
 from rdma.transport import TransportError
 from rdma.windows import Windows
 
-# What a peer session (HELLO tenant "*", another node's repair: kvstore/client/repair.py) may
+# What a peer session (HELLO tenant "*", another node's repair: kvstore/member/repair.py) may
 # do: it sees every tenant's blocks, so it may check and copy them in, never read or delete.
 PEER_OPS = frozenset({P.ExistsRequest.OP, P.PutRequest.OP, P.StatsRequest.OP})
 

@@ -32,14 +32,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from kvstore import protocol as P
+from kvstore.config import LimitsSection
 from kvstore.daemon.block_ops import stored_header
 from kvstore.daemon.logs import RateLimitedLog
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.slab_rdma import SlabRdma, slab_descriptor
 from kvstore.daemon.transfer import Transfers
+from kvstore.node.store import NodeStore
 from kvstore.results import PutResult, Status
 from rdma.transport import RemoteDescriptor, TransportError
 
@@ -50,10 +51,10 @@ class DescriptorOps:
 
     def __init__(
         self,
-        node: Any,
+        node: NodeStore,
         metrics: DaemonMetrics,
         transfers: Transfers,
-        limits: Any,
+        limits: LimitsSection,
         tenant_stats: dict[str, Counter[str]],
         lease_ttl: float,
         rdma: SlabRdma | None,

@@ -1,18 +1,18 @@
 """``kvstore serve`` for a cluster member: the daemon (kvstore/daemon/server.py) with, around
-it, its etcd registration (``cluster.join``), its anti-entropy repair (``repair.*``,
-kvstore/client/repair.py) and its orphan pass (``orphans.*``, kvstore/client/orphans.py) over
-the static ``cluster.peers`` or the etcd membership.
+it, the member role (kvstore/member/): its etcd registration (``cluster.join``), its
+anti-entropy repair (``repair.*``) and its orphan pass (``orphans.*``) over the static
+``cluster.peers`` or the etcd membership.
 
 Contract: :func:`serve_member` returns when the daemon stops (SIGTERM/SIGINT); the orphan pass
 and the repair are stopped first (a pass under way leases the node's memory, which the
 daemon's shutdown releases: a pass still running then failed on a released memoryview, issue
 33), then the daemon shuts down, then the registration is revoked. The two passes share one
-:class:`~kvstore.client.passes.PassRunner`: one background pass at a time on the node. A configuration that cannot work (auth on
-and no operator token for the repair's peer sessions, a bad peer address) is a ConfigError
-before anything serves.
+:class:`~kvstore.member.passes.PassRunner`: one background pass at a time on the node. A
+configuration that cannot work (auth on and no operator token for the passes' peer sessions,
+a bad peer address) is a ConfigError before anything serves.
 
-It lives with the daemon, not in kvstore/client/: the daemon uses the cluster package, and
-the cluster package never imports the daemon.
+It lives with the daemon, not in kvstore/member/: it composes the daemon and the member role,
+and the member role never imports the daemon (tests/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kvstore.client.membership import Membership, MembershipError, StaticMembers
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
 
-log = logging.getLogger("kvstore.client")
+log = logging.getLogger("kvstore.daemon")
 
 
 def operator_token(cfg: StoreConfig) -> str:
@@ -48,7 +48,7 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
     if cfg.cluster.join:
         from kvstore.client.etcd_membership import EtcdMembership
         from kvstore.client.etcd_security import EtcdSecurity
-        from kvstore.client.register import target_of
+        from kvstore.member.register import target_of
 
         return EtcdMembership(target_of(cfg), security=EtcdSecurity.of(cfg.cluster))
     peers = list(cfg.cluster.peers)
@@ -63,10 +63,11 @@ def repair_membership(cfg: StoreConfig, self_addr: str) -> Membership:
 async def serve_member(cfg: StoreConfig) -> None:
     """Like ``kvstore.daemon.server.serve``, as a registered and self-repairing member."""
     from kvstore.client.etcd_security import EtcdSecurity
-    from kvstore.client.passes import PassRunner
-    from kvstore.client.register import Registration, member_of, target_of
-    from kvstore.client.repair import Repair
     from kvstore.daemon.server import Daemon
+    from kvstore.member.orphans import OrphanPass
+    from kvstore.member.passes import PassRunner
+    from kvstore.member.register import Registration, member_of, target_of
+    from kvstore.member.repair import Repair
 
     target = target_of(cfg) if cfg.cluster.join else None  # a bad URL fails before anything opens
     token = operator_token(cfg) if cfg.repair.enabled or cfg.orphans.enabled else ""
@@ -85,8 +86,6 @@ async def serve_member(cfg: StoreConfig) -> None:
             await repair.start()
             log.info("event=repair_started node=%s replicas=%d", me.addr, cfg.repair.replicas)
         if cfg.orphans.enabled:
-            from kvstore.client.orphans import OrphanPass
-
             orphans = OrphanPass(
                 daemon.node, me.addr, repair_membership(cfg, me.addr), cfg.orphans, cfg.repair.replicas, token,
                 settle_s=cfg.repair.settle_s, runner=runner,

@@ -11,10 +11,12 @@ back to the node's expiry in every case. Event loop thread only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
+from kvstore.config import LimitsSection
 from kvstore.daemon.metrics import DaemonMetrics
+from kvstore.node.leases import Lease, PackedLease, Reservation
+from kvstore.node.store import NodeStore
 
 
 class Stalled(ConnectionError):
@@ -25,12 +27,16 @@ class Stalled(ConnectionError):
 class Transfers:
     """Given the node whose slots move, the port's limits and metrics."""
 
-    def __init__(self, node: Any, limits: Any, metrics: DaemonMetrics) -> None:
+    def __init__(self, node: NodeStore, limits: LimitsSection, metrics: DaemonMetrics) -> None:
         self.node = node
         self.limits = limits
         self.metrics = metrics
 
-    async def moving(self, held, move: Callable[[list[bool]], Awaitable[Any]]) -> list[bool]:
+    async def moving(
+        self,
+        held: Sequence[Lease | PackedLease | Reservation],
+        move: Callable[[list[bool]], Awaitable[object]],
+    ) -> list[bool]:
         """Run ``move`` (bytes to or from the slots of ``held``) as one transfer; see the
         module docstring. Returns which items were live."""
         live = self.node.state.begin_transfer(held)

@@ -51,7 +51,7 @@ REPAIR_FIELDS = (
 
 
 def _repair(daemon: dict) -> dict | None:
-    """A cluster member's anti-entropy totals (kvstore/client/repair.py), None elsewhere."""
+    """A cluster member's anti-entropy totals (kvstore/member/repair.py), None elsewhere."""
     if f"tierkv_repair_{REPAIR_FIELDS[0]}_total" not in daemon:
         return None
     return {f: int(daemon.get(f"tierkv_repair_{f}_total", 0)) for f in REPAIR_FIELDS}
@@ -69,7 +69,7 @@ _ORPHAN_BYTES = "tierkv_orphans_found_bytes_total{"
 
 
 def _orphans(daemon: dict) -> dict | None:
-    """A cluster member's orphan-pass totals (kvstore/client/orphans.py), None elsewhere;
+    """A cluster member's orphan-pass totals (kvstore/member/orphans.py), None elsewhere;
     ``bytes``: orphans' payload bytes found, per tier and namespace hex."""
     if f"tierkv_orphans_{ORPHAN_FIELDS[0]}_total" not in daemon:
         return None

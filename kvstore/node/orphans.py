@@ -1,5 +1,5 @@
-"""A node's side of the cluster's orphan pass (kvstore/client/orphans.py) and of the repair's
-drop (kvstore/client/repair.py): reading its blocks' parents and ``created`` times, and dropping
+"""A node's side of the cluster's orphan pass (kvstore/member/orphans.py) and of the repair's
+drop (kvstore/member/repair.py): reading its blocks' parents and ``created`` times, and dropping
 the blocks the pass found orphaned or another node deleted since they were written.
 
 An orphan is a block whose parent is stored nowhere in the cluster: no hit prefix can reach
@@ -14,42 +14,104 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 from msgpack import unpackb
 
+from kvstore.block import make_header
+from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
+from kvstore.node.store import NodeStore
 from kvstore.node.tiers.index import header_fields
+from kvstore.node.tiers.visibility import Visibility
+
+_EVERY = Visibility(everything=True)  # the node's own view: every tenant's blocks
 
 
-async def _headers(node, keys: Sequence[bytes]) -> list[bytes | None]:
+def _prefix_layout() -> tuple[bytes, int, int, np.ndarray]:
+    """How :meth:`BlockHeader.encode` begins every header: the map, ``v`` and the 16-byte
+    ``key``, ``parent`` and ``ns`` (its first four fields, each value in one fixed place).
+    Returns the prefix of a sample header, where its parent and namespace values start, and
+    which of its bytes are the same in every header of this block format (not a key's)."""
+    marks = {name: bytes([i + 1]) * KEY_BYTES for i, name in enumerate(("key", "parent", "ns"))}
+    raw = make_header(
+        key=BlockKey(marks["key"]), parent=BlockKey(marks["parent"]), namespace=BlockKey(marks["ns"]),
+        tokens=[0], dtype="uint8", shape=[1], payload=b"\0", created=0.0,
+    ).encode()  # fmt: skip
+    at = {name: raw.index(m) for name, m in marks.items()}
+    assert all(raw.count(m) == 1 for m in marks.values()) and at["key"] < at["parent"] < at["ns"]
+    prefix = raw[: at["ns"] + KEY_BYTES]
+    fixed = np.ones(len(prefix), bool)
+    for start in at.values():
+        fixed[start : start + KEY_BYTES] = False
+    return prefix, at["parent"], at["ns"], fixed
+
+
+_PREFIX, _PARENT_AT, _NS_AT, _FIXED = _prefix_layout()
+_FIXED_BYTES = np.frombuffer(_PREFIX, np.uint8)[_FIXED]
+
+
+async def _headers(node: NodeStore, keys: Sequence[bytes]) -> list[bytes | None]:
     """Per key, its stored header's bytes from the highest tier holding it (None where gone).
     Memory tiers answer from memory; the disk's blocks in one batched read."""
     out: list[bytes | None] = [None] * len(keys)
-    on_disk: list[int] = []
-    for i, k in enumerate(keys):
-        for t in node.memory:
-            if k in t:
-                out[i] = t.header_sync(k)
-                break
-        else:
-            if node.disk is not None and k in node.disk:
-                on_disk.append(i)
-    if on_disk:
-        for i, h in zip(on_disk, await node.disk.read_headers([keys[i] for i in on_disk])):
-            out[i] = h
+    for t in node.memory:  # top first: a slot already filled keeps the higher tier's header
+        out = [h if h is not None else g for h, g in zip(out, map(t.header_sync, keys))]
+    disk = node.disk
+    if disk is not None:
+        on_disk = [i for i, h in enumerate(out) if h is None and keys[i] in disk]
+        if on_disk:
+            for i, h in zip(on_disk, await disk.read_headers([keys[i] for i in on_disk])):
+                out[i] = h
     return out
 
 
-async def parents(node, keys: Sequence[bytes]) -> list[tuple[bytes | None, bytes | None]]:
-    """Per key, ``(namespace, parent)`` from its stored header (the highest tier holding it;
-    ``(None, None)`` where the key is gone or its header does not parse)."""
-    return [header_fields(h) for h in await _headers(node, keys)]
+async def parents(node: NodeStore, keys: KeyBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key of ``keys``, from its stored header (the highest tier holding it): its
+    namespace and parent, and whether both are known (see :func:`header_columns`)."""
+    return header_columns(await _headers(node, keys.raws()))
 
 
-def stored(node, key: bytes) -> bool:
-    """Whether any tier of ``node`` holds ``key`` (deleted-while-held keys count as gone)."""
-    return key not in node.state.doomed and any(key in t for t in node.tiers)
+def header_columns(raws: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per encoded header of ``raws``: its ``ns`` and ``parent`` (two ``n x 16`` uint8 arrays,
+    zeros where unknown) and whether both are known (a bool array; False where there is no
+    header, or it does not parse as one with 16-byte ``ns`` and ``parent``). A header laid out
+    as :meth:`BlockHeader.encode` writes it (what every client of this format stores) is read
+    in numpy passes over the headers joined in one buffer, no decode per header; any other
+    is decoded alone (msgpack), with the same answer :func:`header_fields` gives."""
+    n = len(raws)
+    ns = np.zeros((n, KEY_BYTES), np.uint8)
+    parent = np.zeros((n, KEY_BYTES), np.uint8)
+    known = np.zeros(n, bool)
+    hs = [h if h is not None else b"" for h in raws]
+    lens = np.fromiter(map(len, hs), np.int64, count=n)
+    buf = np.frombuffer(b"".join(hs), np.uint8)
+    fit = np.flatnonzero(lens >= len(_PREFIX))
+    starts = (np.cumsum(lens) - lens)[fit]
+    rows = buf[starts[:, None] + np.arange(len(_PREFIX))]  # each header's first bytes
+    laid = (rows[:, _FIXED] == _FIXED_BYTES).all(axis=1)
+    at = fit[laid]
+    parent[at] = rows[laid, _PARENT_AT : _PARENT_AT + KEY_BYTES]
+    ns[at] = rows[laid, _NS_AT : _NS_AT + KEY_BYTES]
+    known[at] = True
+    alone = lens > 0
+    alone[at] = False
+    for i in np.flatnonzero(alone).tolist():  # another encoder's layout: decoded alone
+        n_s, p = header_fields(hs[i])
+        if n_s is not None and p is not None and len(n_s) == len(p) == KEY_BYTES:
+            ns[i] = np.frombuffer(n_s, np.uint8)
+            parent[i] = np.frombuffer(p, np.uint8)
+            known[i] = True
+    return ns, parent, known
 
 
-def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
+async def stored(node: NodeStore, keys: KeyBatch) -> np.ndarray:
+    """Per key, whether any tier of ``node`` holds it (a bool array; deleted-while-held keys
+    count as gone): numpy passes over the tiers' indexes, no Python per key."""
+    if not len(keys):
+        return np.zeros(0, bool)
+    return np.frombuffer(await node.visible_tiers(keys, _EVERY), np.uint8) != 0
+
+
+def orphan_bytes(node: NodeStore, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
     """Bytes (payload and header) of ``keys`` per ``(tier, namespace hex)`` where they are
     stored now (a block in two tiers counts in each)."""
     c: Counter[tuple[str, str]] = Counter()
@@ -61,10 +123,11 @@ def orphan_bytes(node, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:
     return c
 
 
-async def created(node, keys: Sequence[bytes]) -> list[float | None]:
+async def created(node: NodeStore, keys: Sequence[bytes]) -> list[float | None]:
     """Per key, its stored header's ``created`` (the highest tier holding it; None where the
     key is gone or its header does not parse): which copy of a key this node holds now."""
-    live = [k for k in keys if stored(node, k)]
+    held = (await stored(node, KeyBatch(b"".join(keys)))).tolist()
+    live = [k for k, ok in zip(keys, held) if ok]
     got = dict(zip(live, map(_created, await _headers(node, live))))
     return [got.get(k) for k in keys]
 
@@ -76,7 +139,7 @@ def _created(raw: bytes | None) -> float | None:
         return None
 
 
-async def drop(node, keys: Sequence[bytes], reason: str = "orphan") -> Counter[str]:
+async def drop(node: NodeStore, keys: Sequence[bytes], reason: str = "orphan") -> Counter[str]:
     """Evict ``keys`` from every tier of ``node`` without a tombstone: ``dropped`` (blocks),
     ``held`` (leased or pinned: kept). ``reason``: ``orphan`` (the orphan pass) or
     ``deleted_elsewhere`` (the repair, for a copy another node deleted since it was written).
@@ -84,9 +147,12 @@ async def drop(node, keys: Sequence[bytes], reason: str = "orphan") -> Counter[s
     c: Counter[str] = Counter()
     st = node.state  # leases, pins, dirty keys and the node's counters
     on_disk: list[bytes] = []
-    for k in keys:
-        if not stored(node, k):
+    held = (await stored(node, KeyBatch(b"".join(keys)))).tolist()
+    seen: set[bytes] = set()
+    for k, ok in zip(keys, held):
+        if not ok or k in seen:
             continue
+        seen.add(k)
         if st.protected(k):
             c["held"] += 1
             continue

@@ -22,7 +22,7 @@ keeps what it could read (logged); one that cannot be written turns tombstones i
 (logged once). Never raises for an I/O problem. The daemon's peer PUT
 (kvstore/daemon/block_ops.py) refuses another node's repair push of a copy older than the
 tombstone with DELETED (:meth:`refuses`); the repair then drops that copy, writing no tombstone
-of its own (kvstore/client/repair.py).
+of its own (kvstore/member/repair.py).
 """
 
 from __future__ import annotations

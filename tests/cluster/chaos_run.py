@@ -33,6 +33,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 FAULTS = ("kill9", "sigstop", "restart", "partition", "wipe")
@@ -225,7 +226,7 @@ class Chaos:
         while not stop.is_set():
             self._seed += 1
             blocks = make_blocks(4, NBYTES, seed=self._seed, ns=self.ns)
-            rep = await c.put_report(blocks, 2.0)
+            rep = await c.put(blocks, 2.0)
             now = time.monotonic()
             for (h, p), copies in zip(blocks, rep.copies):
                 if copies >= 1:
@@ -233,7 +234,7 @@ class Chaos:
             if self.acked:
                 sample = self.load_rnd.sample(self.acked, min(8, len(self.acked)))
                 bufs = [bytearray(NBYTES) for _ in sample]
-                res = await c.get_into([a.key for a in sample], bufs, None, 1.0)
+                res = await get_into(c, [a.key for a in sample], bufs, None, 1.0)
                 for a, r, b in zip(sample, res, bufs):
                     self.result.reads += 1
                     if r.status is Status.HIT:
@@ -271,7 +272,7 @@ class Chaos:
             c = NodeClient(n.addr, self.client_cfg)
             try:
                 for off in range(0, len(keys), 4096):
-                    tiers = await c.exists(keys[off : off + 4096], 10.0)
+                    tiers = (await c.lookup(keys[off : off + 4096], 10.0)).names()
                     for j, t in enumerate(tiers):
                         if t is not None:
                             out[off + j].append(i)
@@ -320,7 +321,7 @@ class Chaos:
                 for off in range(0, len(mine), 256):
                     part = [a for a, _ in mine[off : off + 256]]
                     bufs = [bytearray(NBYTES) for _ in part]
-                    res = await c.get_into([a.key for a in part], bufs, None, 10.0)
+                    res = await get_into(c, [a.key for a in part], bufs, None, 10.0)
                     for a, x, b in zip(part, res, bufs):
                         r.wrong += x.status is Status.HIT and bytes(b) != a.payload
             finally:

@@ -1,4 +1,4 @@
-"""The orphan pass (kvstore/client/orphans.py): a block whose parent another node evicted is
+"""The orphan pass (kvstore/member/orphans.py): a block whose parent another node evicted is
 evicted by its own node's next pass, with its chain below it; a block whose parent is stored
 stays. Two daemons in a static cluster (``cluster.peers``), one copy of each block."""
 

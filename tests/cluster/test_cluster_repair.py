@@ -1,4 +1,4 @@
-"""Anti-entropy repair (node-side, kvstore/client/repair.py): a node replaced by an empty one
+"""Anti-entropy repair (node-side, kvstore/member/repair.py): a node replaced by an empty one
 gets its copies back from the others, so a second failure after the repair costs no hit.
 
 Three daemons in a static cluster (``cluster.peers``) with replicas=2; one is killed with
@@ -19,8 +19,8 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
-from kvstore.client.peer_sessions import PEER_TENANT
 from kvstore.keys import Namespace
+from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 
 NS = Namespace("cluster-test", "uint8", 4)

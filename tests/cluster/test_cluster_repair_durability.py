@@ -19,8 +19,8 @@ from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
-from kvstore.client.peer_sessions import PEER_TENANT
 from kvstore.keys import Namespace
+from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 
 NS = Namespace("repair-durability", "uint8", 4)

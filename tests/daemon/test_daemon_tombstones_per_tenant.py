@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from kvstore.client.node import ClientConfig, NodeClient
-from kvstore.client.peer_sessions import PEER_TENANT
+from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 
 TOK_A, TOK_B, TOK_OP = "tok-tenant-a1", "tok-tenant-b1", "tok-operator-1"

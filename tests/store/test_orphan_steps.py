@@ -1,4 +1,4 @@
-"""The orphan pass works in bounded steps (kvstore/client/orphans.py): between two turns of
+"""The orphan pass works in bounded steps (kvstore/member/orphans.py): between two turns of
 the event loop it handles at most ``orphans.batch_keys`` keys in any stage, however many
 blocks the node holds, and it still drops the orphans with their chains. One in-process
 node (real DRAM tier) in a static membership of two; the other member is never asked (every
@@ -12,10 +12,10 @@ import asyncio
 from storeutil import make_blocks
 
 from kvstore.client.membership import StaticMembership
-from kvstore.client.orphans import OrphanPass
 from kvstore.client.placement import Node, rank
 from kvstore.config import OrphansSection
 from kvstore.keys import Namespace
+from kvstore.member.orphans import OrphanPass
 from kvstore.node.store import NodeStore
 
 ME, OTHER = "127.0.0.1:1", "127.0.0.1:2"  # OTHER: nothing listens there

@@ -18,11 +18,12 @@ is found by the next pass).
 
 It never starves serving: a sorted snapshot of the keys (sorted off the loop) walked by cursor,
 ``batch_keys`` per slice and a yield after each; one pass at a time on the node, shared with
-the orphan pass (kvstore/client/passes.py); one batch in flight, pushed payload bytes at most
+the orphan pass (kvstore/member/passes.py); one batch in flight, pushed payload bytes at most
 ``max_bytes_per_s`` (a token bucket), and every peer call under ``deadline_s``. Failures are
 counted, never raised. Peers are reached as *peer sessions* (``tenant="*"``: with the
 operator token when auth is on), which see every tenant's blocks for EXISTS and PUT.
-Progress: :meth:`stats` and ``tierkv_repair_*`` counters on the daemon's registry.
+Lifecycle, totals and metrics: :class:`~kvstore.member.base.MemberPass`; ``tierkv_repair_*``
+counters and the ``tierkv_repair_under_replicated`` gauge on the daemon's registry.
 """
 
 from __future__ import annotations
@@ -31,60 +32,58 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Iterator
 
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from kvstore.block import BlockHeader
 from kvstore.client.membership import Membership
-from kvstore.client.passes import PassRunner, Slices, key_list
-from kvstore.client.peer_sessions import PeerSessions, batches, stop_task
 from kvstore.client.placement import Node, rank_many
 from kvstore.config import RepairSection
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
+from kvstore.member.base import MemberPass
+from kvstore.member.passes import PassRunner, Slices, packed
+from kvstore.member.peer_sessions import batches
 from kvstore.node import orphans as node_orphans
-from kvstore.node.listing import KeyOrder
+from kvstore.node.store import NodeStore
 from kvstore.results import Status
 
-log = logging.getLogger("kvstore.client.repair")
-PASS_KIND = "repair"  # its name in the node's PassRunner
 
+class Repair(MemberPass):
+    """Bound to the daemon's event loop (see :class:`~kvstore.member.base.MemberPass`)."""
 
-class Repair:
-    """Bound to the daemon's event loop. ``node``: the daemon's NodeStore; ``self_addr``:
-    this node's member address; ``token``: the operator token ("" without auth)."""
+    KIND = "repair"
+    TITLE = "Anti-entropy repair"
+    EVENT = "repair"
+    METRICS = (
+        "passes",
+        "blocks_checked",
+        "copies_missing",
+        "copies_pushed",
+        "bytes_pushed",
+        "push_failures",
+        "owners_unreachable",
+        "copies_dropped_deleted_elsewhere",
+        "copies_kept_written_since",
+        "slices",
+    )
+    log = logging.getLogger("kvstore.member.repair")
 
     def __init__(
         self,
-        node: Any,
+        node: NodeStore,
         self_addr: str,
         membership: Membership,
         cfg: RepairSection,
         token: str = "",
         runner: PassRunner | None = None,
     ) -> None:
-        self.node = node
-        self.runner = runner or PassRunner()  # the node's: one background pass at a time
-        self._keys = KeyOrder()
-        self.self_addr = self_addr
-        self.membership = membership
+        super().__init__(
+            node, self_addr, membership, token=token, pool_size=2, deadline_s=cfg.deadline_s, runner=runner
+        )
         self.cfg = cfg
-        self.peers = PeerSessions(token, pool_size=2, deadline_s=cfg.deadline_s)
-        self.counters: Counter[str] = Counter()
-        self.last_pass: dict[str, float] = {}
-        self._task: asyncio.Task | None = None
         self._bucket = 0.0
         self._bucket_t = time.monotonic()
-        self._closed = False
-
-    # ------------------------------------------------------------ lifecycle
-
-    async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def close(self) -> None:
-        self._closed = True
-        await stop_task(self._task)
-        await self.runner.cancel(PASS_KIND)  # a pass under way stops at its next await
-        await self.peers.close()
-        await self.membership.close()
 
     async def _run(self) -> None:
         await self.membership.start(self.cfg.deadline_s)
@@ -94,24 +93,20 @@ class Repair:
                 seen = self.membership.version
                 await asyncio.sleep(self.cfg.settle_s)  # let a burst of joins/leaves settle
                 seen = self.membership.version
-            try:
-                await self.runner.run(PASS_KIND, self.sweep, keep=True)
-            except Exception as exc:  # a pass must never take the daemon down
-                self.counters["passes_failed"] += 1
-                log.exception("event=repair_pass_failed error=%r", exc)
+            await self._run_kept()
             await self.membership.wait_changed(seen, self.cfg.interval_s)
 
     # ------------------------------------------------------------ one pass
 
+    async def _one_pass(self) -> dict[str, int]:
+        return await self.sweep()
+
     async def sweep(self) -> dict[str, int]:
         """One full pass over this node's blocks; returns this pass's counts."""
-        view = [m.node for m in self.membership.members]
-        ids = {n.id for n in view}
-        await self.peers.forget_except(ids)
         done: Counter[str] = Counter()
         t0 = time.monotonic()
-        if self.self_addr not in ids or len(view) < 2:
-            self.counters["passes_skipped"] += 1
+        view = await self._view()
+        if view is None:
             return dict(done)
         # a sorted snapshot of the keys (sorted off the loop), walked by cursor: a slice of
         # batch_keys per EXISTS round, a yield to the loop after each
@@ -120,23 +115,15 @@ class Repair:
         for at in range(0, len(keys), self.cfg.batch_keys):
             if self._closed:
                 break
-            done.update(await self._repair_batch(key_list(keys[at : at + self.cfg.batch_keys]), view))
+            done.update(await self._repair_batch(packed(keys[at : at + self.cfg.batch_keys]).raws(), view))
             await slices.end()  # serving traffic runs between batches
-        self.counters.update(done)
-        self.counters["passes"] += 1
         # what is still short of replicas once this pass is done: found missing, and neither
         # restored, nor deleted elsewhere, nor gone from here meanwhile (the gauge)
         left = done["copies_missing"] - done["copies_pushed"] - done["copies_dropped_deleted_elsewhere"]
         left -= done["copies_vanished"]
-        self.last_pass = {
-            "seconds": round(time.monotonic() - t0, 3),
-            "finished": time.time(),
-            **done,
-            "under_replicated": max(0, left),
-        }
         if done["copies_missing"]:
-            log.info("event=repair_pass %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
-        return dict(done)
+            self._log_pass(done)
+        return self._finished(done, t0, under_replicated=max(0, left))
 
     async def _repair_batch(self, batch: list[bytes], view: list[Node]) -> Counter[str]:
         c: Counter[str] = Counter(blocks_checked=len(batch))
@@ -150,16 +137,13 @@ class Repair:
                 if a != self.self_addr:
                     ask.setdefault(a, []).append(k)
         answers = await asyncio.gather(
-            *(
-                self.peers.get(a).exists([BlockKey(k) for k in ks], self.cfg.deadline_s)
-                for a, ks in ask.items()
-            )
+            *(self.peers.get(a).lookup(KeyBatch(b"".join(ks)), self.cfg.deadline_s) for a, ks in ask.items())
         )
-        held: dict[tuple[str, bytes], bool] = {}
-        for (a, ks), tiers in zip(ask.items(), answers):
+        held: dict[tuple[str, bytes], bool | None] = {}
+        for (a, ks), found in zip(ask.items(), answers):
             up = self.peers.get(a).up
-            for k, t in zip(ks, tiers):
-                held[(a, k)] = t is not None if up else None  # None: unknown (unreachable)
+            for k, t in zip(ks, found.tiers):
+                held[(a, k)] = t != 0 if up else None  # None: unknown (unreachable)
         pushes: dict[str, list[bytes]] = {}
         for k, os_ in owners.items():
             holders = [a for a in os_ if a == self.self_addr or held.get((a, k))]
@@ -201,7 +185,7 @@ class Repair:
             c["bytes_pushed"] += sum(h.payload_len for (h, _), r in zip(part, res) if r.status.ok)
         return c
 
-    async def _drop_deleted(self, addr: str, pushed: list) -> Counter[str]:
+    async def _drop_deleted(self, addr: str, pushed: list[BlockHeader]) -> Counter[str]:
         """Drop this node's copies of ``pushed`` (headers an owner answered DELETED) that are
         still the copies pushed (a client's write since then is newer than that delete).
         An eviction, not a delete: the repair writes no tombstone (the owner holds it)."""
@@ -213,7 +197,7 @@ class Repair:
         if same:
             gone = (await node_orphans.drop(self.node, same, reason="deleted_elsewhere"))["dropped"]
             c["copies_dropped_deleted_elsewhere"] += gone
-            log.info("event=repair_drop_deleted peer=%s blocks=%d", addr, gone)
+            self.log.info("event=repair_drop_deleted peer=%s blocks=%d", addr, gone)
         return c
 
     async def _pace(self, nbytes: int) -> None:
@@ -228,47 +212,11 @@ class Repair:
 
     # ------------------------------------------------------------ progress
 
-    def stats(self) -> dict[str, Any]:
-        """Totals since start and the last finished pass (JSON-able)."""
-        return {"totals": dict(self.counters), "last_pass": dict(self.last_pass)}
-
-    def register_metrics(self, registry: Any) -> None:
-        """Export the totals as ``tierkv_repair_<name>_total`` counters on ``registry`` (a
-        prometheus_client CollectorRegistry: the daemon's, so they show on /metrics and in
-        ``/v1/stats`` and ``kvstore stats``)."""
-        registry.register(_RepairCollector(self))
-
-
-class _RepairCollector:
-    NAMES = (
-        "passes",
-        "blocks_checked",
-        "copies_missing",
-        "copies_pushed",
-        "bytes_pushed",
-        "push_failures",
-        "owners_unreachable",
-        "copies_dropped_deleted_elsewhere",
-        "copies_kept_written_since",
-        "slices",
-    )
-
-    def __init__(self, repair: Repair) -> None:
-        self.repair = repair
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        for name in self.NAMES:
-            fam = CounterMetricFamily(
-                f"tierkv_repair_{name}", f"Anti-entropy repair: {name.replace('_', ' ')}"
-            )
-            fam.add_metric([], self.repair.counters[name])
-            yield fam
+    def extra_metrics(self) -> Iterator[Metric]:
         # copies still missing when the last pass ended (found missing and not restored by it):
         # 0 as soon as the pass that restores them ends, not one interval later (issue 33)
         g = GaugeMetricFamily(
             "tierkv_repair_under_replicated", "Copies still missing when the last finished repair pass ended"
         )
-        g.add_metric([], self.repair.last_pass.get("under_replicated", 0))
+        g.add_metric([], self.last_pass.get("under_replicated", 0))
         yield g

@@ -7,7 +7,8 @@ restarted past the TTL, or it expired) it registers again with a new one. ``stop
 the lease so the node leaves at once. etcd trouble is logged, never fatal to the daemon: the
 node keeps serving whoever already knows it.
 
-:func:`kvstore.daemon.member.serve_member` runs the daemon with registration around it.
+:func:`kvstore.daemon.member.serve_member` runs the daemon with registration around it. The
+client side, reading the members, is kvstore/client/etcd_membership.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from kvstore.client.membership import Member, MembershipError
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
 
-log = logging.getLogger("kvstore.client")
+log = logging.getLogger("kvstore.member.register")
 
 
 class Registration:

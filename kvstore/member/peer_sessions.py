@@ -47,17 +47,7 @@ class PeerSessions:
         self._clients.clear()
 
 
-async def stop_task(task: asyncio.Task | None) -> None:
-    """Cancel a pass's loop and wait for it; whatever it raised on the way out is its own."""
-    if task is None:
-        return
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):
-        pass
-
-
 def batches(items: list, n: int) -> Iterator[list]:
+    """``items`` in lists of at most ``n`` (one peer call each)."""
     for i in range(0, len(items), n):
         yield items[i : i + n]

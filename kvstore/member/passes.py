@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from kvstore.keys import KEY_BYTES
+from kvstore.keys import KEY_BYTES, KeyBatch
 
 T = TypeVar("T")
 _POLL_S = 0.1  # how often a waiter with ``gone`` looks whether its caller went away
@@ -116,8 +116,27 @@ class Slices:
         self._began = self.clock()
 
 
-def key_list(part: np.ndarray) -> list[bytes]:
-    """Raw keys of a slice of a sorted key snapshot (kvstore/node/listing.py ``KeyOrder``),
-    trailing zero bytes included (numpy's ``S16`` items would drop them)."""
-    raw = part.tobytes()
-    return [raw[o : o + KEY_BYTES] for o in range(0, len(raw), KEY_BYTES)]
+KEY_COLUMN = f"S{KEY_BYTES}"  # a column of raw keys (numpy's order is the bytes' order)
+
+
+def packed(column: np.ndarray) -> KeyBatch:
+    """The keys of a key column (a slice of a sorted key snapshot, kvstore/node/listing.py
+    ``KeyOrder``, or any ``KEY_COLUMN`` array) as one KeyBatch, trailing zero bytes included
+    (numpy's ``S16`` items would drop them one by one)."""
+    return KeyBatch(np.ascontiguousarray(column).tobytes())
+
+
+def member_of(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Per key of the column ``keys``, whether the sorted column ``sorted_keys`` holds it
+    (a bool array; binary searches in numpy)."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), bool)
+    at = np.searchsorted(sorted_keys, keys).clip(max=len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The positions ``lo[i]..hi[i]-1`` of every ``i``, one after the other (numpy, no loop)."""
+    counts = hi - lo
+    starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    return starts + np.arange(int(counts.sum()))
