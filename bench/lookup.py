@@ -12,6 +12,7 @@ time adds the waits for a core). The floor, measured in the same run: the same 8
 asked of one daemon as two packed EXISTS on one raw socket (no tierkv client), so the ratio
 says what the client and the cluster add to the bare round trips. ``--profile`` prints the
 client's cProfile of the "none present" lookups on 3 daemons (where a miss's time goes).
+(uvloop for the daemons' loop was measured once, then dropped: docs/benchmarks.md.)
 
     python bench/lookup.py --json .bench/lookup.json [--profile]
 """
@@ -22,7 +23,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import json
 import os
 import platform
 import pstats
@@ -30,55 +30,22 @@ import resource
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common
 import msgpack
+from common import cpu_s, pct
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import kvstore.client  # noqa: E402
-from kvstore import protocol as P  # noqa: E402
-from kvstore.client import make_header  # noqa: E402
-from kvstore.keys import KeyBatch, Namespace  # noqa: E402
+import kvstore.client
+from kvstore import protocol as P
+from kvstore.client import make_header
+from kvstore.keys import KeyBatch, Namespace
 
 PROMPT_TOKENS = 128 * 1024
 BLOCK_TOKENS = 16
-
-
-def start_daemon(wd: Path, uvloop_dir: str = "") -> tuple[subprocess.Popen, str]:
-    """A daemon (DRAM only) under ``wd``; with ``uvloop_dir`` (a folder holding uvloop) its
-    loop runs on uvloop -- a measurement only: tierkv does not use it."""
-    wd.mkdir(parents=True)
-    cfg = wd / "node.toml"
-    cfg.write_text(
-        '[dram]\ncapacity = "256MiB"\nslab_size = "1MiB"\n[disk]\nenabled = false\n'
-        f'[server]\nport_file = "{wd / "ports.json"}"\n'
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-    if uvloop_dir:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), uvloop_dir) if p)
-        argv = ["-c", "import sys, uvloop; uvloop.install(); from kvstore.cli import main; sys.exit(main())"]
-    else:
-        argv = ["-m", "kvstore.cli"]
-    proc = subprocess.Popen(
-        [sys.executable, *argv, "serve", "--config", str(cfg), "--log-level", "WARNING"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    end = time.monotonic() + 30
-    while not (wd / "ports.json").exists():
-        if proc.poll() is not None or time.monotonic() > end:
-            proc.kill()
-            raise RuntimeError("daemon did not start")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{json.loads((wd / 'ports.json').read_text())['data_port']}"
 
 
 def blocks_of(ns: Namespace, tokens: list[int]):
@@ -104,23 +71,8 @@ def blocks_of(ns: Namespace, tokens: list[int]):
     return out
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def open_cluster(addrs, ns, **options):
     return kvstore.client.open(f"kvstore://{','.join(addrs)}", namespaces=(ns,), **options)
-
-
-def cpu_s(pids) -> float:
-    """User + system CPU seconds the processes ``pids`` used so far (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
 
 
 def raw_floor(addr: str, ns: Namespace, keys: KeyBatch, iters: int) -> dict:
@@ -235,38 +187,28 @@ async def run(addrs, pids, iters: int, profile: bool, tag: str) -> list[dict]:
     return rows
 
 
-def start_cluster(tmp: Path, n: int, tag: str, uvloop_dir: str) -> tuple[list[subprocess.Popen], list[str]]:
-    procs, addrs = [], []
-    for i in range(n):
-        p, a = start_daemon(tmp / f"{tag}-n{i}", uvloop_dir)
-        procs.append(p)
-        addrs.append(a)
-    return procs, addrs
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--profile", action="store_true", help="cProfile the client's misses on 3 daemons")
-    ap.add_argument("--uvloop", default="", help="run the daemons' loop on uvloop found in this folder")
     args = ap.parse_args()
 
     rows = []
-    load = os.getloadavg()
+    load = common.loadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for n in (1, 3):
-            procs, addrs = start_cluster(Path(tmp), n, f"c{n}", args.uvloop)
+            daemons = []
             try:
-                rows += asyncio.run(
-                    run(addrs, [p.pid for p in procs], args.iters, args.profile and n == 3, f"c{n}")
-                )
+                for i in range(n):
+                    dram = {"capacity": "256MiB", "slab_size": "1MiB"}
+                    daemons.append(common.start_daemon(Path(tmp) / f"c{n}-n{i}", dram=dram))
+                addrs, pids = [d.addr for d in daemons], [d.proc.pid for d in daemons]
+                rows += asyncio.run(run(addrs, pids, args.iters, args.profile and n == 3, f"c{n}"))
             finally:
-                for p in procs:
-                    p.terminate()
-                for p in procs:
-                    p.wait(30)
-    load_end = os.getloadavg()
+                for d in daemons:
+                    d.stop()
+    load_end = common.loadavg()
     print(
         f"lookup of a {PROMPT_TOKENS // 1024}K-token prompt (8,192 keys), replicas=2, loopback, {args.iters} runs each"
     )
@@ -289,16 +231,12 @@ def main() -> int:
         "bench": "lookup",
         "prompt_tokens": PROMPT_TOKENS,
         "block_tokens": BLOCK_TOKENS,
-        "cpus": os.cpu_count(),
         "loadavg_1m_at_start": load[0],
         "loadavg_1m_at_end": load_end[0],
         "python": platform.python_version(),
-        "daemon_loop": "uvloop" if args.uvloop else "asyncio",
         "rows": rows,
     }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+    common.write_json(args.json, doc)
     return 0
 
 
