@@ -36,6 +36,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig  # noqa: E402
+from kvstore.client.read import get_into  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 from kvstore.results import Status  # noqa: E402
 
@@ -79,9 +80,9 @@ async def worker(c: ClusterClient, w: int, phase: int, t_end: float, tally: Tall
         for p in (stored[-1], stored[seed // 2], stored[seed // 3]):
             t0 = time.perf_counter()
             keys = [h.key for h, _ in p]
-            n = await c.lookup_prefix(keys, LOOKUP_DEADLINE_S)
+            n = (await c.lookup(keys, LOOKUP_DEADLINE_S)).hit_blocks
             bufs = [bytearray(NBYTES) for _ in keys]
-            res = await c.get_into(keys[:n], bufs[:n], None, 1.0)
+            res = await get_into(c, keys[:n], bufs[:n], None, 1.0)
             tally.lat_ms.append((time.perf_counter() - t0) * 1e3)
             for r, b, (_, x) in zip(res, bufs, p):
                 if r.status is not Status.HIT:

@@ -67,6 +67,7 @@ sys.path.insert(0, str(REPO))
 from kvstore import protocol as P  # noqa: E402
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.read import get_into  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 from kvstore.results import Status  # noqa: E402
 
@@ -501,7 +502,7 @@ async def _latencies(client: NodeClient, keys, n: int, misses: list[int] | None 
     for _ in range(n):
         k = keys[rng.randrange(len(keys))]
         t0 = time.perf_counter()
-        [r] = await client.get_into([k], [buf])
+        [r] = await get_into(client, [k], [buf])
         out.append(time.perf_counter() - t0)
         if misses is not None:
             misses[0] += r.status is not Status.HIT
@@ -568,10 +569,10 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
             "rss_growth_mib": round((_rss(pid) - base) / MiB, 1),
         }
         if name == "reserve":
-            row["good_blocks_in_dram"] = (await good.exists(keys)).count("dram")
+            row["good_blocks_in_dram"] = (await good.lookup(keys)).names().count("dram")
         if name == "ns_flood":  # data lost: the good tenant's cold blocks, 80 MiB in all, under its share
             row["good_cold_kept"] = (
-                f"{sum(t is not None for t in await good.exists([h.key for h, _ in cold]))}/16"
+                f"{sum(t is not None for t in (await good.lookup([h.key for h, _ in cold])).names())}/16"
             )
         if name == "admin_flood":
             row["healthz_ok"] = await asyncio.to_thread(_healthz, ports)

@@ -14,18 +14,16 @@ A client reads 4 blocks of 4 KiB in another namespace on node 0, one GET at a ti
 
 The POSTs come from a child process (their threads never share this process's interpreter
 lock with the measuring client). Prints p50/p99 per phase and the ratios to ``alone`` (target:
-p99 within 2x), the passes run and the load average beside them; --json writes them.
+p99 within 2x), the passes run and the load average beside them, as a Markdown table; --json
+writes them (bench/common.py's ``write_json``: with the command, date and commit).
 
-    python bench/passes.py --blocks 50000 --json .bench/passes.json
+    python bench/passes.py --blocks 50000 --json docs/results/passes.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,12 +31,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import common  # noqa: I001  (puts the repository and tests/ on the path)
 
-from kvstore.block import make_header  # noqa: E402
-from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
-from kvstore.keys import Namespace  # noqa: E402
+from kvstore.block import make_header
+from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
+from kvstore.keys import Namespace
 
 NS = Namespace("bench-passes", "uint8", 4)
 READER = Namespace("bench-passes-reader", "uint8", 4)
@@ -59,33 +57,17 @@ for t in threads: t.join()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(wd: Path, port: int, peers: list[str], batch_keys: int) -> tuple[subprocess.Popen, str]:
-    wd.mkdir(parents=True, exist_ok=True)
-    peers_toml = ", ".join(f'"{p}"' for p in peers)
-    (wd / "node.toml").write_text(
-        '[dram]\ncapacity = "1GiB"\nslab_size = "1MiB"\n[disk]\nenabled = false\n'
-        f'[server]\ndata_port = {port}\nport_file = "{wd / "ports.json"}"\n'
-        f"[cluster]\npeers = [{peers_toml}]\n[repair]\nenabled = false\n"
-        f"[orphans]\ninterval_s = 86400.0\nbatch_keys = {batch_keys}\n"
+def start(wd: Path, port: int, peers: list[str], batch_keys: int):
+    """A member of the static cluster ``peers`` on ``port``: DRAM only, repair off, the orphan
+    pass only when asked (its period is a day)."""
+    return common.start_daemon(
+        wd,
+        dram={"capacity": "1GiB", "slab_size": "1MiB"},
+        server={"data_port": port},
+        cluster={"peers": peers},
+        repair={"enabled": False},
+        orphans={"interval_s": 86400.0, "batch_keys": batch_keys},
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-    with open(wd / "daemon.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(wd / "node.toml"), "--log-level", "WARNING"],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    end = time.monotonic() + 60
-    while not (wd / "ports.json").exists():
-        if proc.poll() is not None or time.monotonic() > end:
-            raise SystemExit(f"daemon did not start:\n{(wd / 'daemon.log').read_text()}")
-        time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{json.loads((wd / 'ports.json').read_text())['admin_port']}"
 
 
 def chains(n: int) -> tuple[list, list]:
@@ -122,16 +104,11 @@ async def reads(addr: str, keys, seconds: float) -> list[float]:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t0 = time.perf_counter()
-        res = await c.get_into(keys, bufs)
+        res = await get_into(c, keys, bufs)
         out.append((time.perf_counter() - t0) * 1e3)
         assert all(r.status.name == "HIT" for r in res)
     await c.close()
     return out
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, int(q * len(s)))], 3)
 
 
 def passes_done(admin: str) -> float:
@@ -150,15 +127,14 @@ async def main() -> None:
     ap.add_argument("--batch-keys", type=int, default=1024, help="orphans.batch_keys: blocks per slice")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
-    ports = [free_port(), free_port()]
+    ports = [common.free_port(), common.free_port()]
     addrs = [f"127.0.0.1:{p}" for p in ports]
     with tempfile.TemporaryDirectory(prefix="bench-passes-") as tmp:
-        procs = []
+        daemons = []
         try:
-            (p0, admin0), (p1, _) = (
-                start(Path(tmp) / f"n{i}", ports[i], addrs, a.batch_keys) for i in range(2)
-            )
-            procs = [p0, p1]
+            for i in range(2):
+                daemons.append(start(Path(tmp) / f"n{i}", ports[i], addrs, a.batch_keys))
+            admin0 = daemons[0].admin
             parents, children = chains(a.blocks)
             await put_all(addrs[1], parents, NS)
             await put_all(addrs[0], children, NS)
@@ -206,31 +182,22 @@ async def main() -> None:
                     child.wait()
                 rows[phase] = {
                     "gets": len(lat),
-                    "p50_ms": pct(lat, 0.5),
-                    "p99_ms": pct(lat, 0.99),
+                    "p50_ms": round(common.pct(lat, 0.5), 3),
+                    "p99_ms": round(common.pct(lat, 0.99), 3),
                     "passes": passes_done(admin0) - before,
-                    "loadavg": os.getloadavg()[0],
+                    "loadavg": common.loadavg()[0],
                 }
         finally:
-            for p in procs:
-                p.terminate()
-                p.wait(30)
+            for d in daemons:
+                d.stop()
     base = rows["alone"]
     for r in rows.values():
         r["p50_x"] = round(r["p50_ms"] / base["p50_ms"], 2)
         r["p99_x"] = round(r["p99_ms"] / base["p99_ms"], 2)
     print(f"{a.blocks} blocks on the node, {a.concurrent} concurrent operators, batch_keys {a.batch_keys}")
-    print(
-        f"{'phase':10} {'GETs':>6} {'p50 ms':>8} {'p99 ms':>8} {'p50 x':>6} {'p99 x':>6} {'passes':>7} {'load':>5}"
-    )
-    for name, r in rows.items():
-        print(
-            f"{name:10} {r['gets']:6d} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['p50_x']:6.2f} {r['p99_x']:6.2f} "
-            f"{r['passes']:7.0f} {r['loadavg']:5.1f}"
-        )
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
+    cols = ("gets", "p50_ms", "p99_ms", "p50_x", "p99_x", "passes", "loadavg")
+    print(common.md_table(("phase", *cols), [(name, *(r[c] for c in cols)) for name, r in rows.items()]))
+    common.write_json(a.json, {"args": vars(a), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.read import get_into  # noqa: E402
 from kvstore.config import parse_size  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 from kvstore.member.peer_sessions import PEER_TENANT  # noqa: E402
@@ -113,7 +114,7 @@ async def copies(addrs: list[str], keys) -> list[int]:
     for a in addrs:
         n = NodeClient(a, CFG)
         for off in range(0, len(keys), 4096):
-            for i, t in enumerate(await n.exists(keys[off : off + 4096], 10.0)):
+            for i, t in enumerate((await n.lookup(keys[off : off + 4096], 10.0)).names()):
                 out[off + i] += t is not None
         await n.close()
     return out
@@ -133,7 +134,7 @@ async def serve_reads(
         part = blocks[j : j + 8]
         bufs = [bytearray(nbytes) for _ in part]
         t0 = time.perf_counter()
-        res = await c.get_into([h.key for h, _ in part], bufs, None, 2.0)
+        res = await get_into(c, [h.key for h, _ in part], bufs, None, 2.0)
         lat.append((time.perf_counter() - t0) * 1e3)
         hits.append(sum(r.status.ok and bytes(b) == p for r, b, (_, p) in zip(res, bufs, part)) / len(part))
         await asyncio.sleep(0.005)
@@ -153,7 +154,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
         c = ClusterClient.static(addrs, CFG, ClusterConfig(replicas=2))
         await c.start(5.0)
         for off in range(0, n, 256):
-            r = await c.put_report(blocks[off : off + 256], 30.0)
+            r = await c.put(blocks[off : off + 256], 30.0)
             assert r.dropped == 0 and r.under_replicated == 0, r
         stop, base_lat, base_hits = asyncio.Event(), [], []
         t = asyncio.create_task(serve_reads(c, blocks, nbytes, stop, base_lat, base_hits))
@@ -183,7 +184,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
         for off in range(0, n, 64):
             part = blocks[off : off + 64]
             bufs = [bytearray(nbytes) for _ in part]
-            res = await c.get_into([h.key for h, _ in part], bufs, None, 5.0)
+            res = await get_into(c, [h.key for h, _ in part], bufs, None, 5.0)
             ok += sum(r.status.ok and bytes(b) == p for r, b, (_, p) in zip(res, bufs, part))
         await c.close()
         return {

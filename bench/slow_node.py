@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
+from kvstore.client.read import get_into  # noqa: E402
 
 DEADLINE_S = 1.0
 NBYTES = 32 * 1024
@@ -66,11 +67,11 @@ async def load(c: ClusterClient, prompts, seconds: float, fresh) -> dict:
             copies += (await c.put(fresh(n), DEADLINE_S)).copies
         keys = [h.key for h, _ in p]
         t0 = time.perf_counter()
-        got = await c.lookup_prefix(keys, DEADLINE_S)
+        got = (await c.lookup(keys, DEADLINE_S)).hit_blocks
         if time.perf_counter() - t0 >= DEADLINE_S * 0.95:
             lookup_timeouts += 1
         bufs = [bytearray(NBYTES) for _ in range(got)]
-        res = await c.get_into(keys[:got], bufs, None, DEADLINE_S)
+        res = await get_into(c, keys[:got], bufs, None, DEADLINE_S)
         lat.append((time.perf_counter() - t0) * 1e3)
         missed += len(keys) - sum(r.status.ok for r in res)
     stop.set()

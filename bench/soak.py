@@ -118,6 +118,7 @@ def _sample(raw: dict, t: float, prev: dict) -> dict:
 
 async def _soak(a, addr: str, admin: str) -> list[dict]:
     from kvstore.client.node import ClientConfig, NodeClient
+    from kvstore.client.read import get_into
     from kvstore.results import Status
 
     ws = a.working_set // len(a.sizes)
@@ -137,7 +138,7 @@ async def _soak(a, addr: str, admin: str) -> list[dict]:
         ]
         m = rnd.choices(models, weights)[0]
         j = m.pick(rnd)
-        [g] = await c.get_into([m.keys[j]], [bufs[m.size]])
+        [g] = await get_into(c, [m.keys[j]], [bufs[m.size]])
         ops += 1
         if g.status is not Status.HIT:
             misses += 1

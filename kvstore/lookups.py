@@ -23,24 +23,9 @@ MAX_CODE = len(TIER_NAMES)
 _NAME_OF: tuple[str | None, ...] = (None, *TIER_NAMES)
 
 
-def tier_name(code: int) -> str | None:
-    """The tier a code names (None for ABSENT); KeyFormatError for a code out of range."""
-    if not 0 <= code <= MAX_CODE:
-        raise KeyFormatError(f"tier code {code} is not one of 0..{MAX_CODE}")
-    return _NAME_OF[code]
-
-
 def tier_names(codes: bytes) -> list[str | None]:
     """Each code's tier name (None: absent); codes are assumed checked (<= MAX_CODE)."""
     return list(map(_NAME_OF.__getitem__, codes))
-
-
-def tier_codes(names) -> bytes:
-    """The codes of tier names (None: ABSENT); KeyFormatError naming an unknown tier."""
-    try:
-        return bytes([0 if n is None else TIER_CODES[n] for n in names])
-    except KeyError as exc:
-        raise KeyFormatError(f"unknown tier {exc.args[0]!r}; expected one of {TIER_NAMES}") from exc
 
 
 _CODES = bytes(range(MAX_CODE + 1))  # the valid code bytes

@@ -56,7 +56,7 @@ import sys
 
 import kvstore.client
 from kvstore.block import make_header
-from kvstore.client import Status
+from kvstore.client import Status, get_into
 from kvstore.keys import Namespace
 
 NS = Namespace("store-only-model", "uint8", 4)
@@ -76,10 +76,10 @@ async def main(addr):
     try:
         report = await c.put(blocks, 10.0)
         assert len(report) == len(blocks) and report.stored == len(blocks), list(report)
-        tiers = await c.exists(keys, 10.0)
+        tiers = (await c.lookup(keys, 10.0)).names()
         assert len(tiers) == len(keys) and all(t is not None for t in tiers), tiers
         bufs = [bytearray(len(p)) for _, p in blocks]
-        got = await c.get_into(keys, bufs, None, 10.0)
+        got = await get_into(c, keys, bufs, None, 10.0)
         assert [g.status for g in got] == [Status.HIT] * len(keys), got
         assert [bytes(b) for b in bufs] == [p for _, p in blocks], "payload bytes differ"
     finally:

@@ -8,7 +8,7 @@ this protocol, so they never learn which store is behind it.
 
 Contract (every implementation): batched per-key calls, one result per key in input order.
 No call raises for a store problem (a node down, a timeout, a refused request): a failure is a
-miss (``None`` / a non-HIT status), a dropped write, or ``False``, counted in ``counters``.
+miss (tier code 0 / a non-HIT status), a dropped write, or ``False``, counted in ``counters``.
 Every call honours its deadline (``deadline_s``; None: the client's default). Caller bugs (a
 buffer list of the wrong length, a payload that does not match its header) raise
 ValueError/TypeError at once. Bound to the event loop of the first call.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 from kvstore.block import BlockHeader
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
-from kvstore.results import Expect, GetResult, PutResult
+from kvstore.results import Expect, PutResult
 
 if TYPE_CHECKING:
     from kvstore.client.read import BlockRead  # its module imports the connection code
@@ -100,14 +100,13 @@ class StoreClient(Protocol):
         say now. A store without tenants answers ``base``."""
         ...
 
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        """Per key: the best tier holding it (visible to this client), or None."""
-        ...
-
-    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
-        """:meth:`exists` of packed keys as one frozen result: per key a tier code
-        (kvstore.lookups; 0 where not held), and how many leading keys are held. A caller keeps
-        it with its request and loads or saves those keys without hashing them again."""
+    async def lookup(
+        self, keys: KeyBatch | Sequence[BlockKey], deadline_s: float | None = None
+    ) -> LookupResult:
+        """The one lookup: per key the best tier holding it (visible to this client) as one
+        frozen result -- a tier code per key (kvstore.lookups; 0 where not held), ``names()``
+        the tier names, and ``hit_blocks``, how many leading keys are held. A caller keeps it
+        with its request and loads or saves those keys without hashing them again."""
         ...
 
     def read(
@@ -120,22 +119,8 @@ class StoreClient(Protocol):
         """The one read: ``async with store.read(keys, bufs, expect) as r`` -- per key a result
         and, for a HIT, a view of its payload: lent store memory (in process: a leased DRAM
         slot, ``r.lent[i]``) or ``bufs[i]`` filled (daemons, the local disk); lent views are
-        valid until the block exits (or ``r.release()``). See kvstore/client/read.py."""
-        ...
-
-    async def get_into(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> Sequence[GetResult]:
-        """Fill ``bufs[i]`` (writable, contiguous) with block ``keys[i]``'s payload; HIT only
-        when it arrived whole and matched its key and ``expect[i]``. One result per key, in
-        order: a list, or (a remote node's read) one :class:`~kvstore.results.GetResults`
-        whose ``codes`` are the statuses as bytes and whose records are made when indexed.
-        Bytes of a buffer whose result is not HIT are unspecified. The same path as :meth:`read` (read, then copy
-        what was lent), for callers that want the bytes in their own buffers."""
+        valid until the block exits (or ``r.release()``). See kvstore/client/read.py, whose
+        ``get_into(store, keys, bufs, ...)`` is this read with every payload in ``bufs``."""
         ...
 
     async def put(

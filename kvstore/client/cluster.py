@@ -1,9 +1,10 @@
 """The replicated cluster client: many storage nodes as one store.
 
 Contract: a :class:`~kvstore.client.api.StoreClient` (what ``kvstore.client.open`` returns for
-``kvstore://`` and ``etcd://``): ``exists``, ``get_into``, ``put``, ``delete`` take a deadline and never raise for a node or
-membership problem; a failure is a miss (``None`` / a non-HIT status), a dropped write or
-``False``, counted in ``counters``. Caller bugs (buffer count) raise ValueError at once.
+``kvstore://`` and ``etcd://``): ``lookup``, ``read``, ``put``, ``delete`` take a deadline and
+never raise for a node or membership problem; a failure is a miss (code 0 / a non-HIT status),
+a dropped write or ``False``, counted in ``counters``. Caller bugs (buffer count) raise
+ValueError at once.
 Every call is bounded by its caller's deadline and by nothing shorter: a connection's set-up
 is bounded by the call's deadline and ``ClusterConfig.connect_timeout_s``, never by the
 node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node down).
@@ -18,12 +19,12 @@ node client's shorter ``connect_timeout_s`` (a late HELLO must not mark a node d
   to the next ``lookahead`` nodes in their rendezvous order, which find blocks whose owner
   changed when a node joined. A key is present when any of its first ``replicas + lookahead``
   nodes has it; its tier is the best its owners hold (a lookahead node's for a block no owner
-  holds). :meth:`lookup_prefix` is the longest prefix over replicas. Each key's rendezvous
+  holds); ``hit_blocks`` is the longest prefix over replicas. Each key's rendezvous
   order is cached per healthy view (a bounded LRU), so repeated prompts skip the hashing.
 - Transfers: node clients share one :class:`~kvstore.client.rdma.ClientRdma` (one device
   probe, at most one device opened, buffers registered once with ``register``); reads and
   writes take the descriptor path to nodes that negotiated RDMA (kvstore/client/node.py).
-- Reads: kvstore/client/reads.py. Writes: kvstore/client/writes.py (``put_report`` tells
+- Reads: kvstore/client/reads.py. Writes: kvstore/client/writes.py (``put``'s report tells
   exactly what was stored, under-replicated and dropped). Both are objects this client owns,
   given it as their :class:`~kvstore.client.route.Route` (node clients, healthy view,
   rendezvous order, connection set-up, timed fan-out) and its counters.
@@ -57,11 +58,11 @@ from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
-from kvstore.results import Expect, GetResult, Status
+from kvstore.results import Expect, Status
 
 log = logging.getLogger("kvstore.client")
 _RANK_CACHE_MAX = 1 << 17  # keys whose rendezvous order is kept (16 prompts of 128K tokens)
-_WARM_KEY = BlockKey(bytes(16))  # EXISTS of this key opens and HELLOs a connection, nothing more
+_WARM_KEYS = KeyBatch(bytes(16))  # EXISTS of this key opens and HELLOs a connection, nothing more
 
 __all__ = ["ClusterClient", "ClusterConfig", "PutReport"]
 
@@ -153,7 +154,7 @@ class ClusterClient:
             node = self.nodes.get(addr)
             if node is not None:
                 n = self.client_cfg.pool_size
-                await asyncio.gather(*(node.exists([_WARM_KEY], deadline_s) for _ in range(n)))
+                await asyncio.gather(*(node.lookup(_WARM_KEYS, deadline_s) for _ in range(n)))
                 self.health.after_call(addr)
                 if node.up:
                     self._warmed.add(addr)
@@ -241,19 +242,15 @@ class ClusterClient:
 
     # ---------------------------------------------------------------- lookups
 
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        """Per key: the best tier its owners hold it in; for a key no owner holds, the best
-        of the next ``lookahead`` nodes (``None``: nowhere). kvstore/client/lookup.py."""
-        return await self._lookups.exists(keys, deadline_s)
-
-    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
-        """:meth:`exists` of packed keys as a :class:`~kvstore.lookups.LookupResult` (one tier
-        code per key, the held prefix), to hand back to a load or save of the same keys."""
-        return LookupResult.of(keys, await self._lookups.codes(keys, deadline_s))
-
-    async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
-        """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
-        return await self._lookups.lookup_prefix(keys, deadline_s)
+    async def lookup(
+        self, keys: KeyBatch | Sequence[BlockKey], deadline_s: float | None = None
+    ) -> LookupResult:
+        """The one lookup: per key the best tier its owners hold it in; for a key no owner
+        holds, the best of the next ``lookahead`` nodes (code 0: nowhere); as a
+        :class:`~kvstore.lookups.LookupResult` (its ``hit_blocks``: the held prefix), to hand
+        back to a load or save of the same keys. kvstore/client/lookup.py."""
+        batch = KeyBatch.of(keys)
+        return LookupResult.of(batch, await self._lookups.codes(batch, deadline_s))
 
     async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
         """Delete from every candidate node; True where any copy was deleted."""
@@ -280,27 +277,16 @@ class ClusterClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> BlockRead:
-        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
-        return filling(self.get_into, keys, bufs, expect, deadline_s)
-
-    async def get_into(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> list[GetResult]:
-        """Fill ``bufs[i]`` with block ``keys[i]`` (kvstore/client/reads.py)."""
-        return await self._reads.get_into(keys, bufs, expect, deadline_s)
+        """The one read (kvstore/client/read.py): each buffer filled from the first candidate
+        node that has its block whole and verified, nothing lent (kvstore/client/reads.py)."""
+        return filling(self._reads.fill, keys, bufs, expect, deadline_s)
 
     async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> PutReport:
         """Store ``blocks`` on their owners and say what happened (kvstore/client/writes.py);
         the report is also the sequence of each block's best replica result."""
-        return await self._writes.put_report(blocks, deadline_s)
-
-    put_report = put  # the name its older callers use
+        return await self._writes.put(blocks, deadline_s)
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, dict[str, Any] | None]:
         """Per member (down ones too): its STATS document, None when it did not answer."""

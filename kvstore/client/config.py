@@ -1,8 +1,53 @@
-"""The cluster client's configuration (docs/cluster.md lists every field and why)."""
+"""The client configs: :class:`ClientConfig` (how a client reaches nodes) and
+:class:`ClusterConfig` (the cluster client's; docs/cluster.md lists every field and why)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kvstore.keys import Namespace
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How a client reaches nodes. ``namespaces`` are the namespaces this client reads and
+    writes (without tenant salt: the node applies the salt of the token's tenant).
+    ``transport``: ``auto`` (RDMA when this host and the node have a verbs device, else TCP),
+    ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
+    ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
+    one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
+    connections one large inline GET or PUT batch is split over, at most ``pool_size``;
+    ``pipeline``: the GET/PUT frames one connection has on the wire ahead of the reply being
+    read (docs/configuration.md)."""
+
+    token: str = ""
+    tenant: str | None = None
+    namespaces: tuple[Namespace, ...] = ()
+    pool_size: int = 4
+    connect_timeout_s: float = 1.0
+    op_timeout_s: float = 5.0
+    probe_interval_s: float = 0.5
+    transport: str = "auto"
+    rdma_device: str = ""
+    rdma_gid_index: int = 0
+    descriptors: str = "auto"
+    streams: int = 4
+    pipeline: int = 4
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("auto", "tcp", "rdma"):
+            raise ValueError(f"transport: expected auto, tcp or rdma, got {self.transport!r}")
+        if self.descriptors not in ("auto", "always"):
+            raise ValueError(f"descriptors: expected auto or always, got {self.descriptors!r}")
+        if self.pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams}")
+        if not 1 <= self.pipeline <= 64:
+            raise ValueError(f"pipeline must be 1..64, got {self.pipeline}")
+        for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ import time
 from typing import Any
 
 from kvstore.client.node import NodeClient
-from kvstore.keys import BlockKey
+from kvstore.keys import BlockKey, KeyBatch
 
 
 class Prober:
     def __init__(self, health: Any, cfg: Any) -> None:
         self.health = health
         self.cfg = cfg
-        self._keys = [BlockKey(i.to_bytes(16, "big")) for i in range(1, cfg.probe_keys + 1)]
+        self._keys = KeyBatch.of([BlockKey(i.to_bytes(16, "big")) for i in range(1, cfg.probe_keys + 1)])
 
     async def _timed_probe(self, node: NodeClient, deadline_s: float) -> float | None:
         """Seconds the probe took (less loop lag), None on an error or a missed deadline."""
@@ -36,7 +36,7 @@ class Prober:
             if left <= 0:
                 return None
             before = node.counters["timeouts"] + node.counters["errors"]
-            await node.exists(self._keys, left)
+            await node.lookup(self._keys, left)
             if not node.up or node.counters["timeouts"] + node.counters["errors"] != before:
                 return None
         return self.health.discounted(time.monotonic() - t0)

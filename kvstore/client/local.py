@@ -3,9 +3,11 @@
 The node (:class:`kvstore.node.store.NodeStore`: DRAM, then LMDB disk under ``PATH/disk``) is
 opened on the first call or at :meth:`LocalClient.start`, in the caller's event loop. The one
 read (:meth:`LocalClient.read`) leases each block in DRAM and lends its slot's bytes until it
-is released (blocks on disk only are read straight into the caller's buffer); ``get_into`` is
-that read with the lent bytes copied out. Writes reserve a slot, copy the payload in and
-commit it: the node's own two-phase sequences, the ones a daemon runs for its clients.
+is released (blocks on disk only are read straight into the caller's buffer);
+:func:`kvstore.client.read.get_into` is that read with the lent bytes copied out. The one
+lookup (:meth:`LocalClient.lookup`) is the node's tier codes over the packed keys. Writes
+reserve a slot, copy the payload in and commit it: the node's own two-phase sequences, the
+ones a daemon runs for its clients.
 
 Same contract as every StoreClient (kvstore/client/api.py): a failure of the node (an I/O
 error, a deadline) is a miss or a dropped write, logged, never an exception to the caller.
@@ -26,10 +28,11 @@ from kvstore.client.api import PutReport
 from kvstore.client.conn import byte_view
 from kvstore.client.read import BlockRead, Filled, check_read
 from kvstore.keys import BlockKey, KeyBatch, Namespace
-from kvstore.lookups import LookupResult
+from kvstore.lookups import TIER_CODES, LookupResult
 from kvstore.results import Expect, GetResult, PutResult, Status
 
 log = logging.getLogger("kvstore.client.local")
+_DISK = TIER_CODES["disk"]
 
 
 class LocalClient:
@@ -99,23 +102,19 @@ class LocalClient:
         self._counters["errors"] += 1
         log.warning("event=local_%s_failed error=%r", op, exc)
 
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
+    async def lookup(
+        self, keys: KeyBatch | Sequence[BlockKey], deadline_s: float | None = None
+    ) -> LookupResult:
+        """The one lookup: per key the best tier holding it (one code, kvstore.lookups)."""
+        batch = KeyBatch.of(keys)
         try:
             # the first call may open the node: it gets longer than a lookup's deadline
             node = await asyncio.wait_for(self._get(), (deadline_s or self.op_timeout_s) * 20)
-            return await node.contains(keys)
-        except Exception as exc:  # the cache path never raises to the engine
-            self._failed("exists", exc)
-            return [None] * len(keys)
-
-    async def lookup(self, keys: KeyBatch, deadline_s: float | None = None) -> LookupResult:
-        try:
-            node = await asyncio.wait_for(self._get(), (deadline_s or self.op_timeout_s) * 20)
-            # no tenants in process: every block is visible, as contains() sees them
-            return LookupResult.of(keys, await node.visible_tiers(keys, _every))
+            # no tenants in process: every block is visible
+            return LookupResult.of(batch, await node.visible_tiers(batch, _every))
         except Exception as exc:  # the cache path never raises to the engine
             self._failed("lookup", exc)
-            return LookupResult.empty(keys)
+            return LookupResult.empty(batch)
 
     def read(
         self,
@@ -149,20 +148,9 @@ class LocalClient:
 
         return BlockRead(fill)
 
-    async def get_into(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> list[GetResult]:
-        """:meth:`read`, its lent blocks copied into ``bufs`` before they are released."""
-        async with self.read(keys, bufs, expect, deadline_s) as r:
-            return r.copy_lent(bufs)
-
     async def _lend(self, keys, views: list[memoryview], exp: list, ttl_s: float) -> Filled:
         node = await self._get()
-        on_disk = [t == "disk" for t in await node.contains(keys)]
+        on_disk = [c == _DISK for c in await node.visible_tiers(KeyBatch.of(keys), _every)]
         n = len(keys)
         results: list[GetResult] = [GetResult(Status.MISS)] * n
         lent_views: list[memoryview | None] = [None] * n

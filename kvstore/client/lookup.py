@@ -1,9 +1,9 @@
 """The cluster client's lookups: per key, the best tier its nodes hold it in, in at most two rounds.
 
-Contract (what :meth:`ClusterClient.exists <kvstore.client.cluster.ClusterClient.exists>`
-returns): per key, the best tier its *owners* (the first ``replicas`` nodes of its rendezvous
+Contract (the codes of :meth:`ClusterClient.lookup <kvstore.client.cluster.ClusterClient.lookup>`):
+per key, the best tier its *owners* (the first ``replicas`` nodes of its rendezvous
 order over the healthy view) hold it in; for a key no owner holds, the best tier of the next
-``lookahead`` nodes of that order; ``None`` when none of them has it. Round 1 asks each owner
+``lookahead`` nodes of that order; 0 when none of them has it. Round 1 asks each owner
 about its keys, round 2 asks the lookahead nodes about the keys round 1 left missing. Each
 node's keys of a round go out as one EXISTS per at most ``MAX_EXISTS_KEYS`` keys, all requests of a
 round in parallel. A round ends as soon as every key it asked about was found: a node still
@@ -33,9 +33,8 @@ import numpy as np
 from kvstore.client.config import ClusterConfig
 from kvstore.client.placement import Node, RankCache, Ranking, rank_positions, unique_rows
 from kvstore.client.route import Route
-from kvstore.keys import BlockKey, KeyBatch
+from kvstore.keys import KeyBatch
 from kvstore.keytable import KeyTable, key_pairs
-from kvstore.lookups import tier_names
 from kvstore.protocol import MAX_EXISTS_KEYS
 
 _NONE = 255  # "not found yet" while merging codes (every real code is smaller)
@@ -115,10 +114,6 @@ class Lookups:
         self.counters = counters
         self.stragglers = stragglers
         self.hints = MissHints()
-
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        """Per key, its tier as the module docstring says (``None``: nowhere)."""
-        return tier_names(await self.codes(KeyBatch.of(keys), deadline_s))
 
     def ranking(self, keys: KeyBatch, view: list[Node]) -> Ranking:
         """``keys``' orders over ``view``: from the cache when it ranks over ``view`` (it does
@@ -214,7 +209,7 @@ class Lookups:
             for lo, hi in _split(len(idx), MAX_EXISTS_KEYS):
                 part = idx[lo:hi]
                 ks = keys if whole and len(part) == len(keys) else keys.take(part)
-                fut = asyncio.ensure_future(timed(a, "exists", node.exists_codes(ks, deadline_s)))
+                fut = asyncio.ensure_future(timed(a, "exists", node.lookup(ks, deadline_s)))
                 tasks[fut] = (part, min(max(len(own) - lo, 0), hi - lo))
             self.counters["lookup_keys_asked"] += len(idx)
         return tasks
@@ -234,7 +229,7 @@ class Lookups:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                got = np.frombuffer(t.result(), dtype=np.uint8)
+                got = np.frombuffer(t.result().tiers, dtype=np.uint8)
                 got = np.where(got == 0, _NONE, got)
                 idx, owned = tasks[t]  # distinct indices within one request, owned ones first
                 if owned < len(idx):  # the rest were asked ahead (hinted): into ``late``
@@ -258,12 +253,6 @@ class Lookups:
             if not t.done():
                 self.stragglers.add(t)
                 t.add_done_callback(self.stragglers.discard)
-
-    async def lookup_prefix(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> int:
-        """How many leading ``keys`` are stored somewhere (the longest prefix over replicas)."""
-        codes = await self.codes(KeyBatch.of(keys), deadline_s)
-        at = codes.find(b"\x00")
-        return len(codes) if at < 0 else at
 
 
 def _codes(best: np.ndarray) -> bytes:

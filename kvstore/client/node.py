@@ -1,32 +1,31 @@
-"""The async client of storage nodes: what engines (through the connector) and tools use.
+"""The async client of one storage node: what tools and the cluster client use.
 
 Contract: no method raises for a node problem. A timeout, reset, refused connection or a
-node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, ``None`` for
-EXISTS, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
-``counters``. A node that fails (refused, reset, closed; a call past its deadline too, unless
-a ``late`` judge was given: :class:`NodeClient`) is marked down and skipped (instant misses
-for reads, ``Status.ERROR`` for writes: never an answer about a key) until a background
-probe reconnects. Every call has a deadline (``deadline_s``, default
-``op_timeout_s``).
-Caller bugs (a buffer list of the wrong length, a payload that does not match its header)
-raise ValueError/TypeError at once.
+node error becomes a miss (reads: ``Status.MISS``/``TIMEOUT``/``ERROR`` per key, code 0 for
+a lookup, ``False`` for DELETE) or a dropped write (``Status.ERROR``/``TIMEOUT``), counted in
+``counters``. A node that fails is marked down and skipped until a background probe
+reconnects (kvstore/client/pool.py: the connections and what a failure means). Every call
+has a deadline (``deadline_s``, default ``op_timeout_s``). Caller bugs (a buffer list of the
+wrong length, a payload that does not match its header) raise ValueError/TypeError at once.
 
-GET writes straight into caller buffers (bytearray, numpy arrays, contiguous CPU/pinned torch
-tensors): the socket ``recv_into``s the bytes, then the payload is checked against its header
-(key, expected parent/tokens, xxh3 checksum); a bad block is a miss.
+A read fills caller buffers (bytearray, numpy arrays, contiguous CPU/pinned torch tensors):
+the socket ``recv_into``s the bytes, then the payload is checked against its header (key,
+expected parent/tokens, xxh3 checksum); a bad block is a miss.
 
 A :class:`NodeClient` holds a pool of up to ``pool_size`` connections to one node; it is bound
 to one event loop and safe for concurrent tasks on it. Several nodes are the cluster's
 (kvstore/client/cluster.py: placement, replicas, health), reached through the facade.
 
-One read path and one write path: :meth:`NodeClient.get_into` and :meth:`NodeClient.put`.
-Each takes the descriptor path (kvstore/client/leased.py: LEASE, one-sided READ, RELEASE;
-RESERVE, one-sided WRITE, COMMIT) when this client's connections to the node negotiated RDMA
-and every buffer of the call is registered (``register``), else the inline TCP GET / PUT
-(bytes in the reply / request frame). ``descriptors = "always"`` takes the descriptor path on
-every connection, moving the bytes over TCP where there is no queue pair: the same sequence,
-so it can be checked on a host without a device (the tests do; the one-sided RDMA READ and
-WRITE themselves need a verbs device and were not run here). ``transport`` (``auto | tcp | rdma``,
+One lookup, one read path and one write path: :meth:`NodeClient.lookup`,
+:meth:`NodeClient.read` (kvstore/client/read.py; ``get_into`` there is a function over it) and
+:meth:`NodeClient.put`. Reads and writes take the descriptor path (kvstore/client/leased.py:
+LEASE, one-sided READ, RELEASE; RESERVE, one-sided WRITE, COMMIT) when this client's
+connections to the node negotiated RDMA and every buffer of the call is registered
+(``register``), else the inline TCP GET / PUT (bytes in the reply / request frame).
+``descriptors = "always"`` takes the descriptor path on every connection, moving the bytes
+over TCP where there is no queue pair: the same sequence, so it can be checked on a host
+without a device (the tests do; the one-sided RDMA READ and WRITE themselves need a verbs
+device and were not run here). ``transport`` (``auto | tcp | rdma``,
 :mod:`kvstore.client.rdma`) decides whether a device is opened at all; ``transport = "rdma"``
 on a host without a device raises TransportError at construction.
 """
@@ -35,84 +34,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvstore import protocol as P
-from kvstore.address import parse_host_port
 from kvstore.block import BlockHeader
-from kvstore.client.conn import Conn, NodeRefused, byte_view
+from kvstore.client.config import ClientConfig
+from kvstore.client.conn import Conn, byte_view
 from kvstore.client.leased import DescriptorPath
+from kvstore.client.pool import NodeConnections
 from kvstore.client.rdma import ClientRdma
-from kvstore.client.read import BlockRead, check_read, filling
+from kvstore.client.read import BlockRead, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
-from kvstore.lookups import tier_names
+from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, GetResults, PutResult, Status
-from rdma.framing import FrameError
-from rdma.transport import TransportError
 
 log = logging.getLogger("kvstore.client.node")
 T = TypeVar("T")
 _STRIPE_MIN = 1 << 20  # bytes per stripe below which a batch is not split over connections
-# an offloaded receive waits for input in its worker this long at a time (each connection of
-# the pool has a worker of its own), so a streamed batch costs one hand-off, not one per EAGAIN
-_WORKER_WAIT_S = 0.2
-_READ_OPS = frozenset({"GET", P.LeaseRequest.OP})  # a call skipped on a down node: a miss
-_FAILURES = (OSError, ConnectionError, FrameError, TransportError, P.ProtocolError, NodeRefused, EOFError)
 
 
-@dataclass(frozen=True)
-class ClientConfig:
-    """How a client reaches nodes. ``namespaces`` are the namespaces this client reads and
-    writes (without tenant salt: the node applies the salt of the token's tenant).
-    ``transport``: ``auto`` (RDMA when this host and the node have a verbs device, else TCP),
-    ``tcp`` or ``rdma`` (docs/rdma.md); ``rdma_device``/``rdma_gid_index`` as the node's
-    ``server.rdma_*`` keys. ``descriptors``: ``auto`` (the descriptor path where bytes can move
-    one-sidedly) or ``always`` (also over TCP; see the module docstring). ``streams``: the
-    connections one large inline GET or PUT batch is split over, at most ``pool_size``;
-    ``pipeline``: the GET/PUT frames one connection has on the wire ahead of the reply being
-    read (docs/configuration.md)."""
-
-    token: str = ""
-    tenant: str | None = None
-    namespaces: tuple[Namespace, ...] = ()
-    pool_size: int = 4
-    connect_timeout_s: float = 1.0
-    op_timeout_s: float = 5.0
-    probe_interval_s: float = 0.5
-    transport: str = "auto"
-    rdma_device: str = ""
-    rdma_gid_index: int = 0
-    descriptors: str = "auto"
-    streams: int = 4
-    pipeline: int = 4
-
-    def __post_init__(self) -> None:
-        if self.transport not in ("auto", "tcp", "rdma"):
-            raise ValueError(f"transport: expected auto, tcp or rdma, got {self.transport!r}")
-        if self.descriptors not in ("auto", "always"):
-            raise ValueError(f"descriptors: expected auto or always, got {self.descriptors!r}")
-        if self.pool_size < 1:
-            raise ValueError(f"pool_size must be >= 1, got {self.pool_size}")
-        if self.streams < 1:
-            raise ValueError(f"streams must be >= 1, got {self.streams}")
-        if not 1 <= self.pipeline <= 64:
-            raise ValueError(f"pipeline must be 1..64, got {self.pipeline}")
-        for name in ("connect_timeout_s", "op_timeout_s", "probe_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-
-
-class NodeClient:
-    """Batched ops against one node. See the module docstring for the failure contract.
-    ``rdma``: a ClientRdma shared with the other NodeClients of a ClusterClient; by default its own.
-    ``late``: who judges a call past its deadline, ``late(addr, op, seconds)`` (the cluster
-    client's health: kvstore/client/health.py); the node then stays up, its connection closed.
-    Without one, a deadline miss marks the node down like a failure."""
+class NodeClient(NodeConnections):
+    """Batched ops against one node, over its pool (kvstore/client/pool.py: the connections,
+    the failure contract, ``rdma`` and ``late``). See the module docstring."""
 
     def __init__(
         self,
@@ -121,203 +65,27 @@ class NodeClient:
         rdma: ClientRdma | None = None,
         late: Callable[[str, str, float], None] | None = None,
     ) -> None:
-        self.addr = addr
-        self._late = late
-        self.host, self.port = parse_host_port(addr, "node address")
-        self.cfg = cfg or ClientConfig()
-        c = self.cfg
-        self._own_rdma = rdma is None
-        self.rdma = rdma or ClientRdma(c.transport, c.rdma_device, c.rdma_gid_index)
-        self.counters: Counter[str] = Counter()
+        super().__init__(addr, cfg, rdma, late)
         self._leased = DescriptorPath(addr, self.rdma, self.counters, self._run)
-        self.up = True
-        # whether the latest connection to the node negotiated RDMA (every connection offers
-        # the same, so the next ones will too): reads and writes then take the descriptor path
-        self.one_sided = False
-        self.hello: dict[str, Any] | None = None
-        self._idle: list[Conn] = []
-        self._slots = asyncio.Semaphore(self.cfg.pool_size)
         self._claimed = 0  # connections the GET/PUT calls in flight were split over (_striped)
-        self._probe: asyncio.Task | None = None
-        self._closed = False
-        # large payload copies run off the event loop (and in parallel across connections), so
-        # a 64 MiB GET does not stall an engine's loop; a cancelled copy is stopped first
-        self._copies = ThreadPoolExecutor(max_workers=self.cfg.pool_size, thread_name_prefix="kv-copy")
-
-    # ---------------------------------------------------------- connections
-
-    async def _open(self) -> Conn:
-        c = self.cfg
-        qp = self.rdma.offer()  # None over TCP
-        try:
-            conn = await asyncio.wait_for(
-                Conn.open(
-                    self.host,
-                    self.port,
-                    c.token,
-                    c.tenant,
-                    c.namespaces,
-                    self._copies,
-                    qp.info if qp is not None else None,
-                    _WORKER_WAIT_S,
-                    c.pipeline,
-                ),
-                c.connect_timeout_s,
-            )
-        except BaseException:
-            if qp is not None:
-                qp.destroy()
-            raise
-        try:
-            self.rdma.attach(conn, qp, self.addr)
-        except BaseException:
-            conn.close()
-            raise
-        self.hello = conn.hello
-        self.one_sided = conn.verbs is not None
-        return conn
-
-    def _pooled(self) -> Conn | None:
-        """An idle connection that can still carry a request: one the node closed meanwhile
-        (its idle timeout, a restart) is dropped here rather than failing the next request."""
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.ch.peer_closed():
-                return conn
-            conn.close()
-            self.counters["stale_connections"] += 1
-        return None
-
-    async def _with_conn(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        async with self._slots:
-            conn = self._pooled() or await self._open()
-            try:
-                result = await fn(conn)
-            except BaseException:
-                conn.close()  # it may be mid-frame
-                raise
-            if self._closed or conn.closed:
-                conn.close()
-            else:
-                self._idle.append(conn)
-            return result
-
-    async def _run(self, op: str, fn: Callable[[Conn], Awaitable[T]], deadline_s: float | None) -> T | Status:
-        """``fn`` on a pooled connection within the deadline, or the Status of its failure."""
-        if not self.up or self._closed:
-            self.counters["skipped"] += 1
-            await asyncio.sleep(0)  # an instant answer still yields, so retry loops cannot starve the loop
-            # nothing was asked: a read is a miss, anything else failed -- never an answer
-            # about the key (a write refused as MISS once read as "deleted there": issue 33)
-            return Status.MISS if op in _READ_OPS else Status.ERROR
-        t0 = time.monotonic()
-        try:
-            # wait_for, not asyncio.timeout on this task: with the latter, 32 clients opening
-            # their first connections at once missed their connect timeouts
-            # (tests/daemon/test_daemon_stress.py, every run; never with wait_for)
-            return await asyncio.wait_for(self._with_conn(fn), deadline_s or self.cfg.op_timeout_s)
-        except TimeoutError:
-            self.counters["timeouts"] += 1
-            if self._late is None:
-                self._mark_down(op, "deadline passed")
-            else:  # a late answer is a busy node's, not a broken one's: health judges
-                self._late(self.addr, op, time.monotonic() - t0)
-            return Status.TIMEOUT
-        except RuntimeError:
-            if not self._closed:  # the copy executor refuses work only after close()
-                raise
-            return Status.ERROR
-        except _FAILURES as exc:
-            self.counters["errors"] += 1
-            if isinstance(exc, NodeRefused) and exc.code == P.AUTH:
-                self.counters["auth_refused"] += 1
-            if isinstance(exc, NodeRefused) and exc.code not in P.FATAL_CODES and exc.code != P.INTERNAL:
-                return Status.ERROR  # the node refused this request only (a client bug); it is up
-            self._mark_down(op, f"{type(exc).__name__}: {exc}")
-            return Status.ERROR
-
-    def _mark_down(self, op: str, why: str) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-        if self.up:
-            log.warning("event=node_down node=%s op=%s reason=%r", self.addr, op, why)
-            self.up = False
-            self.counters["node_down"] += 1
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
-
-    async def _probe_loop(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self.cfg.probe_interval_s)
-            try:
-                conn = await self._open()
-            except (TimeoutError, *_FAILURES):
-                continue
-            if self._closed:
-                conn.close()
-                return
-            self._idle.append(conn)
-            self.up = True
-            log.info("event=node_up node=%s", self.addr)
-            return
-
-    async def salt(self, deadline_s: float | None = None) -> str | None:
-        """The namespace salt this node hands this client's tenant at HELLO ("" without auth),
-        connecting first when no HELLO was made yet; None when the node cannot be reached.
-        Salts are secrets derived by the node (docs/security.md): keys must be computed in
-        :meth:`tenant_namespace`, never with a salt the client made up."""
-        if self.hello is None:
-            got = await self._run("HELLO", _hello_only, deadline_s)
-            if isinstance(got, Status) or self.hello is None:
-                return None
-        salt = self.hello.get("salt")
-        return salt if isinstance(salt, str) else ""
 
     async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
         """``base`` salted for this client's tenant, as the node salts it; None when the node
         cannot be reached. See :func:`tenant_namespace` for several nodes."""
         return await tenant_namespace([self], base, deadline_s)
 
-    async def close(self) -> None:
-        """Close every connection and stop probing; later calls are instant misses."""
-        self._closed = True
-        if self._probe is not None:
-            self._probe.cancel()
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-        self._copies.shutdown(wait=False)
-        if self._own_rdma:
-            self.rdma.close()
-
-    # ---------------------------------------------------------- ops
-
-    async def exists(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[str | None]:
-        """Per key: the highest tier holding it (visible to this tenant), or None."""
-        return tier_names(await self.exists_codes(KeyBatch.of(keys), deadline_s))
-
-    async def exists_codes(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
-        """:meth:`exists` of packed keys: one tier code byte per key (kvstore.lookups; 0 where
-        absent, also for a node that fails), without a per-key object."""
-        if not len(keys):
-            return b""
-        self.counters["exists_keys"] += len(keys)  # what a cluster lookup costs each node
-        r = await self._run("EXISTS", lambda c: _packed(keys, c.exists_keys, c.exists), deadline_s)
-        return bytes(len(keys)) if isinstance(r, Status) else r
-
-    async def get_into(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
-    ) -> GetResults:
-        """Fill ``bufs[i]`` with block ``keys[i]``'s payload; HIT only when it arrived whole and
-        verified. Bytes of a buffer whose result is not HIT are unspecified. The descriptor
-        path or the inline GET, as the module docstring says; the same results either way,
-        as one :class:`~kvstore.results.GetResults` (a sequence of GetResult, one per key)."""
-        return await self._read(keys, bufs, expect, deadline_s, self.cfg.descriptors == "always")
+    async def lookup(
+        self, keys: KeyBatch | Sequence[BlockKey], deadline_s: float | None = None
+    ) -> LookupResult:
+        """The one lookup: per key the best tier this node holds it in for this tenant, one
+        code byte (kvstore.lookups; 0 where absent, and for every key when the node fails),
+        in EXISTS requests of at most what the node takes."""
+        batch = KeyBatch.of(keys)
+        if not len(batch):
+            return LookupResult.empty(batch)
+        self.counters["exists_keys"] += len(batch)  # what a cluster lookup costs each node
+        r = await self._run("EXISTS", lambda c: _packed(batch, c.exists_keys, c.exists), deadline_s)
+        return LookupResult.empty(batch) if isinstance(r, Status) else LookupResult.of(batch, r)
 
     def read(
         self,
@@ -326,13 +94,21 @@ class NodeClient:
         expect: Sequence[Expect | None] | None = None,
         deadline_s: float | None = None,
     ) -> BlockRead:
-        """The one read (kvstore/client/read.py): :meth:`get_into` into ``bufs``, nothing lent."""
-        return filling(self.get_into, keys, bufs, expect, deadline_s)
+        """The one read (kvstore/client/read.py): fills ``bufs`` (nothing lent) by the
+        descriptor path or the inline GET, as the module docstring says; the same results
+        either way, as one :class:`~kvstore.results.GetResults` (a sequence of GetResult, one
+        per key). HIT only when a block arrived whole and verified."""
+        return filling(self._fill, keys, bufs, expect, deadline_s)
 
-    async def _read(self, keys, bufs, expect, deadline_s: float | None, descriptors: bool) -> GetResults:
-        exp = check_read("get_into", keys, bufs, expect)
+    async def _fill(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        exp: list[Expect | None],
+        deadline_s: float | None,
+    ) -> GetResults:
         views = [byte_view(b) for b in bufs]
-        if descriptors or (self.one_sided and self.rdma.covers(views)):
+        if self.cfg.descriptors == "always" or (self.one_sided and self.rdma.covers(views)):
             return self._count_gets(await self._leased.get_into(keys, views, exp, deadline_s), len(keys))
         parts = [
             self._count_gets(r, j - i)
@@ -374,7 +150,7 @@ class NodeClient:
 
     def register(self, buf: Any) -> None:
         """Register a staging buffer (writable, contiguous; numpy, bytearray, pinned tensor)
-        once, so ``get_into``/``put`` through it can move its bytes one-sidedly; a no-op over
+        once, so reads and ``put`` through it can move its bytes one-sidedly; a no-op over
         TCP. Calls whose buffers are not all registered take the inline path."""
         self.rdma.register(buf)
 
@@ -473,10 +249,6 @@ def _stripes(sizes: Sequence[int], streams: int) -> list[tuple[int, int]]:
             start, k = idx + 1, k + 1
     out.append((start, len(sizes)))
     return out
-
-
-async def _hello_only(conn: Conn) -> bool:
-    return True  # opening the connection made the HELLO
 
 
 async def tenant_namespace(

@@ -16,21 +16,27 @@ exactly its payload:
 - else ``bufs[i]``'s first bytes, which the read filled (a daemon's reply, the local disk).
 
 Release is idempotent and never raises; a store problem is a miss, as everywhere in the client
-(kvstore/client/api.py). ``get_into`` is this read followed by :meth:`BlockRead.copy_lent`: the
-two are one mechanism. A remote client's read is :func:`filling` over its ``get_into``.
+(kvstore/client/api.py). :func:`get_into` is this read followed by :meth:`BlockRead.copy_lent`,
+for callers that want every payload in their own buffers: a module function over ``read``, so
+each client has one read. A client that fills buffers (the daemons' clients) builds its read
+with :func:`filling`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kvstore.client.conn import byte_view
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
 
 # What a read's fill answers: results, views, which views are lent, and what releases them.
-Filled = tuple[list[GetResult], list[memoryview | None], list[bool], Callable[[], None] | None]
+Filled = tuple[Sequence[GetResult], Sequence[memoryview | None], Sequence[bool], Callable[[], None] | None]
+# What fills buffers: (keys, bufs, one expectation per key, deadline) -> one result per key.
+Fill = Callable[
+    [Sequence[BlockKey], Sequence[Any], list[Expect | None], float | None], Awaitable[Sequence[GetResult]]
+]
 
 
 def check_read(
@@ -44,15 +50,27 @@ def check_read(
     return list(expect) if expect is not None else [None] * len(keys)
 
 
+class Readable(Protocol):
+    """What :func:`get_into` reads from: any store client (kvstore/client/api.py), a node client."""
+
+    def read(
+        self,
+        keys: Sequence[BlockKey],
+        bufs: Sequence[Any],
+        expect: Sequence[Expect | None] | None = None,
+        deadline_s: float | None = None,
+    ) -> BlockRead: ...
+
+
 class BlockRead:
     """One read's results and views; see the module docstring. Built by a client from ``fill``,
     a coroutine function run once, on entry (or when awaited)."""
 
     def __init__(self, fill: Callable[[], Awaitable[Filled]]) -> None:
         self._fill: Callable[[], Awaitable[Filled]] | None = fill
-        self.results: list[GetResult] = []
-        self.views: list[memoryview | None] = []
-        self.lent: list[bool] = []
+        self.results: Sequence[GetResult] = []
+        self.views: Sequence[memoryview | None] = []
+        self.lent: Sequence[bool] = []
         self._release: Callable[[], None] | None = None
 
     async def _run(self) -> BlockRead:
@@ -77,35 +95,63 @@ class BlockRead:
         if release is not None:
             release()
 
-    def copy_lent(self, bufs: Sequence[Any]) -> list[GetResult]:
-        """Copy every lent HIT into its buffer (what ``get_into`` adds to a read); the results."""
-        for i, (lent, view) in enumerate(zip(self.lent, self.views)):
-            if lent and view is not None:
-                byte_view(bufs[i])[: view.nbytes] = view
+    def copy_lent(self, bufs: Sequence[Any]) -> Sequence[GetResult]:
+        """Copy every lent HIT into its buffer (what :func:`get_into` adds to a read); the results."""
+        if any(self.lent):
+            for i, (lent, view) in enumerate(zip(self.lent, self.views)):
+                if lent and view is not None:
+                    byte_view(bufs[i])[: view.nbytes] = view
         return self.results
 
 
-def filled_views(bufs: Sequence[Any], results: Sequence[GetResult]) -> Filled:
-    """A read whose bytes went into ``bufs``: per HIT the view of its payload in its buffer."""
-    views = [
-        byte_view(b)[: r.header.payload_len] if r.status is Status.HIT and r.header is not None else None
-        for b, r in zip(bufs, results)
-    ]
-    return list(results), views, [False] * len(views), None
+async def get_into(
+    store: Readable,
+    keys: Sequence[BlockKey],
+    bufs: Sequence[Any],
+    expect: Sequence[Expect | None] | None = None,
+    deadline_s: float | None = None,
+) -> Sequence[GetResult]:
+    """``store.read`` with every HIT's payload in ``bufs[i]`` (lent bytes copied out before the
+    read is released): one result per key, in order (a remote node's read: one
+    :class:`~kvstore.results.GetResults`). Bytes of a buffer whose result is not HIT are
+    unspecified. ValueError at once for a buffer or expectation count that is not the keys'."""
+    async with store.read(keys, bufs, expect, deadline_s) as r:
+        return r.copy_lent(bufs)
+
+
+class FilledViews(Sequence[memoryview | None]):
+    """Per key of a read that filled ``bufs``: its HIT's payload in its buffer, else None;
+    made when indexed, so a read of thousands of blocks makes no view nobody asks for."""
+
+    def __init__(self, bufs: Sequence[Any], results: Sequence[GetResult]) -> None:
+        self._bufs, self._results = bufs, results
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        r = self._results[i]
+        if r.status is not Status.HIT or r.header is None:
+            return None
+        return byte_view(self._bufs[i])[: r.header.payload_len]
 
 
 def filling(
-    get_into: Callable[..., Awaitable[list[GetResult]]],
+    fill_into: Fill,
     keys: Sequence[BlockKey],
     bufs: Sequence[Any],
     expect: Sequence[Expect | None] | None,
     deadline_s: float | None,
 ) -> BlockRead:
-    """The read of a client that fills buffers (daemons): ``get_into`` into ``bufs``, the views
-    their filled bytes, nothing lent."""
+    """The read of a client that fills buffers (daemons): ``fill_into`` (keys, bufs, one
+    expectation per key, deadline) fills ``bufs``; the views are their filled bytes, nothing
+    lent. The arguments are checked now (ValueError)."""
     exp = check_read("read", keys, bufs, expect)
 
     async def fill() -> Filled:
-        return filled_views(bufs, await get_into(keys, bufs, exp, deadline_s))
+        results = await fill_into(keys, bufs, exp, deadline_s)
+        return results, FilledViews(bufs, results), [False] * len(results), None
 
     return BlockRead(fill)

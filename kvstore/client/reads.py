@@ -1,8 +1,10 @@
 """Replicated reads of the cluster client (an object :class:`ClusterClient` owns).
 
-Contract: ``get_into`` fills each caller buffer from the first candidate node (owners, then
+Contract: :meth:`ClusterReads.fill` (the fill of the cluster client's one ``read``,
+kvstore/client/read.py) fills each caller buffer from the first candidate node (owners, then
 ``lookahead`` nodes further in rendezvous order) that has the block whole and verified; never
-raises for a node problem. Bytes of a buffer whose result is not HIT are unspecified.
+raises for a node problem. Bytes of a buffer whose result is not HIT are unspecified. Each
+node is asked with its own ``read`` (kvstore/client/node.py).
 
 - Rounds: each pending key goes to its next healthy candidate; a key that misses there (or
   whose node fails) goes to the next candidate in a following round while the deadline lasts.
@@ -32,11 +34,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore.client.config import ClusterConfig
+from kvstore.client.config import ClientConfig, ClusterConfig
 from kvstore.client.conn import byte_view
 from kvstore.client.health import Health
-from kvstore.client.node import ClientConfig
-from kvstore.client.read import check_read
+from kvstore.client.node import NodeClient
 from kvstore.client.readrepair import Repairer
 from kvstore.client.route import Route
 from kvstore.keys import BlockKey, KeyBatch
@@ -62,15 +63,15 @@ class ClusterReads:
         self.client_cfg = client_cfg
         self.counters = counters
 
-    async def get_into(
+    async def fill(
         self,
         keys: Sequence[BlockKey],
         bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
+        exp: list[Expect | None],
         deadline_s: float | None = None,
     ) -> list[GetResult]:
-        """Fill ``bufs[i]`` with block ``keys[i]``; see the module docstring."""
-        exp = check_read("get_into", keys, bufs, expect)
+        """Fill ``bufs[i]`` with block ``keys[i]`` (``exp``: one expectation per key, checked by
+        the read); see the module docstring."""
         out = [GetResult(Status.MISS)] * len(keys)
         view = await self.route.healthy_view(deadline_s)
         if not keys or not view:
@@ -139,8 +140,8 @@ class ClusterReads:
         t0 = time.monotonic()
         node = self.route.nodes[addr]
         prim = asyncio.ensure_future(
-            node.get_into(
-                [q.keys[i] for i in idx], [q.bufs[i] for i in idx], [q.exp[i] for i in idx], q.left()
+            _results(
+                node, [q.keys[i] for i in idx], [q.bufs[i] for i in idx], [q.exp[i] for i in idx], q.left()
             )
         )
         alt: dict[str, list[int]] = {}
@@ -158,8 +159,12 @@ class ClusterReads:
         tmp = {i: bytearray(_cap(q.bufs[i])) for ks in alt.values() for i in ks}
         alts = {
             asyncio.ensure_future(
-                self.route.nodes[b].get_into(
-                    [q.keys[i] for i in ks], [tmp[i] for i in ks], [q.exp[i] for i in ks], q.left()
+                _results(
+                    self.route.nodes[b],
+                    [q.keys[i] for i in ks],
+                    [tmp[i] for i in ks],
+                    [q.exp[i] for i in ks],
+                    q.left(),
                 )
             ): (b, ks)
             for b, ks in alt.items()
@@ -196,6 +201,13 @@ class ClusterReads:
             answers[i] = (addr, r)
 
 
+async def _results(
+    node: NodeClient, keys: list[BlockKey], bufs: list[Any], exp: list, left: float
+) -> GetResults:
+    """``node``'s read of ``keys`` into ``bufs``: its results (nothing is lent by a node)."""
+    return GetResults.of((await node.read(keys, bufs, exp, left)).results)
+
+
 def _prefer(cand: tuple[str, ...], slow: set[str], owners: int) -> tuple[str, ...]:
     """``cand``'s owners with the ``slow`` ones after the others; the rest as it was."""
     head = cand[:owners]
@@ -205,7 +217,7 @@ def _prefer(cand: tuple[str, ...], slow: set[str], owners: int) -> tuple[str, ..
 
 
 class _Req:
-    """One get_into call's inputs, shared by its per-node reads."""
+    """One fill's inputs, shared by its per-node reads."""
 
     def __init__(self, keys, bufs, exp, cands, pos, end: float) -> None:
         self.keys, self.bufs, self.exp, self.cands, self.pos, self.end = keys, bufs, exp, cands, pos, end

@@ -1,6 +1,6 @@
 """Replicated writes of the cluster client (an object :class:`ClusterClient` owns).
 
-Contract: :meth:`put_report` stores each block on its ``replicas`` owners, the first healthy
+Contract: :meth:`put` stores each block on its ``replicas`` owners, the first healthy
 nodes of the block's rendezvous order; a write that fails on a node (error, timeout, no
 space, node down) goes to the next node in that order while the caller's deadline lasts (a
 node-side repair moves the copy back to its owner later: kvstore/member/repair.py). It
@@ -54,7 +54,7 @@ class ClusterWrites:
         self.client_cfg = client_cfg
         self.counters = counters
 
-    async def put_report(
+    async def put(
         self, blocks: Sequence[tuple[BlockHeader, Any]], deadline_s: float | None = None
     ) -> PutReport:
         """Store ``blocks`` on their owners; see the module docstring."""

@@ -7,6 +7,7 @@ import asyncio
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 
 NS = Namespace("cli-stats-model", "float16", 4)
@@ -16,7 +17,7 @@ def _read(addr: str, keys, nbytes: int) -> None:
     async def go():
         c = NodeClient(addr, ClientConfig(namespaces=(NS,)))
         try:
-            await c.get_into(keys, [bytearray(nbytes) for _ in keys])
+            await get_into(c, keys, [bytearray(nbytes) for _ in keys])
         finally:
             await c.close()
 

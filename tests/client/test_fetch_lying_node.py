@@ -14,6 +14,7 @@ from stubpeer import frame, serve
 
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Expect, Status
 
@@ -66,7 +67,7 @@ async def _fetch(reply, expect=None):
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(NS,), op_timeout_s=2, probe_interval_s=60))
     bufs = [np.zeros(SIZE, np.uint8) for _ in BLOCKS]
     try:
-        got = await c.get_into([h.key for h, _ in BLOCKS], bufs, expect)
+        got = await get_into(c, [h.key for h, _ in BLOCKS], bufs, expect)
     finally:
         await c.close()
         server.close()

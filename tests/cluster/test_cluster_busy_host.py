@@ -22,6 +22,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
@@ -70,9 +71,9 @@ async def worker(c: ClusterClient, w: int, t_end: float, tally: Tally) -> None:
         stored.append(prompt)
         for p in (stored[-1], stored[seed // 2], stored[seed // 3]):
             keys = [h.key for h, _ in p]
-            n = await c.lookup_prefix(keys, LOOKUP_DEADLINE_S)
+            n = (await c.lookup(keys, LOOKUP_DEADLINE_S)).hit_blocks
             bufs = [bytearray(NBYTES) for _ in keys]
-            res = await c.get_into(keys[:n], bufs[:n], None, 1.0)
+            res = await get_into(c, keys[:n], bufs[:n], None, 1.0)
             for r, b, (_, x) in zip(res, bufs, p):
                 if r.status is not Status.HIT:
                     break

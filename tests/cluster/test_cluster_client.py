@@ -14,6 +14,7 @@ from kvstore.client.etcd_membership import EtcdMembership
 from kvstore.client.membership import Member, Membership
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.placement import owners
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
@@ -25,7 +26,7 @@ NBYTES = 32 * 1024
 
 async def read_all(client, blocks, deadline_s=2.0):
     bufs = [bytearray(NBYTES) for _ in blocks]
-    res = await client.get_into([h.key for h, _ in blocks], bufs, None, deadline_s)
+    res = await get_into(client, [h.key for h, _ in blocks], bufs, None, deadline_s)
     ok = sum(r.status is Status.HIT and bytes(b) == p for r, b, (_, p) in zip(res, bufs, blocks))
     return ok, res
 
@@ -34,7 +35,7 @@ async def holders(addrs, key):
     out = []
     for a in addrs:
         n = NodeClient(a, FAST)
-        if (await n.exists([key]))[0] is not None:
+        if ((await n.lookup([key])).names())[0] is not None:
             out.append(a)
         await n.close()
     return out
@@ -53,13 +54,13 @@ async def test_cluster_replicas_land_on_their_owners_and_read_back(start_daemon)
     ok, _ = await read_all(c, blocks)
     assert ok == len(blocks)
     keys = [h.key for h, _ in blocks]
-    assert await c.lookup_prefix(keys) == 40
+    assert (await c.lookup(keys)).hit_blocks == 40
     other = make_blocks(3, NBYTES, seed=12, ns=NS)
-    assert await c.lookup_prefix(keys[:5] + [other[0][0].key] + keys[5:]) == 5
+    assert (await c.lookup(keys[:5] + [other[0][0].key] + keys[5:])).hit_blocks == 5
     assert await c.delete(keys[:4]) == [True] * 4
-    assert await c.exists(keys[:4]) == [None] * 4
+    assert (await c.lookup(keys[:4])).names() == [None] * 4
     await c.close()
-    assert (await c.exists(keys[4:6])) == [None, None]  # closed: misses, no exceptions
+    assert ((await c.lookup(keys[4:6])).names()) == [None, None]  # closed: misses, no exceptions
 
 
 async def test_cluster_kill9_one_node_reads_and_writes_go_on(start_daemon):
@@ -253,7 +254,7 @@ async def test_cluster_lookup_asks_each_node_only_about_the_keys_it_owns(start_d
     keys = [h.key for h, _ in blocks]
     view = [c._weights[a] for a in sorted(addrs)]
     before = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
-    assert await c.exists(keys, 5.0) == ["dram"] * len(keys)
+    assert (await c.lookup(keys, 5.0)).names() == ["dram"] * len(keys)
     asked = {a: c.nodes[a].counters["exists_keys"] - before[a] for a in addrs}
     owned = {a: sum(a in {n.id for n in owners(k.raw, view, 2)} for k in keys) for a in addrs}
     assert asked == owned and sum(asked.values()) == 2 * len(keys)
@@ -267,10 +268,10 @@ async def test_cluster_lookup_asks_each_node_only_about_the_keys_it_owns(start_d
     await n.close()
     missing = make_blocks(1, NBYTES, seed=53, ns=NS)[0][0].key
     before = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
-    assert await c.exists([keys[0], h.key, missing], 5.0) == ["dram", "dram", None]
+    assert (await c.lookup([keys[0], h.key, missing], 5.0)).names() == ["dram", "dram", None]
     asked = {a: c.nodes[a].counters["exists_keys"] - before[a] for a in addrs}
     assert sum(asked.values()) == 2 * 3 + 2  # owners of all three, then the third node of two
-    assert await c.lookup_prefix([keys[0], h.key, missing, keys[1]], 5.0) == 2
+    assert (await c.lookup([keys[0], h.key, missing, keys[1]], 5.0)).hit_blocks == 2
     await c.close()
 
 
@@ -324,7 +325,7 @@ async def test_node_client_get_into_and_put_take_the_descriptor_path_when_config
     res = await c.put([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
     assert [r.status for r in res] == [Status.STORED] * 4
     out = np.zeros((4, 5000), np.uint8)
-    got = await c.get_into([h.key for h, _ in blocks], list(out))
+    got = await get_into(c, [h.key for h, _ in blocks], list(out))
     assert [g.status for g in got] == [Status.HIT] * 4
     assert all(out[i].tobytes() == p for i, (_, p) in enumerate(blocks))
     assert c.counters["rdma_failures"] == 0 and c.counters["hits"] == 4 and c.counters["stored"] == 4
@@ -337,7 +338,7 @@ async def test_node_client_get_into_and_put_take_the_descriptor_path_when_config
     more = make_blocks(2, 5000, seed=4, ns=NS)
     assert [r.status for r in await inline.put(more)] == [Status.STORED] * 2
     bufs = [bytearray(5000) for _ in more]
-    assert [g.status for g in await inline.get_into([h.key for h, _ in more], bufs)] == [Status.HIT] * 2
+    assert [g.status for g in await get_into(inline, [h.key for h, _ in more], bufs)] == [Status.HIT] * 2
     assert bufs == [bytearray(p) for _, p in more]
     assert await ops(d, "GET") == 1 and await ops(d, "PUT") == 1 and await ops(d, "LEASE") == 1
     await inline.close()

@@ -11,6 +11,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
@@ -34,7 +35,7 @@ async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_no
     assert [r.status.ok for r in await w.put(blocks, 5.0)] == [True] * len(blocks)
     await w.close()
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))  # a fresh engine's client
-    assert await c.lookup_prefix([h.key for h, _ in blocks], 2.0) == 6
+    assert (await c.lookup([h.key for h, _ in blocks], 2.0)).hit_blocks == 6
     assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
     await c.close()
 
@@ -47,9 +48,9 @@ async def test_cluster_start_opens_connections_off_the_request_path(slow_node):
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
     await c.start(wait_s=5.0)  # membership + connections, each HELLO'd (0.8 s each, in parallel)
     # a deadline shorter than one HELLO: only an already open connection can answer in time
-    assert await c.lookup_prefix([h.key for h, _ in blocks], 0.4) == 4
+    assert (await c.lookup([h.key for h, _ in blocks], 0.4)).hit_blocks == 4
     bufs = [bytearray(4096) for _ in blocks]
-    res = await c.get_into([h.key for h, _ in blocks], bufs, None, 0.4)
+    res = await get_into(c, [h.key for h, _ in blocks], bufs, None, 0.4)
     assert [r.status for r in res] == [Status.HIT] * 4
     assert [bytes(b) for b in bufs] == [p for _, p in blocks]
     await c.close()
@@ -58,7 +59,7 @@ async def test_cluster_start_opens_connections_off_the_request_path(slow_node):
 async def test_cluster_save_that_outlives_a_short_internal_timeout_is_stored_and_node_stays_up(slow_node):
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
     blocks = make_blocks(16, 256 * 1024, seed=3, ns=NS)  # a 4 MiB save batch
-    report = await c.put_report(blocks, 10.0)
+    report = await c.put(blocks, 10.0)
     assert report.dropped == 0 and report.stored == 16, report
     assert [r.status for r in report.results] == [Status.STORED] * len(blocks)
     assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
@@ -79,7 +80,7 @@ async def test_cluster_large_save_through_a_slow_link_outlives_the_write_floor_a
     c = ClusterClient.static([p.addr], CFG, cfg)
     await c.start(5.0)
     blocks = make_blocks(24, 2 << 20, seed=4, ns=NS)
-    report = await c.put_report(blocks, 120.0)
+    report = await c.put(blocks, 120.0)
     assert (report.stored, report.dropped, report.node_failures) == (24, 0, 0), report
     assert c.live_addrs() == [p.addr] and c.counters["node_down"] == 0
     await c.close()

@@ -32,7 +32,7 @@ async def held(addrs: list[str], keys) -> int:
     total = 0
     for a in addrs:
         n = NodeClient(a, FAST)
-        total += sum(t is not None for t in await n.exists(keys, 5.0))
+        total += sum(t is not None for t in (await n.lookup(keys, 5.0)).names())
         await n.close()
     return total
 
@@ -89,7 +89,7 @@ async def test_a_namespace_evicted_while_a_node_was_down_stays_evicted_when_it_r
     assert await held(addrs, keys) == 0
     assert await held(addrs, kept_keys) == 32  # the other namespace kept both copies
     c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
-    assert await c.exists(keys, 5.0) == [None] * 64
+    assert (await c.lookup(keys, 5.0)).names() == [None] * 64
     # a fresh write of an evicted block is taken (a tombstone ends when a client writes)
     assert (await c.put(blocks[:4], 10.0)).copies == [2] * 4
     await c.close()

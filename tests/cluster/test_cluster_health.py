@@ -11,6 +11,7 @@ from cluster.cluster_hosts import TENANT_NS
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 pytestmark = pytest.mark.heavy
@@ -35,9 +36,9 @@ async def test_cluster_slow_node_behind_a_token_bucket_stays_out_and_replicas_se
     while time.monotonic() < t_end:
         for p in prompts:
             keys = [h.key for h, _ in p]
-            n = await c.lookup_prefix(keys, deadline)
+            n = (await c.lookup(keys, deadline)).hit_blocks
             bufs = [bytearray(NBYTES) for _ in keys]
-            res = await c.get_into(keys, bufs, None, deadline)
+            res = await get_into(c, keys, bufs, None, deadline)
             misses += (n != len(keys)) + sum(r.status is not Status.HIT for r in res)
             assert len(res) == len(p) and all(
                 bytes(b) == x for r, b, (_, x) in zip(res, bufs, p) if r.status is Status.HIT
@@ -80,9 +81,9 @@ async def test_a_node_failure_readmits_a_node_that_was_out_only_for_being_slow(h
         missing = 0
         for p in prompts:
             keys = [h.key for h, _ in p]
-            n = await c.lookup_prefix(keys, 1.0)
+            n = (await c.lookup(keys, 1.0)).hit_blocks
             bufs = [bytearray(NBYTES) for _ in keys]
-            res = await c.get_into(keys[:n], bufs[:n], None, 1.0)
+            res = await get_into(c, keys[:n], bufs[:n], None, 1.0)
             missing += len(keys) - sum(r.status is Status.HIT for r in res)
             assert len(res) == n and all(
                 bytes(b) == x for r, b, (_, x) in zip(res, bufs, p) if r.status is Status.HIT

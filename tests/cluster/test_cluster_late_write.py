@@ -11,6 +11,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Status
 
@@ -36,16 +37,16 @@ async def test_one_late_put_leaves_the_node_in_use_for_the_writes_and_reads_afte
     c = ClusterClient.static([p.addr], CFG, LATE)
     await c.start(5.0)
     before = make_blocks(4, 4096, seed=11, ns=NS)
-    assert (await c.put_report(before, 5.0)).stored == 4
+    assert (await c.put(before, 5.0)).stored == 4
     p.rate = 1e6  # 1 MB/s: a 4 MiB chunk takes 4 s, four times its deadline
-    late = await c.put_report(make_blocks(16, 256 * 1024, seed=12, ns=NS), 5.0)
+    late = await c.put(make_blocks(16, 256 * 1024, seed=12, ns=NS), 5.0)
     assert late.dropped == 16 and {r.status for r in late.results} == {Status.TIMEOUT}, late
     p.rate = 0.0  # the host is quick again
     after = make_blocks(4, 4096, seed=13, ns=NS)
-    report = await c.put_report(after, 5.0)
+    report = await c.put(after, 5.0)
     assert (report.stored, report.dropped) == (4, 0), report
     bufs = [bytearray(4096) for _ in before + after]
-    res = await c.get_into([h.key for h, _ in before + after], bufs, None, 5.0)
+    res = await get_into(c, [h.key for h, _ in before + after], bufs, None, 5.0)
     assert [r.status for r in res] == [Status.HIT] * 8
     assert [bytes(b) for b in bufs] == [bytes(pl) for _, pl in before + after]
     assert c.live_addrs() == [p.addr] and c.counters["node_down"] == 0
@@ -57,9 +58,9 @@ async def test_a_closed_connection_still_takes_the_node_out(proxied):
     d, p = proxied
     c = ClusterClient.static([p.addr], CFG, LATE)
     await c.start(5.0)
-    assert (await c.put_report(make_blocks(2, 4096, seed=14, ns=NS), 5.0)).stored == 2
+    assert (await c.put(make_blocks(2, 4096, seed=14, ns=NS), 5.0)).stored == 2
     d.kill9()
-    report = await c.put_report(make_blocks(2, 4096, seed=15, ns=NS), 5.0)
+    report = await c.put(make_blocks(2, 4096, seed=15, ns=NS), 5.0)
     assert report.dropped == 2, report
     assert c.live_addrs() == [] and c.counters["node_down"] == 1
     await c.close()

@@ -110,7 +110,7 @@ async def _ping_while(client: NodeClient, key, busy: asyncio.Task) -> int:
     """Data-port EXISTS round trips answered while ``busy`` runs (one at a time)."""
     answered = 0
     while not busy.done():
-        await client.exists([key])
+        (await client.lookup([key])).names()
         answered += not busy.done()
     return answered
 
@@ -130,7 +130,7 @@ async def test_the_data_port_answers_while_a_long_listing_runs(start_daemon):
         rare = make_blocks(20, 16, seed=9, ns=NS)
         await _store(writer, rare)
         probe = rare[0][0].key
-        await pinger.exists([probe])  # connected before the listing starts
+        (await pinger.lookup([probe])).names()  # connected before the listing starts
         listing = asyncio.create_task(page_all(d.admin, 10_000, namespace=NS.id.hex))
         answered = await _ping_while(pinger, probe, listing)
         listed, _ = await listing

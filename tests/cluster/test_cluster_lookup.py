@@ -77,19 +77,19 @@ async def test_cluster_hinted_lookup_takes_one_round_and_answers_the_same(start_
     keys = [b.key for b, _ in blocks]
     want = ["dram"] * 13 + [None] * 11
 
-    assert await c.exists(keys, 5.0) == want  # owners first, then the third nodes
+    assert (await c.lookup(keys, 5.0)).names() == want  # owners first, then the third nodes
     assert c.counters["lookup_second_rounds"] == 1
     asked = c.counters["lookup_keys_asked"]
-    assert await c.exists(keys, 5.0) == want  # the 12 misses hinted: asked in round 1
+    assert (await c.lookup(keys, 5.0)).names() == want  # the 12 misses hinted: asked in round 1
     assert c.counters["lookup_second_rounds"] == 1
     assert c.counters["lookup_keys_asked"] - asked == 2 * 24 + 12  # the same keys asked
-    assert await c.lookup_prefix(keys, 5.0) == 13
+    assert (await c.lookup(keys, 5.0)).hit_blocks == 13
 
     # stored on their owners now: found there, dropped from the hints, still one round
     assert [r.status.ok for r in await c.put(blocks[13:], 5.0)] == [True] * len(blocks[13:])
-    assert await c.exists(keys, 5.0) == ["dram"] * 24
+    assert (await c.lookup(keys, 5.0)).names() == ["dram"] * 24
     assert len(c._lookups.hints) == 1  # the block its owners do not hold
-    assert await c.exists(keys, 5.0) == ["dram"] * 24
+    assert (await c.lookup(keys, 5.0)).names() == ["dram"] * 24
     assert c.counters["lookup_second_rounds"] == 1
     await c.close()
 
@@ -106,7 +106,7 @@ async def test_cluster_long_lookup_splits_each_nodes_keys(start_daemon):
     where = sorted(random.Random(8).sample(range(len(keys)), len(blocks)))
     for i, (h, _) in zip(where, blocks):
         keys[i] = h.key
-    got = await c.exists(keys, 10.0)
+    got = (await c.lookup(keys, 10.0)).names()
     assert [i for i, t in enumerate(got) if t is not None] == where
     assert all(got[i] == "dram" for i in where)
     per_node = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
@@ -151,7 +151,7 @@ async def test_cluster_lookups_keep_their_view_and_ranking_while_it_changes(star
             keys = present + absent
             order = list(range(len(keys)))
             r.shuffle(order)
-            got = await c.exists([keys[i] for i in order], 5.0)
+            got = (await c.lookup([keys[i] for i in order], 5.0)).names()
             want = ["dram" if i < len(present) else None for i in order]
             assert got == want
             done += 1

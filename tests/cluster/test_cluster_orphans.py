@@ -44,7 +44,7 @@ def _counter(admin: str, name: str) -> float:
 async def _held(addr: str, keys) -> list[bool]:
     n = NodeClient(addr, CFG)
     try:
-        return [t is not None for t in await n.exists(keys, 5.0)]
+        return [t is not None for t in (await n.lookup(keys, 5.0)).names()]
     finally:
         await n.close()
 

@@ -34,7 +34,7 @@ def _counter(admin: str, name: str) -> float:
 async def _held(addr: str, keys) -> list[bool]:
     n = NodeClient(addr, CFG)
     try:
-        tiers = await n.exists(keys, 5.0)
+        tiers = (await n.lookup(keys, 5.0)).names()
         assert n.up, f"{addr} did not answer"
         return [t is not None for t in tiers]
     finally:

@@ -19,6 +19,7 @@ from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
@@ -47,7 +48,7 @@ async def copies(addrs: list[str], keys) -> list[int]:
     out = [0] * len(keys)
     for a in addrs:
         n = NodeClient(a, FAST)
-        for i, t in enumerate(await n.exists(keys, 5.0)):
+        for i, t in enumerate((await n.lookup(keys, 5.0)).names()):
             out[i] += t is not None
         await n.close()
     return out
@@ -71,7 +72,7 @@ async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_f
     c = ClusterClient.static(addrs, FAST, SCENE)
     blocks = make_blocks(150, NBYTES, seed=5, ns=NS)
     keys = [h.key for h, _ in blocks]
-    assert (await c.put_report(blocks, SCENE_DEADLINE_S)).copies == [2] * len(blocks)
+    assert (await c.put(blocks, SCENE_DEADLINE_S)).copies == [2] * len(blocks)
     await c.close()
 
     ds[0].kill9()
@@ -91,7 +92,7 @@ async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_f
     ds[1].kill9()  # a second failure after the repair: every block still has a copy
     c = ClusterClient.static(addrs, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
     bufs = [bytearray(NBYTES) for _ in blocks]
-    res = await c.get_into(keys, bufs, None, 5.0)
+    res = await get_into(c, keys, bufs, None, 5.0)
     assert len(res) == len(keys) and all(r.status is Status.HIT for r in res), [
         r.status.name for r in res if r.status is not Status.HIT
     ][:5]
@@ -163,7 +164,7 @@ async def test_cluster_repair_after_an_etcd_leave_and_a_join_puts_copies_on_the_
     await until_async(started, 15.0, "three live members", ok=lambda live: len(live) == 3, interval_s=0.1)
     blocks = make_blocks(90, NBYTES, seed=6, ns=NS)
     keys = [h.key for h, _ in blocks]
-    assert (await c.put_report(blocks, SCENE_DEADLINE_S)).copies == [2] * len(blocks)
+    assert (await c.put(blocks, SCENE_DEADLINE_S)).copies == [2] * len(blocks)
     await c.close()
 
     async def on_owners(members) -> bool:
@@ -173,7 +174,7 @@ async def test_cluster_repair_after_an_etcd_leave_and_a_join_puts_copies_on_the_
         }
         for d in members:
             n = NodeClient(d.addr, FAST)
-            tiers = await n.exists(want[d.addr], 5.0) if want[d.addr] else []
+            tiers = (await n.lookup(want[d.addr], 5.0)).names() if want[d.addr] else []
             await n.close()
             if not all(t is not None for t in tiers):
                 return False

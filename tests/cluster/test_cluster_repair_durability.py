@@ -38,7 +38,7 @@ def _metric(admin: str, name: str) -> float:
 async def _held(addr: str, keys) -> int:
     n = NodeClient(addr, CFG)
     try:
-        tiers = await n.exists(keys, 5.0)
+        tiers = (await n.lookup(keys, 5.0)).names()
         assert n.up, f"{addr} did not answer"
         return sum(t is not None for t in tiers)
     finally:

@@ -35,7 +35,7 @@ async def _store(c: ClusterClient, n: int, seed: int) -> list:
 
 
 async def _found(c: ClusterClient, prompts) -> int:
-    return sum([await c.lookup_prefix([h.key for h, _ in p], 1.0) for p in prompts])
+    return sum([(await c.lookup([h.key for h, _ in p], 1.0)).hit_blocks for p in prompts])
 
 
 async def _answers(addr: str) -> bool:
@@ -63,7 +63,7 @@ async def test_two_stalled_nodes_stay_in_the_view_and_serve_once_they_resume(sta
 
         async def lookups_until_judged() -> int:
             for p in prompts:
-                await c.lookup_prefix([h.key for h, _ in p], LOOKUP_S)
+                await c.lookup([h.key for h, _ in p], LOOKUP_S)
                 views.append(len(c.live_addrs()))
             kept = sum(n for k, n in c.health.counters.items() if k.startswith("kept_for_floor_"))
             return kept >= 1 or len(c.live_addrs()) < 2
@@ -105,7 +105,7 @@ async def test_a_silent_node_is_weighted_down_before_it_is_ejected(start_daemon)
         async def step() -> bool:
             nonlocal seen_quiet_in_view
             for p in prompts:
-                await c.lookup_prefix([h.key for h, _ in p], LOOKUP_S)
+                await c.lookup([h.key for h, _ in p], LOOKUP_S)
                 if c.health.quiet(stalled.addr) and stalled.addr in c.live_addrs():
                     seen_quiet_in_view = True
                     assert c.health.weight(stalled.addr) < 0.5

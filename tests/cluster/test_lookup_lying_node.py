@@ -53,7 +53,7 @@ async def test_a_lying_member_costs_only_its_own_answers(start_daemon, lie):
     try:
         await c.start(5.0)
         keys = [h.key for h, _ in blocks]
-        got = await c.exists(keys, 5.0)
+        got = (await c.lookup(keys, 5.0)).names()
         assert got == ["dram"] * len(stored) + [None] * (len(blocks) - len(stored))
         assert asked, "the liar was asked (it owns or follows some keys)"
         assert c.nodes[liar].counters["errors"] >= 1  # each refused reply counted

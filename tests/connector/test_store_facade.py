@@ -1,8 +1,9 @@
 """``kvstore.client.open``: the store client behind the connector, for each URL scheme.
 
 ``local://``: a real in-process node under tmp_path (DRAM + LMDB); the one read leases and
-lends (``get_into`` copies out before the release), writes reserve, copy, commit, so no lease or reservation is left behind.
-``kvstore://``: a real daemon. Bad URLs and options are ConfigErrors naming them."""
+lends (``get_into``, a function over it, copies out before the release), writes reserve, copy,
+commit, so no lease or reservation is left behind. ``kvstore://``: a real daemon. Every store
+client has one read and one lookup. Bad URLs and options are ConfigErrors naming them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pytest
 from storeutil import make_blocks
 
 import kvstore.client
-from kvstore.client import ConfigError, Expect, PutReport, Status, StoreClient
+from connector.backends import Backend
+from kvstore.client import ConfigError, Expect, PutReport, Status, StoreClient, get_into
+from kvstore.client.cluster import ClusterClient
+from kvstore.client.local import LocalClient
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("facade-test", "uint8", 4)
@@ -35,15 +40,16 @@ async def test_local_store_reads_and_writes_through_the_nodes_two_phase_sequence
     assert [r.status for r in await c.put(blocks[:2])] == [Status.EXISTS] * 2
     assert held(c) == (0, 0)
     keys = [h.key for h, _ in blocks]
-    assert await c.exists(keys) == ["dram"] * 6
+    assert (await c.lookup(keys)).names() == ["dram"] * 6
     bufs = [bytearray(4096) for _ in blocks]
-    got = await c.get_into(keys, bufs, [Expect(h.parent, None) for h, _ in blocks])
+    got = await get_into(c, keys, bufs, [Expect(h.parent, None) for h, _ in blocks])
     assert [g.status for g in got] == [Status.HIT] * 6 and [g.tier for g in got] == ["dram"] * 6
     assert bufs == [bytearray(p) for _, p in blocks]
     assert held(c) == (0, 0)  # every lease released
     # a wrong expectation, a short buffer and an absent key: per-key results, nothing held
     other = make_blocks(1, 4096, seed=2, ns=NS)[0][0].key
-    res = await c.get_into(
+    res = await get_into(
+        c,
         [keys[0], keys[1], other],
         [bytearray(4096), bytearray(100), bytearray(4096)],
         [Expect(other, None), None, None],
@@ -66,9 +72,9 @@ async def test_local_store_reads_and_writes_through_the_nodes_two_phase_sequence
     with pytest.raises(ValueError, match="read: 2 keys but 1 buffers"):
         c.read(keys[:2], [bytearray(4096)])
     with pytest.raises(ValueError, match="read: 1 keys but 1 buffers and 2 expectations"):
-        await c.get_into(keys[:1], [bytearray(4096)], [None, None])
+        await get_into(c, keys[:1], [bytearray(4096)], [None, None])
     assert await c.delete(keys[:1]) == [True]
-    assert await c.exists(keys[:1]) == [None]
+    assert (await c.lookup(keys[:1])).names() == [None]
     assert await c.tenant_namespace(NS) == NS
     assert (await c.stats())["local"]["node"]["name"] == "local"
     with pytest.raises(ValueError, match="payload is 3 bytes"):
@@ -84,13 +90,13 @@ async def test_local_store_reopens_and_reads_from_disk(tmp_path):
     await a.close()
     b = kvstore.client.open(url, dram_capacity=1 << 26)
     keys = [h.key for h, _ in blocks]
-    assert await b.exists(keys) == ["disk"] * 3
+    assert (await b.lookup(keys)).names() == ["disk"] * 3
     bufs = [bytearray(4096) for _ in blocks]
     async with b.read(keys, bufs, [Expect()] * 3, 5.0) as r:  # disk: read into the caller's buffers
         assert [x.status for x in r.results] == [Status.HIT] * 3 and r.lent == [False] * 3
         assert [bytes(v) for v in r.views] == [p for _, p in blocks] == [bytes(x) for x in bufs]
     bufs = [bytearray(4096) for _ in blocks]
-    assert [g.status for g in await b.get_into(keys, bufs)] == [Status.HIT] * 3
+    assert [g.status for g in await get_into(b, keys, bufs)] == [Status.HIT] * 3
     assert bufs == [bytearray(p) for _, p in blocks] and held(b) == (0, 0)
     await b.close()
 
@@ -111,12 +117,14 @@ async def test_daemons_through_the_facade_with_options_in_the_query(start_daemon
     report = await c.put(blocks, 5.0)
     assert (report.stored, report.copies, report.wanted) == (4, [1] * 4, 1)
     keys = [h.key for h, _ in blocks]
-    assert await c.exists(keys, 5.0) == ["dram"] * 4
+    assert (await c.lookup(keys, 5.0)).names() == ["dram"] * 4
+    absent = [h.key for h, _ in make_blocks(2, 4096, seed=6, ns=NS)]
+    found = await c.lookup(keys + absent[:1] + keys[:1], 5.0)  # codes: 2 dram, 0 absent
+    assert (found.tiers, found.hit_blocks, len(found.keys)) == (bytes([2, 2, 2, 2, 0, 2]), 4, 6)
     bufs = [bytearray(4096) for _ in blocks]
-    assert [g.status for g in await c.get_into(keys, bufs, None, 5.0)] == [Status.HIT] * 4
+    assert [g.status for g in await get_into(c, keys, bufs, None, 5.0)] == [Status.HIT] * 4
     assert bufs == [bytearray(p) for _, p in blocks]
     # the one read fills the caller's buffers: the views are theirs, nothing is lent
-    absent = [h.key for h, _ in make_blocks(2, 4096, seed=6, ns=NS)]
     bufs = [bytearray(4096) for _ in range(6)]
     async with c.read(keys + absent, bufs, None, 5.0) as r:
         assert [x.status for x in r.results] == [Status.HIT] * 4 + [Status.MISS] * 2
@@ -128,6 +136,25 @@ async def test_daemons_through_the_facade_with_options_in_the_query(start_daemon
     stats = await c.stats(5.0)
     assert list(stats) == [d.addr] and stats[d.addr]["node"]["puts"] == 4
     await c.close()
+
+
+def test_every_store_client_has_one_read_and_one_lookup():
+    """``read`` and ``lookup`` on the protocol and on every client; no second read or lookup
+    (``get_into`` is a function over ``read``; tier names come from the lookup's result)."""
+    for cls in (StoreClient, LocalClient, ClusterClient, NodeClient, Backend):
+        verbs = {n for n in dir(cls) if not n.startswith("_")}
+        assert {"read", "lookup"} <= verbs, cls
+        assert not verbs & {"get_into", "exists", "exists_codes", "lookup_prefix", "put_report"}, cls
+
+
+async def test_the_store_that_holds_nothing_misses_through_the_same_read_and_lookup():
+    b = Backend()
+    keys = [h.key for h, _ in make_blocks(3, 64, seed=7, ns=NS)]
+    found = await b.lookup(keys)
+    assert (found.tiers, found.hit_blocks, found.names()) == (bytes(3), 0, [None] * 3)
+    assert [g.status for g in await get_into(b, keys, [bytearray(64)] * 3)] == [Status.MISS] * 3
+    with pytest.raises(ValueError, match="read: 2 keys but 1 buffers"):
+        b.read(keys[:2], [bytearray(64)])
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ async def test_a_node_that_does_not_say_gets_at_most_max_batch_keys_a_request(ns
     keys = _keys(2 * P.MAX_BATCH + 5, 1)
     c = _client(port, ns)
     try:
-        assert await c.exists_codes(keys) == _codes_of(keys.raw)
+        assert (await c.lookup(keys)).tiers == _codes_of(keys.raw)
         assert asked == [P.MAX_BATCH, P.MAX_BATCH, 5]
         assert c.counters["errors"] == 0
     finally:
@@ -74,7 +74,7 @@ async def test_a_node_is_asked_as_many_keys_as_it_says_and_no_more_than_the_clie
         server, port, asked = await _stub(says)
         c = _client(port, ns)
         try:
-            assert await c.exists_codes(keys) == _codes_of(keys.raw)
+            assert (await c.lookup(keys)).tiers == _codes_of(keys.raw)
             assert asked == parts, (says, asked)
         finally:
             await c.close()
@@ -90,7 +90,7 @@ async def test_a_node_that_says_a_malformed_limit_is_refused_at_hello(ns, says):
     c = _client(port, ns)
     try:
         keys = _keys(10, 3)
-        assert await c.exists_codes(keys) == bytes(10)
+        assert (await c.lookup(keys)).tiers == bytes(10)
         assert asked == []  # never asked: the HELLO reply failed the connection
         assert c.counters["errors"] == 1
     finally:
@@ -122,7 +122,7 @@ async def test_a_long_exists_reply_with_one_code_out_of_range_is_refused(ns, at)
     server, port, asked = await _stub(P.MAX_EXISTS_KEYS, answer=lie)
     c = _client(port, ns)
     try:
-        assert await c.exists_codes(_keys(P.MAX_EXISTS_KEYS, 4)) == bytes(P.MAX_EXISTS_KEYS)
+        assert (await c.lookup(_keys(P.MAX_EXISTS_KEYS, 4))).tiers == bytes(P.MAX_EXISTS_KEYS)
         assert asked == [P.MAX_EXISTS_KEYS] and c.counters["errors"] == 1
     finally:
         await c.close()

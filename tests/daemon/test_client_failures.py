@@ -15,6 +15,7 @@ import numpy as np
 from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 
@@ -95,7 +96,7 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=0.5, probe_interval_s=60))
     buf = np.zeros(4 << 20, np.uint8)
     t0 = time.monotonic()
-    (g,) = await c.get_into([h.key], [buf])
+    (g,) = await get_into(c, [h.key], [buf])
     assert g.status is Status.TIMEOUT and time.monotonic() - t0 < 3
     snapshot = buf.copy()
     await asyncio.sleep(1.0)
@@ -114,7 +115,7 @@ async def test_garbage_reply_is_a_miss_not_an_exception(ns):
 
     server, port = await _stub(garbage)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1, probe_interval_s=60))
-    assert [g.status for g in await c.get_into([h.key], [bytearray(1000)])] == [Status.ERROR]
+    assert [g.status for g in await get_into(c, [h.key], [bytearray(1000)])] == [Status.ERROR]
     await c.close()
     server.close()
 
@@ -139,7 +140,7 @@ async def test_corrupt_payload_is_detected_by_the_client(ns):
 
     server, port = await _stub(corrupt)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1))
-    (g,) = await c.get_into([h.key], [bytearray(1000)])
+    (g,) = await get_into(c, [h.key], [bytearray(1000)])
     assert g.status is Status.CORRUPT and c.counters["corrupt"] == 1 and c.up
     await c.close()
     server.close()
@@ -152,9 +153,9 @@ async def test_refused_connections_are_dropped_writes_and_misses(ns):
     h, payload = _block(ns, 100)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1, probe_interval_s=60))
     assert [r.status for r in await c.put([(h, payload)])] == [Status.ERROR]
-    assert await c.exists([h.key]) == [None]
-    assert [g.status for g in await c.get_into([h.key], [bytearray(100)])] == [Status.MISS]
+    assert (await c.lookup([h.key])).names() == [None]
+    assert [g.status for g in await get_into(c, [h.key], [bytearray(100)])] == [Status.MISS]
     assert await c.delete([h.key]) == [False]
     assert c.counters["dropped_writes"] == 1 and c.counters["skipped"] == 3
     await c.close()
-    assert [g.status for g in await c.get_into([h.key], [bytearray(100)])] == [Status.MISS]
+    assert [g.status for g in await get_into(c, [h.key], [bytearray(100)])] == [Status.MISS]

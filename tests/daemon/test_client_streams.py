@@ -16,6 +16,7 @@ import xxhash
 import kvstore.client.node as node_mod
 from kvstore.block import checksum
 from kvstore.client.node import ClientConfig, NodeClient, _stripes
+from kvstore.client.read import get_into
 from kvstore.results import Expect, Status
 from rdma.channel import SocketChannel
 
@@ -100,7 +101,7 @@ async def test_pipelined_and_striped_batches_give_each_key_its_result(start_daem
     bufs[3] = bytearray(MiB - 1)
     expect = [None] * len(order)
     expect[7] = Expect(parent=blocks[0][0].key)  # not block 7's parent
-    got = await c.get_into(keys, bufs, expect)
+    got = await get_into(c, keys, bufs, expect)
     want = [Status.HIT] * len(order)
     want[10] = want[-1] = Status.MISS
     want[3], want[7] = Status.BUF_TOO_SMALL, Status.MISMATCH
@@ -141,7 +142,7 @@ async def test_concurrent_batches_split_only_over_unclaimed_connections(
     assert c._claimed == 0
     for b in batches:
         bufs = [bytearray(MiB) for _ in b]
-        got = await c.get_into([h.key for h, _ in b], bufs)
+        got = await get_into(c, [h.key for h, _ in b], bufs)
         assert [g.status for g in got] == [Status.HIT] * 8 and [bytes(x) for x in bufs] == [p for _, p in b]
     assert split[-4:] == [4, 4, 4, 4]  # alone, each read is split again
     await c.close()

@@ -10,6 +10,7 @@ from polling import until, until_async
 from scraping import scrape_async
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOKENS = "tok-acme-0001 acme\ntok-globex-01 globex\ntok-operator1 *\n"
@@ -36,13 +37,15 @@ async def test_wrong_token_is_refused_on_both_ports(authed, ns, blocks_of):
     blocks = blocks_of(ns, 1, 100)
     assert [r.status for r in await bad.put(blocks)] == [Status.ERROR]
     assert bad.counters["auth_refused"] == 1 and not bad.up
-    assert (await bad.get_into([blocks[0][0].key], [bytearray(100)]))[0].status is Status.MISS  # skipped
+    assert (await get_into(bad, [blocks[0][0].key], [bytearray(100)]))[0].status is Status.MISS  # skipped
     await bad.close()
     op = client(authed, ns, "tok-operator1")  # the operator token is admin-only
-    assert (await op.exists([blocks[0][0].key])) == [None] and op.counters["auth_refused"] == 1
+    assert ((await op.lookup([blocks[0][0].key])).names()) == [None] and op.counters["auth_refused"] == 1
     await op.close()
     claim = client(authed, ns, "tok-acme-0001", tenant="globex")  # claiming another tenant
-    assert (await claim.exists([blocks[0][0].key])) == [None] and claim.counters["auth_refused"] == 1
+    assert ((await claim.lookup([blocks[0][0].key])).names()) == [None] and claim.counters[
+        "auth_refused"
+    ] == 1
     await claim.close()
 
     async with aiohttp.ClientSession(authed.admin) as s:
@@ -64,11 +67,11 @@ async def test_tenants_are_isolated(authed, ns, blocks_of):
     assert acme.hello["salt"] == "acme"
     keys = [h.key for h, _ in acme_blocks]
     # globex knows acme's keys: still nothing is visible, readable, deletable or overwritable
-    assert await globex.exists(keys) == [None] * 3
-    got = await globex.get_into(keys, [bytearray(500) for _ in keys])
+    assert (await globex.lookup(keys)).names() == [None] * 3
+    got = await get_into(globex, keys, [bytearray(500) for _ in keys])
     assert [g.status for g in got] == [Status.MISS] * 3
     leasing = client(authed, ns, "tok-globex-01", descriptors="always")  # LEASE, not GET
-    assert [g.status for g in await leasing.get_into(keys, [bytearray(500) for _ in keys])] == [
+    assert [g.status for g in await get_into(leasing, keys, [bytearray(500) for _ in keys])] == [
         Status.MISS
     ] * 3
     await leasing.close()
@@ -78,8 +81,8 @@ async def test_tenants_are_isolated(authed, ns, blocks_of):
     globex_blocks = blocks_of(ns.with_tenant("globex"), 3, 500)
     assert not {h.key for h, _ in globex_blocks} & set(keys)
     assert [r.status for r in await globex.put(globex_blocks)] == [Status.STORED] * 3
-    assert await acme.exists(keys) == ["dram"] * 3
-    assert await acme.exists([h.key for h, _ in globex_blocks]) == [None] * 3
+    assert (await acme.lookup(keys)).names() == ["dram"] * 3
+    assert (await acme.lookup([h.key for h, _ in globex_blocks])).names() == [None] * 3
     # an unsalted namespace id is refused too
     assert [r.status for r in await acme.put(blocks_of(ns, 1, 500))] == [Status.INVALID]
     await acme.close()
@@ -91,16 +94,16 @@ async def test_sighup_reloads_tokens(authed, ns, blocks_of):
     authed.signal(signal.SIGHUP)
     await until_async(lambda: "tokens_reloaded" in authed.logs(), 20.0, "the tokens reloaded (log)")
     new = client(authed, ns, "tok-newcomer1")
-    assert await new.exists([blocks_of(ns, 1, 10)[0][0].key]) == [None] and new.up
+    assert (await new.lookup([blocks_of(ns, 1, 10)[0][0].key])).names() == [None] and new.up
     old = client(authed, ns, "tok-acme-0001")
-    await old.exists([blocks_of(ns, 1, 10)[0][0].key])
+    (await old.lookup([blocks_of(ns, 1, 10)[0][0].key])).names()
     assert old.counters["auth_refused"] == 1
     # a broken file keeps the current table
     authed.token_file.write_text("broken-line-without-tenant\n")
     authed.signal(signal.SIGHUP)
     await until_async(lambda: "token_reload_failed" in authed.logs(), 20.0, "the failed reload logged")
     again = client(authed, ns, "tok-newcomer1")
-    assert await again.exists([blocks_of(ns, 1, 10)[0][0].key]) == [None] and again.up
+    assert (await again.lookup([blocks_of(ns, 1, 10)[0][0].key])).names() == [None] and again.up
     for c in (new, old, again):
         await c.close()
 
@@ -284,7 +287,7 @@ async def test_a_peer_session_may_only_check_copy_in_and_read_stats(authed, ns, 
     peer.request({"op": "STATS"})
     assert peer.reply()["ok"]
     buf = bytearray(500)
-    assert [g.status for g in await acme.get_into([h.key], [buf])] == [Status.HIT]
+    assert [g.status for g in await get_into(acme, [h.key], [buf])] == [Status.HIT]
     await acme.close()
 
 

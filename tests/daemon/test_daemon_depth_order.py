@@ -31,7 +31,7 @@ async def test_daemon_a_put_of_two_runs_loses_its_deepest_run_first(start_daemon
         gone: list[int] = []
         for f in fillers:  # one block at a time until the first of the batch is evicted
             assert [r.status.ok for r in await n.put([f], 10.0)] == [True]
-            held = await n.exists(list(keys.values()), 10.0)
+            held = (await n.lookup(list(keys.values()), 10.0)).names()
             gone = [i for i, t in zip(keys, held) if t is None]
             if gone:
                 break

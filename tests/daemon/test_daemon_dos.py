@@ -15,6 +15,7 @@ from daemonutil import RawPeer, frame
 from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"
@@ -206,7 +207,7 @@ async def test_many_leases_held_by_one_tenant_do_not_slow_another(tenants, ns, b
 
 
 async def _get(c: NodeClient, h):
-    [r] = await c.get_into([h.key], [bytearray(h.payload_len)])
+    [r] = await get_into(c, [h.key], [bytearray(h.payload_len)])
     assert r.status is Status.HIT
     return [r]
 
@@ -216,13 +217,13 @@ async def test_a_reserve_never_written_demotes_nothing(tenants, ns, blocks_of):
     b = client(d, ns, TOK_B)
     mine = blocks_of(ns.with_tenant("beta"), 10, 3 * MiB, seed=3)
     assert [r.status for r in await b.put(mine)] == [Status.STORED] * 10
-    assert await b.exists([h.key for h, _ in mine]) == ["dram"] * 10
+    assert (await b.lookup([h.key for h, _ in mine])).names() == ["dram"] * 10
     attacker = authed(d, ns, TOK_A)
     theirs = blocks_of(ns.with_tenant("alpha"), 12, 3 * MiB, seed=4)
     attacker.request({"op": "RESERVE", "hdrs": [h.encode() for h, _ in theirs]})
     rep = attacker.reply()
     assert len(rep["res"]) == 12
-    assert await b.exists([h.key for h, _ in mine]) == ["dram"] * 10
+    assert (await b.lookup([h.key for h, _ in mine])).names() == ["dram"] * 10
     attacker.close()
     await b.close()
 
@@ -274,7 +275,7 @@ async def test_a_foreign_disk_only_block_is_not_read_promoted_or_told_apart(tena
     b.close()
     assert auc(foreign, absent) < 0.75, auc(foreign, absent)
     a = client(d, ns)
-    tiers = await a.exists([h.key for h, _ in blocks])
+    tiers = (await a.lookup([h.key for h, _ in blocks])).names()
     assert tiers.count("disk") == 300
     await a.close()
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Status
 
@@ -187,7 +188,7 @@ async def _verify_store(d) -> None:
         listed = (await (await s.get("/v1/blocks", params={"limit": "10000"})).json())["blocks"]
     keys = [BlockKey.from_hex(b["key"]) for b in listed]
     assert key in keys and all(b["namespace"] == NS.id.hex for b in listed)
-    got = await c.get_into(keys, [bytearray(b["payload_len"]) for b in listed])
+    got = await get_into(c, keys, [bytearray(b["payload_len"]) for b in listed])
     assert [g.status for g in got] == [Status.HIT] * len(keys)  # the client verified every checksum
     assert c.counters["errors"] == 0
     await c.close()

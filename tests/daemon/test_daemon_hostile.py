@@ -13,6 +13,7 @@ import pytest
 from daemonutil import RawPeer
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"
@@ -103,7 +104,7 @@ async def test_slow_writer_never_overwrites_another_tenants_block(two_tenants, n
     writer.send(b"\xee" * (BIG - (1 << 20)))  # A resumes with other bytes
     writer.reply()
     buf = bytearray(BIG)
-    [got] = await b.get_into([hb.key], [buf])
+    [got] = await get_into(b, [hb.key], [buf])
     assert got.status is Status.HIT and buf == pb
     writer.close()
     await a.close()
@@ -128,7 +129,7 @@ async def test_stalled_puts_cost_only_their_own_connections(two_tenants, ns, blo
     [(hb, pb)] = blocks_of(tenant_ns(d, ns, TOK_B), 1, 1 << 20, seed=5)
     assert [r.status for r in await b.put([(hb, pb)])] == [Status.STORED]
     buf = np.zeros(1 << 20, dtype=np.uint8)
-    [got] = await b.get_into([hb.key], [buf])
+    [got] = await get_into(b, [hb.key], [buf])
     assert got.status is Status.HIT and buf.tobytes() == pb
     for s in stalled:
         s.close()

@@ -16,6 +16,7 @@ from scraping import scrape, scrape_value_async
 
 from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"
@@ -104,7 +105,7 @@ def test_an_idle_connection_is_closed_and_the_client_reconnects(limited, ns, blo
             ok=lambda n: n == 0,
         )
         buf = bytearray(1000)
-        assert [g.status for g in await c.get_into([h.key], [buf])] == [Status.HIT]
+        assert [g.status for g in await get_into(c, [h.key], [buf])] == [Status.HIT]
         assert c.counters["node_down"] == 0 and c.counters["stale_connections"] >= 1
         await c.close()
 

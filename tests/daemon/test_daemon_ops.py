@@ -15,6 +15,7 @@ from scraping import scrape_async
 from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Expect, Status
 
 
@@ -27,18 +28,18 @@ async def test_round_trip_all_ops(daemon, ns, blocks_of):
     c = NodeClient(daemon.addr, ClientConfig(namespaces=(ns,)))
     blocks = blocks_of(ns, 8, 70_000)
     keys = [h.key for h, _ in blocks]
-    assert await c.exists(keys) == [None] * 8
+    assert (await c.lookup(keys)).names() == [None] * 8
     res = await c.put(blocks)
     assert [r.status for r in res] == [Status.STORED] * 8
     assert [r.status for r in await c.put(blocks[:2])] == [Status.EXISTS] * 2
-    assert await c.exists(keys) == ["dram"] * 8
+    assert (await c.lookup(keys)).names() == ["dram"] * 8
 
     # GET into numpy arrays, bytearrays and torch tensors
     torch = pytest.importorskip("torch")
     bufs = [np.zeros(70_000, np.uint8), bytearray(80_000), torch.zeros(70_000, dtype=torch.uint8)] + [
         bytearray(70_000) for _ in range(5)
     ]
-    got = await c.get_into(keys, bufs)
+    got = await get_into(c, keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 8
     assert bytes(memoryview(bufs[0])) == blocks[0][1]
     assert bytes(bufs[1][:70_000]) == blocks[1][1]
@@ -49,28 +50,28 @@ async def test_round_trip_all_ops(daemon, ns, blocks_of):
     # expectations: right parent/tokens hit, wrong ones are MISMATCH; short buffer is BUF_TOO_SMALL
     h1 = blocks[1][0]
     exp = [Expect(h1.parent, h1.token_bytes), Expect(parent=keys[5])]
-    got = await c.get_into(keys[1:3], [bytearray(70_000), bytearray(70_000)], exp)
+    got = await get_into(c, keys[1:3], [bytearray(70_000), bytearray(70_000)], exp)
     assert [g.status for g in got] == [Status.HIT, Status.MISMATCH]
-    assert (await c.get_into(keys[:1], [bytearray(10)]))[0].status is Status.BUF_TOO_SMALL
+    assert (await get_into(c, keys[:1], [bytearray(10)]))[0].status is Status.BUF_TOO_SMALL
 
     # the descriptor path: LEASE + transport READ + RELEASE, RESERVE + WRITE + COMMIT
     dc = NodeClient(daemon.addr, ClientConfig(namespaces=(ns,), descriptors="always"))
     bufs = [np.zeros(70_000, np.uint8) for _ in keys]
-    got = await dc.get_into(keys, bufs)
+    got = await get_into(dc, keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 8
     assert all(b.tobytes() == p for b, (_, p) in zip(bufs, blocks))
     more = blocks_of(ns, 3, 5000, seed=9)
     assert [r.status for r in await dc.put(more)] == [Status.STORED] * 3
     await dc.close()
     bufs = [bytearray(5000) for _ in more]
-    assert [g.status for g in await c.get_into([h.key for h, _ in more], bufs)] == [Status.HIT] * 3
+    assert [g.status for g in await get_into(c, [h.key for h, _ in more], bufs)] == [Status.HIT] * 3
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, more))
 
     # DELETE, then it is gone; deleting again is False
     assert await c.delete(keys[:2]) == [True, True]
     assert await c.delete(keys[:1]) == [False]
-    assert await c.exists(keys[:3]) == [None, None, "dram"]
-    assert [g.status for g in await c.get_into(keys[:1], [bytearray(70_000)])] == [Status.MISS]
+    assert (await c.lookup(keys[:3])).names() == [None, None, "dram"]
+    assert [g.status for g in await get_into(c, keys[:1], [bytearray(70_000)])] == [Status.MISS]
 
     stats = await c.stats()
     assert "tiers" in stats and "dram" in stats["tiers"]
@@ -82,7 +83,7 @@ async def test_admin_routes(daemon, ns, blocks_of):
     c = NodeClient(daemon.addr, ClientConfig(namespaces=(ns,)))
     blocks = blocks_of(ns, 5, 1000, seed=3)
     await c.put(blocks)
-    await c.get_into([blocks[0][0].key], [bytearray(1000)])
+    await get_into(c, [blocks[0][0].key], [bytearray(1000)])
     async with aiohttp.ClientSession(daemon.admin) as s:
         assert (await (await s.get("/healthz")).json()) == {"ok": True}
         assert (await s.get("/readyz")).status == 200
@@ -169,7 +170,7 @@ async def _still_serves(daemon, ns, blocks_of) -> None:
     blocks = blocks_of(ns, 1, 100, seed=77)
     await c.put(blocks)
     buf = bytearray(100)
-    assert (await c.get_into([blocks[0][0].key], [buf]))[0].status is Status.HIT
+    assert (await get_into(c, [blocks[0][0].key], [buf]))[0].status is Status.HIT
     assert bytes(buf) == blocks[0][1]
     await c.close()
     assert daemon.proc.poll() is None
@@ -257,7 +258,7 @@ async def test_wrong_namespace_writes_are_refused(daemon, ns, blocks_of):
         payload=payload,
     )
     assert [r.status for r in await c.put([(forged, payload)])] == [Status.INVALID]
-    assert await c.exists([h.key, blocks[0][0].key]) == [None, None]
+    assert (await c.lookup([h.key, blocks[0][0].key])).names() == [None, None]
     await c.close()
 
 
@@ -269,9 +270,9 @@ async def test_large_batches_are_cut_to_fit_frames(daemon, blocks_of):
     blocks = blocks_of(wide, 1500, 64, seed=21)
     assert [r.status for r in await c.put(blocks)] == [Status.STORED] * 1500
     keys = [h.key for h, _ in blocks]
-    assert [t is not None for t in await c.exists(keys)] == [True] * len(keys)
+    assert [t is not None for t in (await c.lookup(keys)).names()] == [True] * len(keys)
     bufs = [bytearray(64) for _ in keys]
-    got = await c.get_into(keys, bufs)
+    got = await get_into(c, keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 1500
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     assert await c.delete(keys) == [True] * 1500

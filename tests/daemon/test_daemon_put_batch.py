@@ -14,6 +14,7 @@ from daemonutil import RawPeer
 
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOKENS = "tok-acme-0001 acme\ntok-globex-01 globex\n"
@@ -77,13 +78,13 @@ async def test_every_status_of_one_put_lands_at_its_block(authed, ns, blocks_of)
         p.close()
         stored = [mine[i] for i in (0, 1, 2, 3, 4)]
         bufs = [np.zeros(4096, np.uint8) for _ in stored]
-        res = await acme.get_into([h.key for h, _ in stored], bufs)
+        res = await get_into(acme, [h.key for h, _ in stored], bufs)
         assert [r.status for r in res] == [Status.HIT] * 5
         assert all(bytes(b) == x for b, (_, x) in zip(bufs, stored))
-        assert await acme.exists([mine[5][0].key]) == [None]  # its bytes did not match
+        assert (await acme.lookup([mine[5][0].key])).names() == [None]  # its bytes did not match
         # globex's blocks are untouched by acme's refused writes
         tbs = [np.zeros(4096, np.uint8) for _ in theirs]
-        res = await globex.get_into([th.key, th1.key], tbs)
+        res = await get_into(globex, [th.key, th1.key], tbs)
         assert [r.status for r in res] == [Status.HIT] * 2
         assert bytes(tbs[0]) == tp and bytes(tbs[1]) == tp1
     finally:

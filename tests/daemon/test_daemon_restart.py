@@ -8,6 +8,7 @@ import time
 from polling import until_async
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 MiB = 1 << 20
@@ -27,9 +28,9 @@ async def test_sigterm_then_restart_finds_every_block(start_daemon, ns, blocks_o
     d2 = start_daemon(workdir=wd)
     c = NodeClient(d2.addr, ClientConfig(namespaces=(ns,)))
     keys = [h.key for h, _ in blocks]
-    assert [t is not None for t in await c.exists(keys)] == [True] * len(keys)
+    assert [t is not None for t in (await c.lookup(keys)).names()] == [True] * len(keys)
     bufs = [bytearray(300_000) for _ in keys]
-    got = await c.get_into(keys, bufs)
+    got = await get_into(c, keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 12
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     await c.close()
@@ -50,7 +51,7 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
         bufs = [bytearray(2 * MiB) for _ in keys]
         while not stop.is_set():
             started = time.monotonic()
-            got = await c.get_into(keys, bufs)
+            got = await get_into(c, keys, bufs)
             for g, b, (_, p) in zip(got, bufs, blocks):
                 assert g.status is not Status.HIT or bytes(b) == p  # a hit is never wrong data
             outcomes.append((started, [g.status for g in got]))
@@ -81,7 +82,7 @@ async def test_kill9_mid_get_gives_misses_then_recovers(start_daemon, ns, blocks
     d2 = start_daemon(workdir=wd, server={"data_port": d.data_port})
     await until_async(lambda: c.up, 15.0, "the client's probe to find the node up")
     bufs = [bytearray(2 * MiB) for _ in keys]
-    got = await c.get_into(keys, bufs)
+    got = await get_into(c, keys, bufs)
     assert [g.status for g in got] == [Status.HIT] * 16
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     await c.close()

@@ -11,6 +11,7 @@ import numpy as np
 from daemonutil import RawPeer, frame
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 MiB = 1 << 20
@@ -41,10 +42,10 @@ async def test_stalled_readers_of_large_replies_cost_only_their_own_connections(
                 pass
         await asyncio.sleep(0.2)
     buf = np.zeros(3 * MiB, dtype=np.uint8)
-    [got] = await c.get_into([blocks[0][0].key], [buf])
+    [got] = await get_into(c, [blocks[0][0].key], [buf])
     assert got.status is Status.HIT and buf.tobytes() == blocks[0][1]
     assert [r.status for r in await c.put(blocks[4:])] == [Status.STORED]
-    [got] = await c.get_into([blocks[4][0].key], [buf])
+    [got] = await get_into(c, [blocks[4][0].key], [buf])
     assert got.status is Status.HIT and buf.tobytes() == blocks[4][1]
     for p in stalled:
         p.close()

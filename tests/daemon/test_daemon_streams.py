@@ -15,6 +15,7 @@ from scraping import scrape_value_async
 
 from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOK = "tok-tenant-a1"
@@ -55,7 +56,7 @@ def salted(d, ns):
 async def _served(c: NodeClient, blocks) -> None:
     """``c`` reads every block of ``blocks`` back whole."""
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
-    got = await c.get_into([h.key for h, _ in blocks], bufs)
+    got = await get_into(c, [h.key for h, _ in blocks], bufs)
     assert [g.status for g in got] == [Status.HIT] * len(blocks)
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
 
@@ -116,7 +117,7 @@ async def test_a_writer_that_lies_about_lengths_costs_only_its_connection(daemon
     assert [r.status for r in await c.put([(h3, p3)])] == [Status.STORED]
     await _served(c, [(h3, p3)])
     assert await asyncio.get_running_loop().run_in_executor(None, silent.closed_by_peer)
-    assert await c.exists([h2.key]) == [None], "a payload that never arrived stores nothing"
+    assert (await c.lookup([h2.key])).names() == [None], "a payload that never arrived stores nothing"
 
     surplus = RawPeer(d.data_port, timeout=30)
     surplus.hello(TOK, ns)

@@ -9,6 +9,7 @@ import pytest
 
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.results import Status
 
 CLIENTS = 32
@@ -57,7 +58,7 @@ async def _client(i: int, addr: str, ns, blocks_of, shared) -> dict:
             keys = rng.sample(sorted(mine, key=lambda k: k.raw), min(len(mine), rng.randint(1, 6)))
             keys += rng.sample(sorted(gone, key=lambda k: k.raw), min(len(gone), 1))
             bufs = [bytearray(8192) for _ in keys]
-            got = await c.get_into(keys, bufs)
+            got = await get_into(c, keys, bufs)
             for k, g, b in zip(keys, got, bufs):
                 if k in mine:
                     assert g.status is Status.HIT, (k, g)
@@ -67,7 +68,7 @@ async def _client(i: int, addr: str, ns, blocks_of, shared) -> dict:
                     assert g.status is Status.MISS
         elif r < 0.70:
             keys = list(mine)[-3:] + list(gone)[-2:]
-            tiers = await c.exists(keys)
+            tiers = (await c.lookup(keys)).names()
             assert [t is not None for t in tiers] == [k in mine for k in keys]
         elif r < 0.78:
             k = rng.choice(sorted(mine, key=lambda k: k.raw))
@@ -82,7 +83,7 @@ async def _client(i: int, addr: str, ns, blocks_of, shared) -> dict:
                 assert res.status in (Status.STORED, Status.EXISTS)
                 seen_shared.add(j)
             buf = bytearray(len(p))
-            (g,) = await c.get_into([h.key], [buf], None)
+            (g,) = await get_into(c, [h.key], [buf], None)
             assert g.status is Status.HIT and bytes(buf) == p
     assert c.counters["errors"] == 0 and c.counters["timeouts"] == 0
     await c.close()

@@ -32,6 +32,6 @@ async def test_delete_takes_exists_many_keys_and_answers_a_repeated_key_once(sta
             assert delete["code"] == exists["code"] == P.BAD_REQUEST
     p.request({"op": "DELETE", "keys": h1.key.raw * 2 + h2.key.raw + h1.key.raw})
     assert p.reply()["res"] == bytes([1, 0, 1, 0])
-    assert await c.exists([h1.key, h2.key]) == [None, None]
+    assert (await c.lookup([h1.key, h2.key])).names() == [None, None]
     p.close()
     await c.close()

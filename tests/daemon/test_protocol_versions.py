@@ -74,8 +74,8 @@ async def test_a_node_of_another_version_is_one_error_naming_both(answer, says):
         # the node client: a miss per key, the node down, the reason logged once
         c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(NS,), transport="tcp"))
         try:
-            assert await c.exists([BlockKey(bytes(16)), BlockKey(b"\x01" * 16)]) == [None, None]
-            assert await c.exists_codes(P.ExistsRequest(0, (BlockKey(bytes(16)),)).keys) == b"\x00"
+            assert (await c.lookup([BlockKey(bytes(16)), BlockKey(b"\x01" * 16)])).names() == [None, None]
+            assert (await c.lookup(P.ExistsRequest(0, (BlockKey(bytes(16)),)).keys)).tiers == b"\x00"
             assert not c.up and c.counters["node_down"] == 1
         finally:
             await c.close()

@@ -21,6 +21,7 @@ from kvstore.client.cluster import ClusterClient
 from kvstore.client.conn import Conn
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.rdma import ClientRdma, move
+from kvstore.client.read import get_into
 from kvstore.config import load_store_config
 from kvstore.daemon.slab_rdma import slab_descriptor
 from kvstore.errors import ConfigError
@@ -81,7 +82,7 @@ async def test_malformed_qp_info_is_a_clear_error_and_the_daemon_keeps_serving(s
     ch.close()
     # and other clients are served
     c = NodeClient(d.addr, ClientConfig(namespaces=(ns,), transport="tcp"))
-    assert await c.exists([BlockKey(bytes(16))]) == [None]
+    assert (await c.lookup([BlockKey(bytes(16))])).names() == [None]
     await c.close()
     assert d.proc.poll() is None and "Traceback" not in d.logs()
 
@@ -215,7 +216,7 @@ async def main(addrs):
     nc.register(buf)
     from kvstore.keys import BlockKey
     keys = [BlockKey(bytes([i]) * 16) for i in range(6)]
-    print(await sc.exists(keys), await nc.exists(keys))
+    print((await sc.lookup(keys)).names(), (await nc.lookup(keys)).names())
     await sc.close()
     await nc.close()
 
@@ -349,7 +350,7 @@ async def test_rdma_end_to_end(start_daemon, ns, blocks_of):  # pragma: no cover
     res = await c.put([(h, staging[i]) for i, (h, _) in enumerate(blocks)])
     assert [r.status for r in res] == [Status.STORED] * 4
     staging[:] = 0
-    got = await c.get_into([h.key for h, _ in blocks], list(staging))
+    got = await get_into(c, [h.key for h, _ in blocks], list(staging))
     assert [g.status for g in got] == [Status.HIT] * 4
     assert all(staging[i].tobytes() == p for i, (_, p) in enumerate(blocks))
     assert c.counters["rdma_failures"] == 0

@@ -44,5 +44,5 @@ async def test_a_pipeline_never_read_is_closed_at_the_deadline_and_holds_little(
         lambda q: q is None,
     )
     peer.close()
-    assert await a.exists([h.key]) == ["dram"]  # the daemon serves on
+    assert (await a.lookup([h.key])).names() == ["dram"]  # the daemon serves on
     await a.close()

@@ -63,7 +63,7 @@ async def test_fresh_namespaces_do_not_evict_another_tenants_share(tenants, ns, 
             stored += [r.status for r in await b.put([blk])] == [Status.STORED]
         await b.close()
     assert stored > 40, stored  # beta's writes went in, evicting its own blocks
-    tiers = await a.exists([h.key for h, _ in mine])
+    tiers = (await a.lookup([h.key for h, _ in mine])).names()
     assert tiers == [tier] * 4, tiers
     await a.close()
 

@@ -12,6 +12,7 @@ from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.read import get_into
 from kvstore.inspect.cmd_stats import summarize
 from kvstore.keys import Namespace
 
@@ -35,7 +36,7 @@ def test_eviction_counters_on_metrics_and_stats(start_daemon):
         try:
             for i in range(0, 12, 4):
                 await c.put(chain[i : i + 4])
-            got = await c.get_into([h.key for h, _ in chain[:3]], [bytearray(BLOCK) for _ in range(3)])
+            got = await get_into(c, [h.key for h, _ in chain[:3]], [bytearray(BLOCK) for _ in range(3)])
             assert len(got) == 3 and all(g.status.ok for g in got), got
             for i in range(0, 12, 4):  # 12 one-block prompts: 8 blocks must go, the chain's tail
                 await c.put(singles[i : i + 4])
