@@ -11,28 +11,14 @@ was stored), ``store`` (batch_put_from), ``clean`` (remove the stored keys), ``q
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / _TICK
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from common import cpu_s, free_port  # the standard library only: this venv has no tierkv
 
 
 def _store(master: str, meta: str, segment: int, local: int):
@@ -56,7 +42,7 @@ def start_store(segment_bytes: int) -> tuple[subprocess.Popen, subprocess.Popen,
     """``mooncake_master`` (HTTP metadata server in it) from this interpreter's venv and a store
     process holding a ``segment_bytes`` segment (it prints "up" once mounted; closing its stdin
     ends it): (master, segment, master address, metadata URL). Also bench/vllm_mooncake.py's."""
-    rpc, http = _port(), _port()
+    rpc, http = free_port(), free_port()
     bindir = Path(sys.executable).parent
     master_bin = shutil.which("mooncake_master", path=str(bindir)) or "mooncake_master"
     master = subprocess.Popen(
@@ -116,13 +102,13 @@ def main() -> int:
                     cl.remove(k, True)
                 print(json.dumps({}), flush=True)
                 continue
-            s0, c0, t0 = sum(_cpu(p) for p in servers), time.process_time(), time.perf_counter()
+            s0, c0, t0 = cpu_s(servers), time.process_time(), time.perf_counter()
             if op == "fetch":
                 rc = cl.batch_get_into(fkeys, ptr(dst), sizes)
             else:
                 rc = cl.batch_put_from(skeys, ptr(src), sizes)
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            srv = sum(_cpu(p) for p in servers) - s0
+            srv = cpu_s(servers) - s0
             if op == "fetch":
                 bad = sum(1 for i, r in enumerate(rc) if r != size or not np.array_equal(dst[i], src[i]))
                 dst[:] = 1

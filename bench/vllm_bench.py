@@ -11,7 +11,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO
+from common import loadavg as load_avg  # noqa: F401 - the name vllm_ttft/vllm_replay import
+
 CHILD = REPO / "bench" / "vllm_child.py"
 # vLLM's own name for an out-of-tree connector: class and module (docs/vllm.md)
 CONNECTOR = {
@@ -20,10 +22,6 @@ CONNECTOR = {
     "kv_role": "kv_both",
 }
 KV_SPACE_GIB = 1  # vLLM's CPU KV cache: 23,296 float32 tokens of SmolLM2-135M
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def model_dir() -> str:

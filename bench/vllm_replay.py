@@ -36,8 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "tests"))  # tests/daemonutil.py imports its neighbours by name
 
+import common  # noqa: E402
 import numpy as np  # noqa: E402
-from repair import free_port  # noqa: E402
+from common import free_port  # noqa: E402
 from trace_sim import BLOCK_TOKENS, Request, simulate  # noqa: E402
 from vllm_bench import CONNECTOR, KV_SPACE_GIB, load_avg, model_dir, tierkv_daemon, vllm_env  # noqa: E402
 
@@ -151,10 +152,6 @@ async def replay(url: str, reqs: list[dict], speedup: float, concurrency: int, m
     return list(await asyncio.gather(*(one(r) for r in reqs)))
 
 
-def pct(xs: list[float], q: float) -> float:
-    return round(float(np.percentile(xs, q)), 3)
-
-
 async def run_config(name: str, model: str, reqs: list[dict], a, work: Path, daemon_addr: str | None) -> dict:
     port = free_port()
     kv = None
@@ -189,8 +186,8 @@ async def run_config(name: str, model: str, reqs: list[dict], a, work: Path, dae
         "prompt_tokens": total,
         "hit_tokens": hit,
         "hit_token_ratio": round(hit / total, 4),
-        "ttft_p50_s": pct(ttfts, 50),
-        "ttft_p90_s": pct(ttfts, 90),
+        "ttft_p50_s": round(common.pct(ttfts, 0.5), 3),
+        "ttft_p90_s": round(common.pct(ttfts, 0.9), 3),
         "ttft_mean_s": round(statistics.fmean(ttfts), 3),
         "load_avg": load_avg(),
         "per_request": [{"cached": x["cached"], "ttft_s": x["ttft_s"], "tokens": x["tokens"]} for x in res],
