@@ -17,16 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.connector_runs import ConnectorRuns
 from engine.errors import ConfigError
 from engine.kv_connector import (
     ConnectorContext,
-    ConnectorLookup,
     ConnectorRegistry,
-    ConnectorRequest,
     KVConnector,
 )
 from engine.llm import LLMEngine
-from engine.sequence import SamplingParams, Sequence
+from engine.sequence import SamplingParams
 
 log = logging.getLogger("engine")
 
@@ -105,7 +104,9 @@ class AsyncEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._bg: set[asyncio.Task] = set()
         self._held: dict[int, list[int]] = {}  # save id -> pages held until the save returns
-        self.load_failures = 0
+        self.runs = (
+            None if connector is None else ConnectorRuns(engine, connector, lookup_timeout_s, self._post)
+        )
 
     @classmethod
     def from_model(
@@ -182,8 +183,8 @@ class AsyncEngine:
         await self.start()
         rid = request_id or uuid.uuid4().hex
         seq = self.engine.add_request(prompt_tokens, params, rid, queue=False)  # validates
-        if self.connector is not None and not self._cached_locally(seq):
-            self._spawn(self._lookup(seq))  # queued when the lookup answers (or times out)
+        if self.runs is not None and not self.runs.cached_locally(seq):
+            self._spawn(self.runs.lookup(seq))  # queued when the lookup answers (or times out)
         else:
             self.engine.scheduler.add(seq)
         q: asyncio.Queue = asyncio.Queue()
@@ -205,17 +206,10 @@ class AsyncEngine:
             else:
                 self._events.append(("release", rid))
 
-    def _cached_locally(self, seq: Sequence) -> bool:
-        """Whether the engine's own prefix cache holds every connector block the scheduler
-        could load for ``seq``: then a lookup is a round trip for nothing. Read while a step
-        may run (the prefix cache only gains entries during a step, and an eviction before
-        admission only turns the hit into recompute)."""
-        eng = self.engine
-        ps, bt = eng.config.page_size, self.connector.block_tokens
-        useful = (len(seq.prompt_tokens) - 1) // ps * ps // bt * bt  # as Scheduler caps a load
-        if useful == 0:
-            return True
-        return len(eng.bm.match_prefix(seq.tokens, useful // ps, seq.prompt_keys)) * ps >= useful
+    def _post(self, event: tuple) -> None:
+        """An event for the loop to apply between two steps (:meth:`_apply_events`)."""
+        self._events.append(event)
+        self._kick()
 
     def _kick(self) -> None:
         if self._wake is not None:
@@ -225,49 +219,6 @@ class AsyncEngine:
         t = asyncio.create_task(coro)
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
-
-    async def _lookup(self, seq: Sequence) -> None:
-        t0 = time.perf_counter()
-        try:
-            found = await asyncio.wait_for(
-                self.connector.lookup_result(seq.prompt_tokens, seq.engine_keys), self.lookup_timeout_s
-            )
-        except Exception as exc:  # a slow or failing store is a miss, never an error
-            log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
-            found = ConnectorLookup(0)
-        self.engine.timeline.observe("lookup", time.perf_counter() - t0)
-        self._events.append(("lookup", seq, found))
-        self._kick()
-
-    async def _load(self, seq: Sequence, first: int, pages: list[int]) -> None:
-        t0 = time.perf_counter()
-        req = ConnectorRequest(
-            seq.request_id,
-            tuple(seq.tokens),
-            tuple(seq.page_table),
-            first,
-            seq.connector_lookup,
-            seq.engine_keys,
-        )
-        try:
-            n = await self.connector.load(req, pages)
-        except Exception as exc:  # the rest becomes recompute
-            log.warning("event=connector_load_failed request=%s error=%r", seq.request_id, exc)
-            n = 0
-        if n < len(pages) * self.engine.config.page_size:
-            self.load_failures += 1
-        self._events.append(("loaded", seq, first, n, t0))
-        self._kick()
-
-    async def _save(self, sid: int, seq: Sequence, tokens: tuple[int, ...], pages: list[int]) -> None:
-        req = ConnectorRequest(seq.request_id, tokens, tuple(pages), 0, seq.connector_lookup, seq.engine_keys)
-        try:
-            await self.connector.save(req, pages)
-        except Exception as exc:
-            log.warning("event=connector_save_failed request=%s error=%r", seq.request_id, exc)
-        finally:
-            self._events.append(("saved", sid))
-            self._kick()
 
     # ---- the loop -----------------------------------------------------------------------
     def _apply_events(self) -> None:
@@ -315,14 +266,14 @@ class AsyncEngine:
     def _after_step(self, outs) -> None:
         eng = self.engine
         self._record_layer_times()  # before the outputs: a finished request's record is in
-        if self.connector is not None:
+        if self.runs is not None:
             for seq, first, pages in eng.scheduler.to_load:
-                self._spawn(self._load(seq, first, pages))
+                self._spawn(self.runs.load(seq, first, pages))
             eng.scheduler.to_load.clear()
             for seq, tokens, pages in eng.pending_saves:  # referenced by the step
                 sid = id(pages)
                 self._held[sid] = pages
-                self._spawn(self._save(sid, seq, tokens, pages))
+                self._spawn(self.runs.save(sid, seq, tokens, pages))
             eng.pending_saves.clear()
         for o in outs:
             q = self._queues.get(o.seq.request_id)

@@ -126,7 +126,7 @@ async def test_engine_connector_errors_become_recompute(tiny_model_dir):
     try:
         toks, cached, _ = await run(aeng, prompt)
         assert toks == reference(d, prompt) and cached == 0
-        assert aeng.load_failures == 1
+        assert aeng.runs.load_failures == 1
         await asyncio.sleep(0.05)
         aeng.check_integrity()
     finally:
