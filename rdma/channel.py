@@ -139,8 +139,12 @@ class SocketChannel:
         await (self._writer if write else self._reader).wait(fd, self._loop.create_future())
 
     def _on_writable(self) -> None:
+        # fired with no one waiting (a worker sends the rest meanwhile): stop watching, or
+        # the level-triggered room wakes the loop on every pass until the send ends
         fut = self._writer.waiter
-        if fut is not None and not fut.done():
+        if fut is None:
+            self._writer.stop()
+        elif not fut.done():
             fut.set_result(None)
 
     def _on_readable(self) -> None:
