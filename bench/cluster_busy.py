@@ -34,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from common import pct  # noqa: E402
+
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig  # noqa: E402
 from kvstore.client.read import get_into  # noqa: E402
@@ -52,11 +54,6 @@ def burn(stop) -> None:
     while not stop.is_set():
         for _ in range(100_000):
             x = (x * 31 + 7) % 1_000_003
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 class Tally:

@@ -64,6 +64,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import pct  # noqa: E402
+
 from kvstore import protocol as P  # noqa: E402
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
@@ -512,7 +514,8 @@ async def _latencies(client: NodeClient, keys, n: int, misses: list[int] | None 
 
 
 def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.array(xs) * 1e3, q))
+    """The ``q`` percentile of ``xs`` (seconds), in ms."""
+    return pct(xs, q / 100) * 1e3
 
 
 async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:

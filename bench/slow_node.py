@@ -30,16 +30,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from common import pct  # noqa: E402
+
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.read import get_into  # noqa: E402
 
 DEADLINE_S = 1.0
 NBYTES = 32 * 1024
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 async def sample_view(c: ClusterClient, stop: asyncio.Event, inview: dict[str, int], n: list[int]) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,31 +28,19 @@ KiB, MiB = 1 << 10, 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import common  # noqa: E402
+
 from kvstore.config import parse_size  # noqa: E402
 
 
-def _start_daemon(tmp: Path, a) -> tuple[subprocess.Popen, str, str]:
-    cfg = tmp / "node.toml"
-    cfg.write_text(
-        f'[dram]\ncapacity = "{a.dram // MiB}MiB"\nslab_size = "{a.slab // MiB}MiB"\n'
-        f'[disk]\npath = "{tmp / "disk"}"\ncapacity = "{a.disk // MiB}MiB"\nsync = {str(a.sync).lower()}\n'
-        f'map_size = "{a.disk_map // MiB}MiB"\n'
-        f'[server]\nport_file = "{tmp / "ports.json"}"\nmax_frame = "{2 * a.slab // MiB + 1}MiB"\n'
+def _start_daemon(tmp: Path, a) -> common.Daemon:
+    return common.start_daemon(
+        tmp,
+        use_disk=True,
+        dram={"capacity": a.dram, "slab_size": a.slab},
+        disk={"capacity": a.disk, "sync": a.sync, "map_size": a.disk_map},
+        server={"max_frame": 2 * a.slab + MiB},
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvstore.cli", "serve", "--config", str(cfg), "--log-level", "WARNING"],
-        cwd=REPO,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (tmp / "ports.json").exists():
-            ports = json.loads((tmp / "ports.json").read_text())
-            return proc, f"127.0.0.1:{ports['data_port']}", f"http://127.0.0.1:{ports['admin_port']}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("daemon did not start")
 
 
 class Model:
@@ -188,15 +174,12 @@ def main() -> int:
     p.add_argument("--json", help="write the samples here")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tierkv-soak-") as d:
-        proc, addr, admin = _start_daemon(Path(d), a)
+        daemon = _start_daemon(Path(d), a)
         try:
-            samples = asyncio.run(_soak(a, addr, admin))
+            samples = asyncio.run(_soak(a, daemon.addr, daemon.admin))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-    if a.json:
-        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
-        Path(a.json).write_text(json.dumps({"args": {k: v for k, v in vars(a).items()}, "samples": samples}))
+            daemon.stop()
+    common.write_json(a.json, {"args": {k: v for k, v in vars(a).items()}, "samples": samples})
     warm = samples[len(samples) // 3 :] or samples
     files = [s["disk_file_bytes"] for s in warm if s["disk_file_bytes"] is not None]
     print(
