@@ -136,10 +136,6 @@ class KVCache:
         if self.scaled and not torch.equal(self._block_scales(buf), self._scales_on(buf.device)):
             raise ValueError("the block's fp8 scales differ from this KV cache's")
 
-    def block_scales(self, buf: torch.Tensor) -> torch.Tensor:
-        """The fp32 scales ``[layers, 2, kv_heads]`` an fp8 block buffer carries."""
-        return self._block_scales(buf).contiguous().view(torch.float32).reshape(buf.shape[:3])
-
     def _block_scales(self, buf: torch.Tensor) -> torch.Tensor:
         return buf.view(torch.uint8)[..., -SCALE_BYTES:]
 

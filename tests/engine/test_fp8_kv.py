@@ -40,7 +40,10 @@ def test_fp8_block_carries_its_scales_and_half_the_bytes():
     bf16 = KVCache(L, PAGES, PS, H, D, torch.bfloat16, "cpu")
     # exactly half of the bf16 block's bytes, plus one fp32 scale per (layer, k/v, head)
     assert kv.block_bytes(3) == bf16.block_bytes(3) // 2 + 4 * L * 2 * H == buf.numel()
-    assert torch.equal(kv.block_scales(buf), kv.scales)
+    # each (layer, k/v, head) row ends in that head's fp32 scale
+    assert torch.equal(
+        buf.view(torch.uint8)[..., -4:].contiguous().view(torch.float32).reshape(L, 2, H), kv.scales
+    )
     # head h of (layer, k/v) holds that head's [tokens, D] bytes
     u = buf.view(torch.uint8)
     want = kv.data.view(torch.uint8)[1, 0, pages][:, :, 1].reshape(-1)  # layer 1, K, head 1
