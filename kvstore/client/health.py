@@ -48,6 +48,11 @@ Contract:
 - A slow replica beats none: when a node is ejected for a failure (or kept for the floor
   after one), every node out only for being slow whose connection is up is readmitted at
   once (``readmitted_on_failure``).
+- What the data path waited for, per node (:attr:`Health.missed`, keyed ``(address, kind)``):
+  ``hedged`` reads it lost to their hedge, ``read``/``write`` calls past their deadline, and
+  ``lookup``/``call`` calls past their deadline while it was in the view (a probe of an ejected
+  node is no wait of the data path). What a test asserts instead of a request's elapsed time:
+  a partitioned node costs its first request one missed deadline, then nothing.
 - Every ejection and readmission is logged (``event=cluster_node_out|cluster_node_up`` with
   ``why``) and counted (``ejected_<why>``, ``readmitted_<why>``, ``marked_down``,
   ``marked_up``); :meth:`time_out` gives each node's seconds out of the view.
@@ -88,6 +93,7 @@ class Health:
         self.nodes = nodes  # shared with the cluster client, which adds and removes members
         self.cfg = cfg
         self.counters: Counter[str] = Counter()
+        self.missed: Counter[tuple[str, str]] = Counter()  # (address, kind): module doc
         self.estimates: dict[str, Estimate] = {}
         self.windows: dict[str, Window] = {}
         self.lag = LoopLag(cfg.loop_lag_interval_s, max(10.0, cfg.health_window_s))
@@ -185,6 +191,7 @@ class Health:
 
     def late(self, addr: str, seconds: float) -> None:
         """A read of ``addr`` lost to its hedge after ``seconds``: lateness, not a failure."""
+        self.missed[addr, "hedged"] += 1
         if self.discounted(seconds) < self.cfg.hedge_floor_s:
             self.counters["late_reads_discounted"] += 1  # the client's loop was the late one
             return
@@ -202,6 +209,8 @@ class Health:
         none ejects it (``unresponsive``), floor permitting."""
         kind = "lookup" if op == "EXISTS" else "write" if op == "PUT" else "read" if op == "GET" else "call"
         self.counters[f"{kind}_timeouts"] += 1
+        if kind in ("read", "write") or self.healthy(addr):  # probes only look up and STATS
+            self.missed[addr, kind] += 1
         if self._closed or not self.healthy(addr):
             return
         if self._blocked_most(seconds):
