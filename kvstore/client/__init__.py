@@ -3,9 +3,11 @@ returns a :class:`StoreClient` (kvstore/client/api.py) for ``local://``, ``kvsto
 ``etcd://`` (kvstore/client/facade.py). The connector and the CLI import only this package
 (and :mod:`kvstore.keys`); the names below are re-exported for them.
 
-Behind it: one node (node.py over conn.py, the descriptor path in leased.py and rdma.py), the
-in-process node (local.py), the replicated cluster (cluster.py with placement, membership,
-health, reads, writes, repair) and etcd registration.
+Every store has one lookup (``lookup``: tier codes per key) and one read (``read``:
+kvstore/client/read.py, whose ``get_into`` is that read with the bytes in the caller's
+buffers). Behind it: one node (node.py over pool.py and conn.py, the descriptor path in
+leased.py and rdma.py), the in-process node (local.py), the replicated cluster (cluster.py
+with placement, membership, health, lookups, reads, writes, read repair) and etcd membership.
 
 Nothing heavy is imported here: each name loads its module on first use (PEP 562), so
 ``import kvstore.client`` costs the daemon and the CLI nothing.
