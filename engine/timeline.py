@@ -164,10 +164,3 @@ class Timeline:
         with self._lock:
             steps = list(self._layer_steps)
         return [s for s in steps if request_id is None or request_id in s.request_ids]
-
-    def group_count(self, kind: str, group: int) -> int:
-        """How many steps observed ``kind`` (load_wait / compute) for group ``group``."""
-        v = self.registry.get_sample_value(
-            "tierkv_engine_layer_group_seconds_count", {"kind": kind, "group": str(group)}
-        )
-        return int(v or 0)
