@@ -79,6 +79,25 @@ def flip_byte_in_file(path: str, needle: bytes) -> int:
     return off
 
 
+async def on_disk_only(cfg, blocks, flip: bytes | None = None):
+    """A node of ``cfg`` that stored ``blocks``, closed, then reopened: its DRAM starts empty,
+    so every block is on disk only (asserted; ``cfg`` must write them down: ``disk.sync``, or a
+    DRAM too small for them). With ``flip``, a byte inside those bytes is flipped in the LMDB
+    file before the reopen (a payload's: the block still opens, its read finds the damage)."""
+    from kvstore.node.store import NodeStore
+
+    node = await NodeStore.open(cfg)
+    try:
+        await node.writer.put(blocks)
+    finally:
+        await node.close()
+    if flip is not None:
+        flip_byte_in_file(f"{cfg.disk.path}/data.mdb", flip)
+    node = await NodeStore.open(cfg)
+    assert await node.contains([h.key for h, _ in blocks]) == ["disk"] * len(blocks)
+    return node
+
+
 async def settle(node, deadline_s: float = 60.0) -> None:
     """Await the work ``node``'s cancelled callers left finishing (disk writes and deletes run
     on to their end): a fixed sleep for it failed on a loaded host. The deadline is a bound,

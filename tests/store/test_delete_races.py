@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, settle
+from storeutil import make_blocks, on_disk_only, settle
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
@@ -22,19 +22,10 @@ def _big_cfg(cfg_factory, **kw):
     return cfg_factory(**base)
 
 
-async def _on_disk_only(cfg, blocks) -> NodeStore:
-    node = await NodeStore.open(cfg)
-    await node.writer.put(blocks)
-    await node.close()
-    node = await NodeStore.open(cfg)  # DRAM starts empty: every block is on disk only
-    assert await node.contains([h.key for h, _ in blocks]) == ["disk"] * len(blocks)
-    return node
-
-
 async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory):
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(8, nbytes=8 * MiB)
-    node = await _on_disk_only(cfg, blocks)
+    node = await on_disk_only(cfg, blocks)
     try:
         for h, p in blocks:
             buf = bytearray(len(p))
@@ -57,7 +48,7 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
     commit would find the key taken)."""
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(8, nbytes=8 * MiB)
-    node = await _on_disk_only(cfg, blocks)
+    node = await on_disk_only(cfg, blocks)
     try:
         for h, p in blocks:
             get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
@@ -132,7 +123,7 @@ async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(c
 async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(2, nbytes=1 * MiB, seed=5)
-    node = await _on_disk_only(cfg, blocks)
+    node = await on_disk_only(cfg, blocks)
     try:
         for h, _ in blocks:
             delete = asyncio.create_task(node.delete([h.key]))
@@ -151,7 +142,7 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
     pinned meanwhile and drops what a racing read promoted meanwhile."""
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(4, nbytes=8 * MiB, seed=6)
-    node = await _on_disk_only(cfg, blocks)
+    node = await on_disk_only(cfg, blocks)
     try:
         for h, p in blocks:
             get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))

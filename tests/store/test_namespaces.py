@@ -5,7 +5,7 @@ absent, deleted and corrupt blocks. Asserted through visible_tiers itself (seen_
 
 from __future__ import annotations
 
-from storeutil import make_blocks
+from storeutil import make_blocks, on_disk_only
 
 from kvstore.block import BlockHeader
 from kvstore.keys import KeyBatch, Namespace
@@ -144,14 +144,8 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
     """The bulk probe against the per-key reference (contains, then each block's namespace as
     written, then the tenant check) for every mix of visible namespaces, with blocks on disk only and in DRAM,
     in any key order, and a key deleted while leased (absent to every reader)."""
-    cfg = cfg_factory(disk__sync=True)
-    node = await NodeStore.open(cfg)
     old = make_blocks(3, seed=11) + make_blocks(2, ns=OTHER, seed=12) + make_blocks(2, ns=TENANT, seed=13)
-    try:
-        await node.writer.put(old)
-    finally:
-        await node.close()
-    node = await NodeStore.open(cfg)  # the old blocks are on disk only now
+    node = await on_disk_only(cfg_factory(disk__sync=True), old)
     new = make_blocks(2, seed=14) + make_blocks(2, ns=OTHER, seed=15)
     missing = [h.key for h, _ in make_blocks(2, seed=97)]
     try:

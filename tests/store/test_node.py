@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import flip_byte_in_file, make_blocks
+from storeutil import make_blocks, on_disk_only
 
 from kvstore.block import make_header
 from kvstore.node.store import NodeStore
@@ -211,13 +211,10 @@ async def test_write_back_reaches_disk_on_eviction(cfg_factory):
 
 
 async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
-    cfg = cfg_factory(dram__capacity=0, disk__sync=True)
-    node = await NodeStore.open(cfg)
     blocks = make_blocks(3, nbytes=64 * KiB)
-    await node.writer.put(blocks)
-    await node.close()
-    flip_byte_in_file(f"{cfg.disk.path}/data.mdb", blocks[1][1][:4096])
-    node = await NodeStore.open(cfg)
+    node = await on_disk_only(
+        cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[1][1][:4096]
+    )
     try:
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT, Status.CORRUPT, Status.HIT]
@@ -230,13 +227,10 @@ async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
 
 
 async def test_verify_and_repair(cfg_factory):
-    cfg = cfg_factory(dram__capacity=0, disk__sync=True)
-    node = await NodeStore.open(cfg)
     blocks = make_blocks(4, nbytes=64 * KiB)
-    await node.writer.put(blocks)
-    await node.close()
-    flip_byte_in_file(f"{cfg.disk.path}/data.mdb", blocks[2][1][:4096])
-    node = await NodeStore.open(cfg)
+    node = await on_disk_only(
+        cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[2][1][:4096]
+    )
     try:
         rep = await node.inspector.verify()
         assert (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks
+from storeutil import make_blocks, on_disk_only
 
 from kvstore.node.eviction import Evictor
 from kvstore.node.state import NodeState
@@ -102,12 +102,8 @@ async def test_disk_eviction_spares_protected_keys(tmp_path):
 
 
 async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
-    cfg = cfg_factory(disk__sync=True)
-    node = await NodeStore_open(cfg)
     blocks = make_blocks(2)
-    await node.writer.put(blocks)
-    await node.close()
-    node = await NodeStore_open(cfg)
+    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
     try:
         assert await node.contains([blocks[0][0].key]) == ["disk"]
         [lease] = await node.leaser.lease([blocks[0][0].key])
@@ -123,12 +119,8 @@ async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
 
 
 async def test_a_block_deleted_while_its_lease_reads_disk_is_not_resurrected(cfg_factory):
-    cfg = cfg_factory(disk__sync=True)
-    node = await NodeStore_open(cfg)
     blocks = make_blocks(6)
-    await node.writer.put(blocks)
-    await node.close()
-    node = await NodeStore_open(cfg)
+    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
     try:
         for h, p in blocks:
             lease, deleted = await asyncio.gather(node.leaser.lease([h.key]), node.delete([h.key]))
@@ -155,9 +147,3 @@ async def test_verify_finds_and_repairs_a_bad_dram_copy(node):
     assert await node.contains([key]) == ["disk"], "the disk copy is intact and stays"
     got = await node.reader.get_into([key], [bytearray(blocks[1][0].payload_len)])
     assert got[0].status is Status.HIT
-
-
-async def NodeStore_open(cfg):  # noqa: N802 - reads as the call it wraps
-    from kvstore.node.store import NodeStore
-
-    return await NodeStore.open(cfg)

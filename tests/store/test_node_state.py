@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, on_disk_only
 
 from kvstore.keys import KeyBatch
 from kvstore.node.store import NodeStore
@@ -48,12 +48,8 @@ async def test_check_fails_on_each_broken_invariant(node):
 
 
 async def test_the_copying_read_is_lease_copy_release(cfg_factory):
-    cfg = cfg_factory(disk__sync=True)
-    node = await NodeStore.open(cfg)
     blocks = make_blocks(3)
-    await node.writer.put(blocks)
-    await node.close()
-    node = await NodeStore.open(cfg)  # every block on disk only
+    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
     try:
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
         got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
@@ -147,12 +143,8 @@ async def test_a_packed_lease_leaves_out_other_tenants_and_reads_past_the_budget
 
 
 async def test_a_packed_lease_cancelled_during_a_disk_read_holds_nothing(cfg_factory):
-    cfg = cfg_factory(disk__sync=True)
-    node = await NodeStore.open(cfg)
     blocks = make_blocks(2)
-    await node.writer.put(blocks)
-    await node.close()
-    node = await NodeStore.open(cfg)  # both on disk only
+    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
     try:
         [fresh] = make_blocks(1, seed=7)
         await node.writer.put([fresh])  # in DRAM: held first, then the disk reads
