@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from storeutil import make_cfg
 
@@ -19,3 +21,13 @@ async def node(tmp_path):
 @pytest.fixture
 def cfg_factory(tmp_path):
     return lambda **kw: make_cfg(tmp_path, **kw)
+
+
+@pytest.fixture
+def busy_gil():
+    """The interpreter switches threads every microsecond: a race between the event loop and
+    a worker thread (a cancelled transfer still copying) shows up within a test's run."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)

@@ -10,23 +10,13 @@ between the reader thread's start and its copy, as a busy machine does."""
 from __future__ import annotations
 
 import asyncio
-import sys
 
-import pytest
 from storeutil import make_blocks
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
 
 KiB = 1 << 10
-
-
-@pytest.fixture
-def busy_gil():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
 
 
 async def test_a_cancelled_lease_does_not_free_its_slot_under_the_disk_read(cfg_factory, busy_gil):

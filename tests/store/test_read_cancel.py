@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sys
 
-import pytest
 from storeutil import make_blocks
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def busy_gil():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
 
 
 async def test_a_cancelled_disk_read_does_not_write_into_the_buffer_after_it_returns(cfg_factory, busy_gil):
