@@ -249,7 +249,7 @@ class DataServer:
 
     async def _serve(self, conn: socket.socket, sess: Session) -> None:
         # Receives copy in worker threads only while another connection is being served too:
-        # alone, the thread hops cost more than they win (docs/benchmarks-store.md). Large
+        # alone, the thread hops cost more than they win (docs/benchmarks.md). Large
         # sends always do, in SEND_SLICE_S slices of the kernel's own wait for room.
         ch = SocketChannel(
             conn, offload=self._copies, offload_if=lambda: self._busy > 1, send_slice_s=SEND_SLICE_S

@@ -3,7 +3,7 @@ kernel waits inside ``recvmsg`` with SO_RCVTIMEO): every byte lands in its view 
 digest whatever the sender's pace, a short tail is received, a sender that stops mid-stream
 makes the call return (the caller then waits on its loop), and the socket's SO_RCVLOWAT is 1
 throughout, so the loop's readiness waits see a reply header of a few bytes (a wait for
-larger runs stalled one-block GETs: docs/benchmarks-client.md)."""
+larger runs stalled one-block GETs: docs/benchmarks.md, the one-off experiments)."""
 
 from __future__ import annotations
 
