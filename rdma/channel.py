@@ -14,7 +14,7 @@ task sends the previous reply); never two sends, or two receives, at once. Both 
 data port use it; :mod:`rdma.tcp` moves descriptors'
 bytes over it. This module knows bytes and frames, never the store's ops or fields.
 
-It stays one file (~400 lines) because it is one class: every send and receive path shares the
+It stays one file (over 400 lines) because it is one class: every send and receive path shares the
 socket's loop registrations (:class:`_Watch`), its worker hand-off and its byte counters; the
 per-syscall loops themselves live in :mod:`rdma.bursts`. Most of its length is the measured
 reasons behind each mode, kept beside the code they justify.
