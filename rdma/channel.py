@@ -11,8 +11,8 @@ payload costs a few syscalls and no per-chunk futures.
 :class:`SocketChannel` is bound to one event loop. It carries one send and one receive at a
 time, which may run at once (the daemon reads a connection's next request while its sender
 task sends the previous reply); never two sends, or two receives, at once. Both ends of the
-data port use it; :mod:`rdma.tcp` moves descriptors'
-bytes over it. This module knows bytes and frames, never the store's ops or fields.
+data port use it; :mod:`rdma.tcp` moves descriptors' bytes over it. This module knows bytes
+and frames, never the store's ops or fields.
 
 It stays one file (over 400 lines) because it is one class: every send and receive path shares the
 socket's loop registrations (:class:`_Watch`), its worker hand-off and its byte counters; the
