@@ -262,10 +262,9 @@ class ClusterClient:
         hi = self.cfg.replicas + self.cfg.lookahead
         groups = self._lookups.plan(batch, 0, hi, view)
         for addr, res in await self.fan(
-            groups, lambda n, idx: n.delete_packed(batch.take(idx), deadline_s), "delete"
+            groups, lambda n, idx: n.delete(batch.take(idx), deadline_s), "delete"
         ):
-            idx = groups[addr]
-            done[idx] |= np.frombuffer(res, dtype=np.uint8)
+            done[groups[addr]] |= np.asarray(res, dtype=np.uint8)
         return done.astype(bool).tolist()
 
     # ---------------------------------------------------------------- reads and writes

@@ -211,16 +211,16 @@ class NodeClient(NodeConnections):
         self.counters["bytes_out"] += sum(h.payload_len for h, _ in blocks)
         return r
 
-    async def delete(self, keys: Sequence[BlockKey], deadline_s: float | None = None) -> list[bool]:
-        """Per key: True where it was stored (for this tenant) and is now gone."""
-        return list(map(bool, await self.delete_packed(KeyBatch.of(keys), deadline_s)))
-
-    async def delete_packed(self, keys: KeyBatch, deadline_s: float | None = None) -> bytes:
-        """:meth:`delete` of packed keys: per key 1 (deleted) or 0 (also for a node that fails)."""
-        if not len(keys):
-            return b""
-        r = await self._run("DELETE", lambda c: _packed(keys, P.MAX_BATCH, c.delete), deadline_s)
-        return bytes(len(keys)) if isinstance(r, Status) else r
+    async def delete(
+        self, keys: KeyBatch | Sequence[BlockKey], deadline_s: float | None = None
+    ) -> list[bool]:
+        """Per key: True where it was stored (for this tenant) and is now gone (False for every
+        key when the node fails)."""
+        batch = KeyBatch.of(keys)
+        if not len(batch):
+            return []
+        r = await self._run("DELETE", lambda c: _packed(batch, P.MAX_BATCH, c.delete), deadline_s)
+        return [False] * len(batch) if isinstance(r, Status) else list(map(bool, r))
 
     async def stats(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         r = await self._run("STATS", lambda c: c.stats(), deadline_s)

@@ -139,12 +139,19 @@ async def test_daemons_through_the_facade_with_options_in_the_query(start_daemon
 
 
 def test_every_store_client_has_one_read_and_one_lookup():
-    """``read`` and ``lookup`` on the protocol and on every client; no second read or lookup
-    (``get_into`` is a function over ``read``; tier names come from the lookup's result)."""
+    """``read`` and ``lookup`` on the protocol and on every client; no second read, lookup or
+    delete (``get_into`` is a function over ``read``; tier names come from the lookup's result)."""
     for cls in (StoreClient, LocalClient, ClusterClient, NodeClient, Backend):
         verbs = {n for n in dir(cls) if not n.startswith("_")}
         assert {"read", "lookup"} <= verbs, cls
-        assert not verbs & {"get_into", "exists", "exists_codes", "lookup_prefix", "put_report"}, cls
+        assert not verbs & {
+            "get_into",
+            "exists",
+            "exists_codes",
+            "lookup_prefix",
+            "put_report",
+            "delete_packed",
+        }, cls
 
 
 async def test_the_store_that_holds_nothing_misses_through_the_same_read_and_lookup():
