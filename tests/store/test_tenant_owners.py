@@ -22,9 +22,15 @@ async def test_blocks_stored_before_the_claim_count_under_the_tenant(tmp_path):
         a_bytes = dram.owner_usage(a.id.raw)
         assert a_bytes > 3 * 1024 and dram.owner_usage("alpha") == 0  # unclaimed: its own owner
         node.owners.claim("alpha", [a.id.raw, b.id.raw])
+        stats = node.inspector.stats()["tiers"]
         for t in (dram, disk):
             assert t.owner_usage(a.id.raw) == t.owner_usage(b.id.raw) == 0
-            assert t.owner_usage("alpha") == t.namespace_usage(a.id.raw) + t.namespace_usage(b.id.raw)
+            by_ns = stats[t.name]["namespaces"]
+            assert (
+                t.owner_usage("alpha")
+                == by_ns[a.id.hex] + by_ns[b.id.hex]
+                == stats[t.name]["tenants"]["alpha"]
+            )
         c = Namespace("m2", "uint8", 4).with_tenant("alpha")
         with pytest.raises(NamespaceCapError, match="max_namespaces_per_tenant"):
             node.owners.claim("alpha", [c.id.raw])  # both held by blocks (and declared)

@@ -246,10 +246,6 @@ class LruIndex:
         e = self._index.get(key)
         return None if e is None else self._ns_ids.get((e >> _NS_SHIFT) & _OFF_MASK)
 
-    def namespace_usage(self, ns: bytes | None) -> int:
-        """Bytes (payloads and headers) of this tier's blocks of namespace ``ns``."""
-        return self._ns_ids.usage(ns)
-
     def attach_memory(self, ram: IndexMemory) -> None:
         """Charge this tier's blocks against ``ram`` (the node's budget) from now on."""
         ram.charge(self.ram_bytes)

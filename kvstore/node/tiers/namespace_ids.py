@@ -141,10 +141,5 @@ class NamespaceIds:
             "unclaimed_bytes": unclaimed,
         }
 
-    def usage(self, ns: bytes | None) -> int:
-        """Bytes of the blocks of ``ns`` (None: of blocks with no namespace)."""
-        i = 0 if ns is None else self._ids.get(ns)
-        return 0 if i is None else self._bytes[i]
-
     def __len__(self) -> int:
         return len(self._ids)
