@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 import tracemalloc
 
+import common
 import numpy as np
 
 from kvstore.block import make_header
@@ -70,6 +69,24 @@ def _best(fn, reps):
     return statistics.median(times)
 
 
+async def _time_node(node, blocks, keys, bufs, reps: int, batch: int) -> tuple[float, float]:
+    """Best seconds of putting ``blocks`` into ``node`` (deleted first; ``batch`` blocks a put)
+    and of getting them back into ``bufs`` (checked byte for byte); the node is closed after."""
+
+    async def put() -> None:
+        await node.delete(keys)
+        for i in range(0, len(blocks), batch):
+            await node.writer.put(blocks[i : i + batch])
+
+    async def get() -> None:
+        await node.reader.get_into(keys, bufs)
+
+    t_put, t_get = await _abest(put, reps), await _abest(get, reps)
+    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
+    await node.close()
+    return t_put, t_get
+
+
 async def _abest(fn, reps):
     await fn()
     times = []
@@ -106,20 +123,8 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
         },
         env={},
     )
-    node = await NodeStore.open(cfg)
     keys = [h.key for h, _ in blocks]
-
-    async def dram_put():
-        await node.delete(keys)
-        await node.writer.put(blocks)
-
-    async def dram_get():
-        await node.reader.get_into(keys, bufs)
-
-    t_put = await _abest(dram_put, reps)
-    t_get = await _abest(dram_get, reps)
-    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-    await node.close()
+    t_put, t_get = await _time_node(await NodeStore.open(cfg), blocks, keys, bufs, reps, len(blocks))
     rows.append(
         dict(tier="dram", block=nbytes, op="put", gbps=gb / t_put, baseline="memcpy", base_gbps=gb / t_memcpy)
     )
@@ -157,20 +162,7 @@ async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) 
         },
         env={},
     )
-    node = await NodeStore.open(dcfg)
-
-    async def disk_put():
-        await node.delete(keys)
-        for i in range(0, n, 8):
-            await node.writer.put(blocks[i : i + 8])
-
-    async def disk_get():
-        await node.reader.get_into(keys, bufs)
-
-    t_dput = await _abest(disk_put, reps)
-    t_dget = await _abest(disk_get, reps)
-    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-    await node.close()
+    t_dput, t_dget = await _time_node(await NodeStore.open(dcfg), blocks, keys, bufs, reps, 8)
     wlabel = "raw write+fsync" if sync else "raw write"
     rows.append(
         dict(tier="disk", block=nbytes, op="put", gbps=gb / t_dput, baseline=wlabel, base_gbps=gb / t_raw_w)
@@ -239,6 +231,7 @@ def main() -> None:
     ap.add_argument("--index-blocks", type=int, default=1_000_000)
     a = ap.parse_args()
     rows = []
+    load0 = common.loadavg()
     with tempfile.TemporaryDirectory(prefix="tierkv-bench-") as root:
         for nbytes in (2 * MiB, 32 * MiB):
             rows += asyncio.run(bench_size(nbytes, a.total_mib * MiB, root, a.reps, not a.no_sync))
@@ -255,22 +248,15 @@ def main() -> None:
         print(
             f"  {w['block']:28} slot {w['slot']:>10}  span {w['span'] // MiB:>3} MiB  waste {w['waste'] * 100:5.1f}%"
         )
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(
-                {
-                    "host": platform.node(),
-                    "cpus": os.cpu_count(),
-                    "sync": not a.no_sync,
-                    "rows": rows,
-                    "index_bytes_per_block": idx,
-                    "index_blocks": a.index_blocks,
-                    "slab_waste": waste,
-                },
-                f,
-                indent=1,
-            )
+    print(f"load average before {load0}, after {common.loadavg()}")
+    doc = dict(
+        sync=not a.no_sync,
+        loadavg_start=load0,
+        rows=rows,
+        index_bytes_per_block=idx,
+        index_blocks=a.index_blocks,
+    )
+    common.write_json(a.json, {**doc, "slab_waste": waste})
 
 
 if __name__ == "__main__":
