@@ -22,13 +22,17 @@ base routes of :mod:`kvstore.daemon.admin` and behind the same auth middleware.
 
 At most ``MAX_KEYS`` keys per request; bad input is a 400 naming the field. Every route runs
 on the daemon's event loop in slices (kvstore.node.listing.LoopSlices): a listing, a verify or
-an evict of a large node never holds the data port for more than a slice.
+an evict of a large node never holds the data port for more than a slice, and a page's
+body is sent in pieces of ``_SEND_ROWS`` rows (a page of 10,000 rows is ~2.5 MB of JSON:
+made or sent in one step it would hold the loop for milliseconds).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 from typing import Any
 
 from aiohttp import web
@@ -44,6 +48,7 @@ log = logging.getLogger("kvstore.daemon.admin")
 MAX_KEYS = 10000
 _DELETE_CHUNK = 1000
 _TIERS = ("hbm", "dram", "disk")
+_SEND_ROWS = 256  # rows of a page joined, encoded and written at a time (~64 KB)
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -99,8 +104,51 @@ def block_json(info: BlockInfo) -> dict[str, Any]:
     }
 
 
-def _row_json(info: BlockInfo) -> str:
-    return json.dumps(block_json(info))
+def _float_json(x: float) -> str:
+    return repr(x) if math.isfinite(x) else json.dumps(x)
+
+
+# a row's tiers as JSON, made once per set of tiers (listed top first, in the stack's order)
+_TIERS_JSON = {ts: json.dumps(list(ts)) for n in range(4) for ts in itertools.combinations(_TIERS, n)}
+
+
+def _tiers_json(tiers: tuple[str, ...]) -> str:
+    text = _TIERS_JSON.get(tiers)
+    return json.dumps(list(tiers)) if text is None else text
+
+
+def row_json(info: BlockInfo) -> str:
+    """``json.dumps(block_json(info))``, the same text, by one format string: a listing
+    makes one row per block (a third of the cost; tests/store/test_listing_pages.py holds them equal)."""
+    return (
+        f'{{"key": "{info.key.raw.hex()}", "namespace": "{info.namespace.raw.hex()}", '
+        f'"tiers": {_tiers_json(info.tiers)}, "payload_len": {int(info.payload_len)}, '
+        f'"num_tokens": {int(info.num_tokens)}, "created": {_float_json(info.created)}, '
+        f'"last_access": {_float_json(info.last_access)}, "leases": {int(info.leases)}, '
+        f'"pinned": {"true" if info.pinned else "false"}}}'
+    )
+
+
+async def send_rows(request: web.Request, head: str, rows: list[str], tail: str) -> web.StreamResponse:
+    """Answer ``head``, the JSON texts ``rows`` comma-separated, then ``tail``, in pieces of
+    ``_SEND_ROWS`` rows with the loop served between them (one join, encode or socket write
+    of a whole page would hold it for milliseconds). A peer that stops reading holds only its
+    own request, until the listener's deadline."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await resp.prepare(request)
+    slices = LoopSlices()
+    await resp.write(head.encode())
+    for off in range(0, len(rows), _SEND_ROWS):
+        piece = ("," if off else "") + ",".join(rows[off : off + _SEND_ROWS])
+        await resp.write(piece.encode())  # waits while the peer's socket buffer is full
+        await slices.tick()
+    await resp.write(tail.encode())
+    await resp.write_eof()
+    return resp
+
+
+def _json_or_null(value: int | str | None) -> str:
+    return "null" if value is None else json.dumps(value)
 
 
 def add_inspect_routes(app: web.Application, node_of) -> None:
@@ -117,13 +165,12 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         limit = _limit(q.get("limit", "100"))
         try:
             page = await node_of().inspector.page(
-                tier=tier, namespace=ns, after=after, limit=limit, row=_row_json
+                tier=tier, namespace=ns, after=after, limit=limit, row=row_json
             )
         except ValueError as exc:  # a tier this node does not have
             raise web.HTTPBadRequest(text=f"tier: {exc}") from exc
         nxt = json.dumps(None if page.next is None else page.next.hex)
-        body = '{"blocks": [' + ",".join(page.blocks) + '], "next": ' + nxt + "}"
-        return web.Response(body=body.encode(), content_type="application/json")
+        return await send_rows(request, '{"blocks": [', page.blocks, f'], "next": {nxt}}}')
 
     async def verify(request: web.Request) -> web.Response:
         doc = await _body(request)
@@ -149,20 +196,16 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
     async def lookup(request: web.Request) -> web.Response:
         doc = await _body(request)
         keys = _keys(doc.get("keys"), "keys")
-        tops = await node_of().contains(keys)
-        rows = []
+        rows: list[str] = []
         slices = LoopSlices()
-        for key, top in zip(keys, tops):
-            row: dict[str, Any] = {"key": key.hex, "tier": top, "tiers": [], "payload_len": None}
-            row["pinned"] = False
-            if top is not None:
-                d = await node_of().inspector.describe(key)
-                if d is not None:
-                    _, info = d
-                    row.update(tiers=list(info.tiers), payload_len=info.payload_len, pinned=info.pinned)
-            rows.append(row)
+        for key, (tiers, size, pinned) in zip(keys, await node_of().inspector.where(keys)):
+            rows.append(
+                f'{{"key": "{key.raw.hex()}", "tier": {_json_or_null(tiers[0] if tiers else None)}, '
+                f'"tiers": {_tiers_json(tiers)}, "payload_len": {_json_or_null(size)}, '
+                f'"pinned": {"true" if pinned else "false"}}}'
+            )
             await slices.tick()
-        return web.json_response({"blocks": rows})
+        return await send_rows(request, '{"blocks": [', rows, "]}")
 
     async def evict(request: web.Request) -> web.Response:
         doc = await _body(request)

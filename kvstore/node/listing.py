@@ -11,8 +11,9 @@ binary search instead of a pass over every key. It is only ever replaced by a ne
 snapshot a page reads was taken after its listing started, and holds every block stored since.
 
 Same threading rules as the node: the tiers are read on the event loop; the sort runs on a
-thread (numpy releases the interpreter lock while it sorts), and Python work over many keys
-yields to the loop every :data:`SLICE_S` (:class:`LoopSlices`) so the data port keeps serving.
+thread (numpy releases the interpreter lock while it sorts: no Python runs there, so the
+loop never waits for that thread's lock), and Python work over many keys runs in slices of
+:data:`SLICE_S` (:class:`LoopSlices`) with the data port's requests served in between.
 """
 
 from __future__ import annotations
@@ -20,31 +21,71 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from kvstore.keys import KEY_BYTES
 
-# Longest run of Python work a long admin request does on the event loop between yields.
-SLICE_S = 0.001
+# Longest run of Python work a long admin request does on the event loop before it lets the
+# loop serve what is waiting: well under a data-port round trip on an idle host (~0.3 ms),
+# so a request that lands behind a slice waits a fraction of what it costs alone.
+SLICE_S = 0.0002
+# A rest in which the loop ran nothing but the rest itself (two idle loop iterations) takes
+# a few microseconds; one that took longer served something, so the loop may have more.
+_BUSY_S = 0.00005
+# The longest rest between two slices while the loop stays busy: long enough for the requests
+# that arrived during a slice to get through the loop (read, answer, send: ~0.1 ms), short
+# enough that a long request keeps at least a third of a loop that clients keep busy.
+_MAX_REST_S = 0.0004
 _KEY_DTYPE = f"S{KEY_BYTES}"
-_JOIN_CHUNK = 4096
+_JOIN_CHUNK = 2048  # keys joined into one buffer per step (~25 us)
+KEY_CHUNK = 256  # keys turned into Python bytes per step of a page (:func:`key_chunks`)
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():  # the waiting request may have been cancelled meanwhile
+        fut.set_result(None)
+
+
+def after_io(loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """A future the loop resolves at its next turn, *after* that turn's I/O callbacks (a
+    timer due now runs after the sockets' events of its turn); ``sleep(0)`` instead resumes
+    its task ahead of a request that arrived meanwhile, which then waits a whole slice more
+    at each step (read, decode, reply) of its way through the loop."""
+    fut = loop.create_future()
+    loop.call_at(loop.time(), _wake, fut)
+    return fut
 
 
 class LoopSlices:
     """Cooperative time slices for a long request on the event loop: ``await tick()`` in a
-    loop body yields once ``slice_s`` has run since the last yield, so no request holds the
-    loop for much more than one slice and the data port is answered in between."""
+    loop body yields once ``slice_s`` has run since the last yield, and then rests until the
+    loop had nothing else to run (at most ``max_rest_s``): every request that arrived during
+    the slice, and every step it takes through the loop, runs before the next slice."""
 
-    def __init__(self, slice_s: float = SLICE_S) -> None:
+    def __init__(self, slice_s: float = SLICE_S, max_rest_s: float = _MAX_REST_S) -> None:
         self.slice_s = slice_s
+        self.max_rest_s = max_rest_s
+        self.rests = 0  # times it yielded (tests count them: the loop was let in)
         self._since = time.perf_counter()
 
     async def tick(self) -> None:
         if time.perf_counter() - self._since >= self.slice_s:
-            await asyncio.sleep(0)
-            self._since = time.perf_counter()
+            await self.rest()
+
+    async def rest(self) -> None:
+        """Let the loop serve what waits, until a turn of it ran nothing else."""
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        while True:
+            t = time.perf_counter()
+            await after_io(loop)
+            now = time.perf_counter()
+            if now - t < _BUSY_S or now - began >= self.max_rest_s:
+                break
+        self.rests += 1
+        self._since = time.perf_counter()
 
 
 def _sorted_distinct(parts: list[bytes]) -> np.ndarray:
@@ -74,7 +115,10 @@ class KeyOrder:
         slices = LoopSlices()
         parts: list[bytes] = []
         for tier in tiers:
-            keys = list(tier.keys())  # one C-level copy: the tier may change at the next await
+            # one C-level copy (~1 ms per 100,000 keys, the one step not cut into slices): the
+            # tier may change at the next await, and a dict's keys cannot be walked across one
+            keys = list(tier.keys())
+            await slices.rest()
             for off in range(0, len(keys), _JOIN_CHUNK):
                 parts.append(b"".join(keys[off : off + _JOIN_CHUNK]))
                 await slices.tick()
@@ -91,11 +135,23 @@ class KeyOrder:
         return self._keys
 
 
-def window(keys: np.ndarray, after: bytes | None, n: int) -> tuple[list[bytes], bool]:
+def window(keys: np.ndarray, after: bytes | None, n: int) -> tuple[np.ndarray, bool]:
     """Up to ``n`` keys of the sorted snapshot ``keys`` after ``after`` (exclusive; None: from
-    the start), and whether they reach the snapshot's end."""
+    the start), as a slice of it, and whether they reach the snapshot's end."""
     start = 0 if after is None else int(np.searchsorted(keys, np.bytes_(after), side="right"))
     part = keys[start : start + n]
-    raw = part.tobytes()  # whole fixed-width keys, trailing zero bytes included
-    out = [raw[o : o + KEY_BYTES] for o in range(0, len(raw), KEY_BYTES)]
-    return out, start + len(part) >= len(keys)
+    return part, start + len(part) >= len(keys)
+
+
+def key_list(part: np.ndarray) -> list[bytes]:
+    """Raw keys of a (short) slice of a snapshot, trailing zero bytes included (numpy's
+    ``S16`` items would drop them)."""
+    raw = part.tobytes()
+    return [raw[o : o + KEY_BYTES] for o in range(0, len(raw), KEY_BYTES)]
+
+
+def key_chunks(part: np.ndarray, chunk: int = KEY_CHUNK) -> Iterator[list[bytes]]:
+    """``part`` (a slice of a snapshot) as lists of raw keys, ``chunk`` at a time: a caller
+    that ticks between chunks never turns a whole page into Python objects in one step."""
+    for off in range(0, len(part), chunk):
+        yield key_list(part[off : off + chunk])
