@@ -17,14 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import common  # noqa: E402
+from common import pct  # noqa: E402
 
 from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
@@ -45,48 +43,17 @@ NS = Namespace("bench-repair", "uint8", 16)
 CFG = ClientConfig(namespaces=(NS,), op_timeout_s=5.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(wd: Path, port: int, peers: list[str], rate: str) -> subprocess.Popen:
-    wd.mkdir(parents=True, exist_ok=True)
-    (wd / "ports.json").unlink(missing_ok=True)
-    peers_toml = ", ".join(f'"{p}"' for p in peers)
-    (wd / "node.toml").write_text(
-        '[dram]\ncapacity = "512MiB"\nslab_size = "1MiB"\n'
-        f'[disk]\npath = "{wd / "disk"}"\ncapacity = "2GiB"\nsync = false\n'
-        f'[server]\ndata_port = {port}\nport_file = "{wd / "ports.json"}"\n'
-        f"[cluster]\npeers = [{peers_toml}]\n"
-        f'[repair]\nreplicas = 2\ninterval_s = 1.0\nsettle_s = 0.2\nmax_bytes_per_s = "{rate}"\n'
+def start(wd: Path, port: int, peers: list[str], rate: str) -> common.Daemon:
+    """A static cluster member on ``port`` with its disk under ``wd`` (kept across restarts)."""
+    return common.start_daemon(
+        wd,
+        use_disk=True,
+        dram={"capacity": "512MiB", "slab_size": "1MiB"},
+        disk={"capacity": "2GiB", "sync": False},
+        server={"data_port": port},
+        cluster={"peers": peers},
+        repair={"replicas": 2, "interval_s": 1.0, "settle_s": 0.2, "max_bytes_per_s": rate},
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERKV_")}
-    with open(wd / "daemon.log", "ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kvstore.cli",
-                "serve",
-                "--config",
-                str(wd / "node.toml"),
-                "--log-level",
-                "WARNING",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    end = time.monotonic() + 30
-    while not (wd / "ports.json").exists():
-        if proc.poll() is not None or time.monotonic() > end:
-            proc.kill()
-            raise RuntimeError(f"daemon did not start: {(wd / 'daemon.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc
 
 
 def make_blocks(n: int, nbytes: int, seed: int):
@@ -120,11 +87,6 @@ async def copies(addrs: list[str], keys) -> list[int]:
     return out
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
-
-
 async def serve_reads(
     c: ClusterClient, blocks, nbytes: int, stop: asyncio.Event, lat: list, hits: list
 ) -> None:
@@ -141,7 +103,7 @@ async def serve_reads(
 
 
 async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
-    ports = [free_port() for _ in range(3)]
+    ports = [common.free_port() for _ in range(3)]
     addrs = [f"127.0.0.1:{p}" for p in ports]
     procs = [start(tmp / f"n{i}", ports[i], addrs, rate) for i in range(3)]
     try:
@@ -162,8 +124,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
         stop.set()
         await t
         held = sum(x > 0 for x in await copies(addrs[:1], keys))  # what the replacement must get back
-        procs[0].kill()
-        procs[0].wait()
+        procs[0].kill9()
         shutil.rmtree(tmp / "n0" / "disk")
         t0 = time.monotonic()
         procs[0] = start(tmp / "n0", ports[0], addrs, rate)
@@ -177,8 +138,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
         stop.set()
         await t
         await c.close()
-        procs[1].kill()
-        procs[1].wait()
+        procs[1].kill9()
         c = ClusterClient.static(addrs, CFG, ClusterConfig(replicas=2))
         ok = 0
         for off in range(0, n, 64):
@@ -202,11 +162,8 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
             "hit_rate_second_failure": round(ok / n, 4),
         }
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            p.wait(30)
+        for d in procs:
+            d.stop()
 
 
 def main() -> int:
@@ -220,16 +177,7 @@ def main() -> int:
         row = asyncio.run(run(Path(tmp), args.blocks, args.block_bytes, args.rate))
     for k, v in row.items():
         print(f"{k:>28}  {v}")
-    doc = {
-        "bench": "repair",
-        "nodes": 3,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "rows": [row],
-    }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+    common.write_json(args.json, {"bench": "repair", "nodes": 3, "rows": [row]})
     return 0
 
 
