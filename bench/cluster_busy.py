@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+import common  # noqa: E402
 from common import pct  # noqa: E402
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
@@ -194,23 +193,19 @@ def main() -> int:
         "hit_rate",
         "marked_down",
     ]
-    print(" | ".join(cols))
-    for r in rows:
-        print(" | ".join(str(r.get(k, "")) for k in cols))
+    print(common.md_table(cols, [[r.get(k, "") for k in cols] for r in rows]))
     for r in rows:
         print(r["phase"], "time in view", r["time_in_view"], "ejections", r["ejections"])
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        doc = {
+    common.write_json(
+        args.json,
+        {
             "bench": "cluster_busy",
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
             "seconds": args.seconds,
             "workers": args.workers,
             "burners": args.burners,
             "rows": rows,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+        },
+    )
     return 0
 
 

@@ -75,6 +75,28 @@ async def ttft(aeng, prompt: list[int]) -> tuple[float, int, int]:
     raise RuntimeError("no output")
 
 
+def decode_run(
+    eng, mc, batch: int, prompt_len: int, new_tokens: int, g: torch.Generator
+) -> tuple[float, int]:
+    """Seconds and engine steps of decoding ``new_tokens`` for ``batch`` random prompts of
+    ``prompt_len`` tokens at once, their prefills done (and synchronised) before the clock."""
+    from engine.sequence import SamplingParams
+
+    prompts = [torch.randint(0, mc.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    seqs = [eng.add_request(p, sp) for p in prompts]
+    while any(s.num_computed < s.num_prompt for s in seqs):
+        eng.step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0, steps = time.perf_counter(), eng.steps
+    while eng.has_work():
+        eng.step()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, eng.steps - steps
+
+
 def prefill_flops(mc, n: int) -> float:
     """Matmul FLOPs of a causal prefill of n tokens (projections, MLP, attention, last-token head)."""
     h, kv = mc.hidden_size, mc.num_kv_heads * mc.head_dim
@@ -158,19 +180,7 @@ def main() -> None:
             {"metric": f"prefill {n}", "tokens_per_s": n / dt, "tflops": tf, "pct_peak": 100 * tf / peak}
         )
     for b in args.batches:
-        prompts = [
-            torch.randint(0, mc.vocab_size, (args.decode_prompt,), generator=g).tolist() for _ in range(b)
-        ]
-        sp = SamplingParams(max_tokens=args.decode_tokens, temperature=0, ignore_eos=True)
-        seqs = [eng.add_request(p, sp) for p in prompts]
-        while any(s.num_computed < s.num_prompt for s in seqs):
-            eng.step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        while eng.has_work():
-            eng.step()
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        dt, _ = decode_run(eng, mc, b, args.decode_prompt, args.decode_tokens, g)
         rows.append({"metric": f"decode batch {b}", "tokens_per_s": b * (args.decode_tokens - 1) / dt})
     eng.check_integrity()
     if not args.no_transformers:

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import common
 import torch
-from gpu_engine import build, llama31_8b, prefill_flops, tiny_config, ttft
+from gpu_engine import build, decode_run, llama31_8b, prefill_flops, tiny_config, ttft
 from serving_floors import device_copy_bytes_per_s, h2d_bytes_per_s, loopback_bytes_per_s, matmul_peak_tflops
 
 from connector.backends import Backend
@@ -211,21 +211,8 @@ def engine_figures(a, mc, cfg: EngineConfig, n: int, floors: dict, rows: list) -
     eng.warm_up()
     g = torch.Generator().manual_seed(2)
     for b in (1, 32):
-        prompts = [
-            torch.randint(0, mc.vocab_size, (a.decode_prompt,), generator=g).tolist() for _ in range(b)
-        ]
-        sp = SamplingParams(max_tokens=a.decode_tokens, temperature=0, ignore_eos=True)
-        seqs = [eng.add_request(p, sp) for p in prompts]
-        while any(s.num_computed < s.num_prompt for s in seqs):
-            eng.step()
-        _sync()
-        t0 = time.perf_counter()
-        steps = eng.steps
-        while eng.has_work():
-            eng.step()
-        _sync()
-        dt = time.perf_counter() - t0
-        step_ms = dt / max(1, eng.steps - steps) * 1000
+        dt, steps = decode_run(eng, mc, b, a.decode_prompt, a.decode_tokens, g)
+        step_ms = dt / max(1, steps) * 1000
         tok_s = b * (a.decode_tokens - 1) / dt
         rows.append(
             _row(f"decode_b{b}", b, None, None, floors["tail_ms"], tok_s, step_ms / floors["tail_ms"])

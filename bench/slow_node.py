@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+import common  # noqa: E402
 from common import pct  # noqa: E402
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
@@ -168,18 +166,8 @@ def main() -> int:
         "min_time_in_view",
         "writes_with_replicas_copies",
     ]
-    print(" | ".join(cols))
-    for r in rows:
-        print(" | ".join(str(r.get(k, "")) for k in cols))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "bench": "slow_node",
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "rows": rows,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+    print(common.md_table(cols, [[r.get(k, "") for k in cols] for r in rows]))
+    common.write_json(args.json, {"bench": "slow_node", "rows": rows})
     return 0
 
 

@@ -59,6 +59,18 @@ POLICIES = list(ORDER_POLICIES)
 DEFAULT_POLICY = EvictionSection().policy
 
 
+def _cell(trace: str, nodes: int, tiers: str, cap: int | None, policy: str) -> dict:
+    """The keys that name a row's cell (simulated or on daemons)."""
+    return {
+        "trace": trace,
+        "nodes": nodes,
+        "tiers": tiers,
+        "capacity_blocks": cap,
+        "policy": policy,
+        "default": policy == DEFAULT_POLICY,
+    }
+
+
 def _sim_cell(args: tuple) -> dict:
     """One simulated cell. More than one node with a capacity: the mean over ``placements``
     draws of the node addresses (trace_sim.node_ids), each draw's hit ratio kept in the row;
@@ -74,12 +86,7 @@ def _sim_cell(args: tuple) -> dict:
     ratios = [r.hit_token_ratio for r in runs]
     dram, disk = sum(r.hits["dram"] for r in runs), sum(r.hits["disk"] for r in runs)
     row = {
-        "trace": trace,
-        "nodes": nodes,
-        "tiers": tiers,
-        "capacity_blocks": cap,
-        "policy": policy,
-        "default": policy == DEFAULT_POLICY,
+        **_cell(trace, nodes, tiers, cap, policy),
         "hit_token_ratio": round(sum(ratios) / draws, 5),
         "orphan_bytes_ratio": round(sum(r.orphan_ratio for r in runs) / draws, 5),
         "disk_hit_share": round(disk / (dram + disk), 4) if dram + disk else 0.0,
@@ -282,12 +289,7 @@ def daemon_cell(
     hits = got["hits"]["dram"] + got["hits"]["disk"]
     ratio = got["hit_tokens"] / got["input_tokens"]
     return {
-        "trace": trace,
-        "nodes": nodes,
-        "tiers": tiers,
-        "capacity_blocks": cap,
-        "policy": policy,
-        "default": policy == DEFAULT_POLICY,
+        **_cell(trace, nodes, tiers, cap, policy),
         "hit_token_ratio": round(ratio, 5),
         "orphan_bytes_ratio": round(got["orphans"] / cap, 5),
         "disk_hit_share": round(got["hits"]["disk"] / hits, 4) if hits else 0.0,
