@@ -266,6 +266,8 @@ class LLMEngine:
         return StepOutput(seq, tok, delta, reason is not None)
 
     def text_of(self, request_id: str) -> str:
+        """A request's output text so far, cut at a matched stop string: what :meth:`generate`'s
+        callers read (its sequences carry token ids only). Until :meth:`release`."""
         return self.detok[request_id].text
 
     def release(self, request_id: str) -> None:
