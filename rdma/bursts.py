@@ -4,7 +4,7 @@
 thread. One send mechanism serves both ends: the daemon (its workers shared by every peer) and
 the client (a worker per connection) make their sockets blocking with ``SO_SNDTIMEO`` (a
 slice), so the kernel waits for room inside ``sendmsg``; a non-blocking socket (no slice) makes
-the same loop return at the first full buffer. bench/send_modes.py measured why the kernel's
+the same loop return at the first full buffer. The send experiment (docs/benchmarks.md) measured why the kernel's
 wait: 1.02-1.05x a plain blocking send's sender CPU per GB, where returning at each full buffer
 and waiting for room with ``poll`` (the client's sends before) cost 1.46-1.52x. Every call the
 event loop makes on such a socket passes ``MSG_DONTWAIT``. A hand-off ends at the first slice
@@ -33,7 +33,7 @@ _RECV_SPAN = 8 << 20  # bytes of views one receive offers: more than a socket's 
 def send_slices(sock: socket.socket, views: list[memoryview], i: int, budget_s: float) -> tuple[int, int]:
     """Worker-thread body of an offloaded send on a blocking socket whose ``SO_SNDTIMEO`` is
     set: the kernel waits for room inside ``sendmsg`` (no return, poll and re-entry at each
-    full buffer: bench/send_modes.py); on a non-blocking socket it returns at the first full
+    full buffer: docs/benchmarks.md, the one-off experiments); on a non-blocking socket it returns at the first full
     buffer. It returns after the first call that waited its slice out (short, or no room at
     all: a slow or stalled reader; Linux bounds one call's waits, summed, by ``SO_SNDTIMEO``),
     and, for a reader that keeps up, once ``budget_s`` has passed (its send goes back to the
@@ -131,11 +131,11 @@ def recv_landing(sock: socket.socket, land: Landing, wait_s: float = 0.0) -> int
 
     On a blocking socket (the client's, made so for its sends) the kernel does that wait inside
     ``recvmsg``, as ``send_slices`` does for sends: ``SO_RCVTIMEO`` = ``wait_s`` bounds it, and
-    no EAGAIN and ``poll`` per wait (bench/recv_modes.py). A call that times out returns what
+    no EAGAIN and ``poll`` per wait (the receive experiment, docs/benchmarks.md). A call that times out returns what
     it has. No ``SO_RCVLOWAT``: waiting for runs of 1 MiB cut the client's receive CPU per GB
     of bulk fetches (256 KiB blocks: 1.2x the raw client's with it, 1.6x without) but stalled
     receives, some for the whole slice (0.2 s): a one-block 2 MiB GET 4-5x slower
-    (bench/store_throughput.py), and 1 in 3 remote loads of bench/ttft.py's 8,000 tokens
+    (one-block GETs of the former bench/store_throughput.py), and 1 in 3 remote loads of bench/ttft.py's 8,000 tokens
     ~190 ms longer, also with the runs waited for only after a landing's first 2 MiB.
     ConnectionError on EOF or reset (a socket shut down by a cancelled receive included)."""
     land._skip_full()  # empty views

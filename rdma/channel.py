@@ -70,7 +70,7 @@ class SocketChannel:
     :meth:`connect`) makes the socket blocking with ``SO_SNDTIMEO`` of that long: an offloaded
     send then lets the kernel wait for room inside ``sendmsg`` (1.02-1.05x a blocking send's
     CPU per GB, where returning at each full buffer and waiting for room with ``poll`` cost
-    1.46-1.52x: bench/send_modes.py). A hand-off ends at the first ``sendmsg`` that waited its
+    1.46-1.52x: docs/benchmarks.md). A hand-off ends at the first ``sendmsg`` that waited its
     slice out (short or without room) and after 0.1 s for a reader that keeps up; waits beyond
     it happen on the loop. Sends of at least ``OFFLOAD_MIN`` bytes are then offloaded whatever
     ``offload_if`` says. Without it (0) the socket is non-blocking and the same loop returns
