@@ -14,7 +14,7 @@ VICTIM_SCAN = 1024
 # A pick first looks this far, and the whole VICTIM_SCAN only when that finds no block to
 # take (or, for a slab move, none of the wanted class): the snapshot of the order costs per
 # entry (the prefix orders pop and push back a heap entry each), and the first evictable
-# block is nearly always among the first few. the former bench/store_throughput.py (now peers.py --policies), 2 MiB PUTs past the
+# block is nearly always among the first few. The former bench/store_throughput.py (now peers.py --policies), 2 MiB PUTs past the
 # DRAM capacity, 8 clients: prefix-marginal 0.41 GB/s against LRU's 1.12 with a full scan.
 FIRST_SCAN = 16  # (a single victim takes one step of the order: ``first_victim``)
 
