@@ -12,6 +12,7 @@ from engine.errors import ConfigError
 from engine.kv_cache import KVCache
 from engine.kv_dtype import FP8_MAX, FP8_TARGET, layout_name, pow2_scales, storage_dtype
 from tests.engine.interpret import HAS_CUDA, skip_unless_kernels_run
+from tests.engine.pages import scattered_tables
 
 F8 = torch.float8_e4m3fn
 L, PAGES, PS, H, D = 3, 10, 4, 2, 8
@@ -103,13 +104,7 @@ def _case(dtype_store, sc, heads=8, kv_heads=2, d=64, ps=16, seed=3):
     tokens, and the fp32 pages as the reader must see them."""
     batch = [(1, 1), (1, 50), (1, 23), (5, 42), (9, 9), (3, 4)]  # decodes, prefix, no prefix
     g = torch.Generator().manual_seed(seed)
-    need = [-(-c // ps) for _, c in batch]
-    n_pages = sum(need) + 2
-    perm = torch.randperm(n_pages, generator=g).tolist()
-    tables, off = [], 0
-    for n in need:
-        tables.append(perm[off : off + n])
-        off += n
+    tables, n_pages = scattered_tables([c for _, c in batch], ps, 2, g)
     meta = build_metadata([q for q, _ in batch], [c for _, c in batch], tables, ps, "cpu")
     kv = KVCache(1, n_pages, ps, kv_heads, d, dtype_store, "cpu", sc)
     kc, vc, ks, vs = kv.layers()[0]

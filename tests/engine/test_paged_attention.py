@@ -11,6 +11,7 @@ import torch
 from engine.attention_meta import build_metadata
 from engine.attention_torch import TorchAttention
 from tests.engine.interpret import HAS_CUDA, skip_unless_kernels_run
+from tests.engine.pages import scattered_tables
 
 pytestmark = skip_unless_kernels_run()
 
@@ -25,13 +26,7 @@ def make_case(device, dtype, heads, kv_heads, d, ps, batch, seed=0):
     pool, so every sequence's pages are scattered; the pool is filled with random K/V, and the
     new tokens' K/V are what the pool holds at their slots (storing them is then a no-op)."""
     g = torch.Generator().manual_seed(seed)
-    need = [-(-c // ps) for _, c in batch]
-    num_pages = sum(need) + 3
-    perm = torch.randperm(num_pages, generator=g).tolist()
-    tables, off = [], 0
-    for n in need:
-        tables.append(perm[off : off + n])
-        off += n
+    tables, num_pages = scattered_tables([c for _, c in batch], ps, 3, g)
     kc = torch.randn(num_pages, ps, kv_heads, d, generator=g).to(device, dtype)
     vc = torch.randn(num_pages, ps, kv_heads, d, generator=g).to(device, dtype)
     meta = build_metadata([q for q, _ in batch], [c for _, c in batch], tables, ps, device)
