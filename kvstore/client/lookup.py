@@ -59,14 +59,11 @@ class MissHints:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def among(self, keys) -> list[int]:
+    def among(self, keys) -> np.ndarray:
         """The (ascending) indices of hinted keys in ``keys``."""
-        return self._among(_pairs(keys)).tolist()
-
-    def _among(self, pairs: np.ndarray) -> np.ndarray:
         if not len(self._keys):
             return _EMPTY
-        return np.flatnonzero(self._keys.find(pairs) >= 0)
+        return np.flatnonzero(self._keys.find(_pairs(keys)) >= 0)
 
     def note(self, keys, missed: Sequence[int], found: Sequence[int]) -> None:
         """``keys[missed]`` no owner held; ``keys[found]`` (hinted ones) an owner held."""
@@ -145,7 +142,7 @@ class Lookups:
         hinted = np.zeros(0, dtype=np.int64)
         ahead: dict[str, np.ndarray] = {}
         if second and self.hints:  # the lookahead round of hinted keys goes out now, too
-            hinted = self.hints._among(pairs)
+            hinted = self.hints.among(pairs)
             if len(hinted):
                 ahead = ranking.groups(hinted, owners, hi)
         late = np.full(n, _NONE, dtype=np.uint8) if ahead else None
