@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 from kvstore.client.node import ClientConfig, NodeClient
-from kvstore.client.peer_sessions import PEER_TENANT
+from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 
 
