@@ -13,17 +13,20 @@ A client reads 4 blocks of 4 KiB in another namespace on node 0, one GET at a ti
   requests ran ten passes one after the other; now they join one).
 
 The POSTs come from a child process (their threads never share this process's interpreter
-lock with the measuring client). Prints p50/p99 per phase and the ratios to ``alone`` (target:
-p99 within 2x), the passes run and the load average beside them, as a Markdown table; --json
-writes them (bench/common.py's ``write_json``: with the command, date and commit).
+lock with the measuring client). ``--rounds`` repeats the three phases, interleaved. Prints,
+as a Markdown table of medians over the rounds, p50/p99 per phase and their ratios to
+``alone`` taken round by round (target: p99 within 2x), the passes run, the daemon's CPU per
+pass (its CPU less the reads' at the ``alone`` rate: what the orphan pass's own work costs) and
+the load average; --json writes every round (bench/common.py's ``write_json``).
 
-    python bench/passes.py --blocks 50000 --json docs/results/passes.json
+    python bench/passes.py --blocks 50000 --rounds 3 --json docs/results/passes.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,6 +128,7 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
     ap.add_argument("--concurrent", type=int, default=10, help="operators POSTing passes at once")
     ap.add_argument("--batch-keys", type=int, default=1024, help="orphans.batch_keys: blocks per slice")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the three phases, interleaved")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     ports = [common.free_port(), common.free_port()]
@@ -134,7 +138,6 @@ async def main() -> None:
         try:
             for i in range(2):
                 daemons.append(start(Path(tmp) / f"n{i}", ports[i], addrs, a.batch_keys))
-            admin0 = daemons[0].admin
             parents, children = chains(a.blocks)
             await put_all(addrs[1], parents, NS)
             await put_all(addrs[0], children, NS)
@@ -144,60 +147,73 @@ async def main() -> None:
                 payload = bytes([i]) * 4096
                 (k,) = READER.block_keys(tokens)
                 parent = mine[-1][0].key if mine else READER.id
-                mine.append(
-                    (
-                        make_header(
-                            key=k,
-                            parent=parent,
-                            namespace=READER.id,
-                            tokens=tokens,
-                            dtype="uint8",
-                            shape=[4096],
-                            payload=payload,
-                        ),
-                        payload,
-                    )
-                )  # noqa: E501
+                h = make_header(
+                    key=k, parent=parent, namespace=READER.id, tokens=tokens, dtype="uint8", shape=[4096],
+                    payload=payload,
+                )  # fmt: skip
+                mine.append((h, payload))
             await put_all(addrs[0], mine, READER)
             keys = [h.key for h, _ in mine]
-            rows = {}
-            for phase, posters in (("alone", 0), ("passes", 1), ("requests", a.concurrent)):
-                before = passes_done(admin0)
-                child = None
-                if posters:
-                    stop_at = time.time() + a.seconds
-                    child = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-c",
-                            _POSTER,
-                            admin0 + "/v1/orphans/pass",
-                            str(posters),
-                            str(stop_at),
-                        ]
-                    )
-                    await asyncio.sleep(0.2)  # the first pass under way
-                lat = await reads(addrs[0], keys, a.seconds)
-                if child is not None:
-                    child.wait()
-                rows[phase] = {
-                    "gets": len(lat),
-                    "p50_ms": round(common.pct(lat, 0.5), 3),
-                    "p99_ms": round(common.pct(lat, 0.99), 3),
-                    "passes": passes_done(admin0) - before,
-                    "loadavg": common.loadavg()[0],
-                }
+            runs: dict[str, list[dict]] = {phase: [] for phase, _ in PHASES}
+            for _ in range(a.rounds):  # the phases interleaved: a load change hits each alike
+                for phase, posters in PHASES:
+                    n = a.concurrent if posters is None else posters
+                    runs[phase].append(await phase_run(daemons[0], keys, n, a.seconds))
         finally:
             for d in daemons:
                 d.stop()
-    base = rows["alone"]
-    for r in rows.values():
-        r["p50_x"] = round(r["p50_ms"] / base["p50_ms"], 2)
-        r["p99_x"] = round(r["p99_ms"] / base["p99_ms"], 2)
-    print(f"{a.blocks} blocks on the node, {a.concurrent} concurrent operators, batch_keys {a.batch_keys}")
-    cols = ("gets", "p50_ms", "p99_ms", "p50_x", "p99_x", "passes", "loadavg")
+    for rs in runs.values():  # CPU per pass: the phase's, less its reads at the alone rate
+        for r, b in zip(rs, runs["alone"]):
+            reads_cpu = b["daemon_cpu_s"] * r["gets"] / b["gets"]
+            r["cpu_ms_per_pass"] = (
+                round(1e3 * (r["daemon_cpu_s"] - reads_cpu) / r["passes"], 1) if r["passes"] else 0.0
+            )
+    rows = {phase: summary(rs, runs["alone"]) for phase, rs in runs.items()}
+    print(
+        f"{a.blocks} blocks on the node, {a.concurrent} concurrent operators, batch_keys {a.batch_keys}, "
+        f"{a.rounds} rounds of {a.seconds:g} s per phase (medians over rounds)"
+    )
+    cols = ("gets", "p50_ms", "p99_ms", "p50_x", "p99_x", "passes", "cpu_ms_per_pass", "loadavg")
     print(common.md_table(("phase", *cols), [(name, *(r[c] for c in cols)) for name, r in rows.items()]))
-    common.write_json(a.json, {"args": vars(a), "rows": rows})
+    common.write_json(a.json, {"args": vars(a), "rows": rows, "rounds": runs})
+
+
+# (phase, operators POSTing passes back to back): none; one; ``--concurrent`` (None)
+PHASES = (("alone", 0), ("passes", 1), ("requests", None))
+
+
+async def phase_run(daemon, keys, posters: int, seconds: float) -> dict:
+    """One phase on ``daemon``: ``posters`` operators POSTing passes while one client reads;
+    ``cpu_ms_per_pass``: the daemon's CPU beyond serving the reads, per pass (its CPU less
+    what the reads alone cost, at the ``alone`` phase's rate, filled in by :func:`main`)."""
+    addr, admin = daemon.addr, daemon.admin
+    before, cpu0 = passes_done(admin), common.cpu_s(daemon.proc.pid)
+    child = None
+    if posters:
+        stop_at = time.time() + seconds
+        url = admin + "/v1/orphans/pass"
+        child = subprocess.Popen([sys.executable, "-c", _POSTER, url, str(posters), str(stop_at)])
+        await asyncio.sleep(0.2)  # the first pass under way
+    lat = await reads(addr, keys, seconds)
+    if child is not None:
+        child.wait()
+    return {
+        "gets": len(lat),
+        "p50_ms": round(common.pct(lat, 0.5), 3),
+        "p99_ms": round(common.pct(lat, 0.99), 3),
+        "passes": passes_done(admin) - before,
+        "daemon_cpu_s": round(common.cpu_s(daemon.proc.pid) - cpu0, 3),
+        "loadavg": common.loadavg()[0],
+    }
+
+
+def summary(rs: list[dict], alone: list[dict]) -> dict:
+    """A phase's medians over the rounds, its ratios to ``alone`` taken round by round."""
+    keys = ("gets", "p50_ms", "p99_ms", "passes", "cpu_ms_per_pass", "loadavg")
+    out = {k: statistics.median(r[k] for r in rs) for k in keys}
+    for q in ("p50", "p99"):
+        out[f"{q}_x"] = round(statistics.median(r[f"{q}_ms"] / b[f"{q}_ms"] for r, b in zip(rs, alone)), 2)
+    return out
 
 
 if __name__ == "__main__":
