@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from engine.kv_connector import ConnectorLookup, ConnectorRequest, KVConnector
@@ -15,6 +16,7 @@ from engine.llm import LLMEngine
 from engine.sequence import Sequence
 
 log = logging.getLogger("engine")
+CALLS = ("lookup", "load", "save")
 
 
 class ConnectorRuns:
@@ -33,7 +35,10 @@ class ConnectorRuns:
         self.connector = connector
         self.lookup_timeout_s = lookup_timeout_s
         self._post = post
-        self.load_failures = 0  # loads that filled fewer tokens than their pages hold
+        # per call (lookup, load, save): the ones that failed or timed out -- a lookup then
+        # counts as a miss, a load that filled fewer tokens than its pages hold has the rest
+        # recomputed, a save stored nothing. Exported as tierkv_engine_connector_failures.
+        self.failures: Counter[str] = Counter(dict.fromkeys(CALLS, 0))
 
     def cached_locally(self, seq: Sequence) -> bool:
         """Whether the engine's own prefix cache holds every connector block the scheduler
@@ -56,6 +61,7 @@ class ConnectorRuns:
         except Exception as exc:  # a slow or failing store is a miss, never an error
             log.warning("event=connector_lookup_failed request=%s error=%r", seq.request_id, exc)
             found = ConnectorLookup(0)
+            self.failures["lookup"] += 1
         self.engine.timeline.observe("lookup", time.perf_counter() - t0)
         self._post(("lookup", seq, found))
 
@@ -75,7 +81,7 @@ class ConnectorRuns:
             log.warning("event=connector_load_failed request=%s error=%r", seq.request_id, exc)
             n = 0
         if n < len(pages) * self.engine.config.page_size:
-            self.load_failures += 1
+            self.failures["load"] += 1
         self._post(("loaded", seq, first, n, t0))
 
     async def save(self, sid: int, seq: Sequence, tokens: tuple[int, ...], pages: list[int]) -> None:
@@ -84,5 +90,6 @@ class ConnectorRuns:
             await self.connector.save(req, pages)
         except Exception as exc:
             log.warning("event=connector_save_failed request=%s error=%r", seq.request_id, exc)
+            self.failures["save"] += 1
         finally:
             self._post(("saved", sid))

@@ -20,8 +20,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 
 from engine.async_engine import AsyncEngine, RequestOutput
+from engine.connector_runs import ConnectorRuns
 from engine.errors import RequestError
 from engine.sequence import SamplingParams
 
@@ -88,6 +90,27 @@ class Metrics:
         r.register(aeng.engine.timeline.registry)
         cached = Gauge("tierkv_engine_pages_cached", "Unreferenced pages kept for prefix reuse", registry=r)
         cached.set_function(lambda: len(aeng.engine.bm.lru))
+        if aeng.runs is not None:
+            r.register(_ConnectorFailures(aeng.runs))
+
+
+class _ConnectorFailures:
+    """``tierkv_engine_connector_failures{call}``, read from the engine's connector calls at
+    scrape time (engine/connector_runs.py: what each failure cost)."""
+
+    def __init__(self, runs: ConnectorRuns) -> None:
+        self._runs = runs
+
+    def collect(self):
+        fam = CounterMetricFamily(
+            "tierkv_engine_connector_failures",
+            "Connector calls that failed or timed out (lookup: served as a miss; load: filled "
+            "short, the rest recomputed; save: nothing stored)",
+            labels=["call"],
+        )
+        for call, n in self._runs.failures.items():
+            fam.add_metric([call], n)
+        yield fam
 
 
 def _get(body: dict, name: str, types: tuple, default: Any = None) -> Any:

@@ -9,6 +9,8 @@ import asyncio
 import pytest
 import torch
 from polling import until_async
+from prometheus_client import generate_latest
+from scraping import Scrape
 
 from engine.async_engine import AsyncEngine
 from engine.block_manager import PoolIntegrityError
@@ -18,6 +20,7 @@ from engine.kv_cache import KVCache
 from engine.kv_connector import ConnectorContext, ConnectorRegistry, MemoryConnector
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams
+from engine.server import Metrics
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
@@ -123,14 +126,47 @@ async def test_engine_connector_errors_become_recompute(tiny_model_dir):
     eng = LLMEngine(d, EngineConfig(num_pages=32, enable_prefix_cache=False))
     ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
     aeng = AsyncEngine(eng, Broken(ctx))
+    metrics = Metrics(aeng)
     try:
         toks, cached, _ = await run(aeng, prompt)
         assert toks == reference(d, prompt) and cached == 0
-        assert aeng.runs.load_failures == 1
-        await asyncio.sleep(0.05)
+        # on /metrics: the load that raised (its tokens recomputed) and the save that raised
+        got = await until_async(
+            lambda: connector_failures(metrics),
+            30,
+            "the save's failure counted",
+            lambda f: f.get("save") == 1,
+        )
+        assert got == {"lookup": 0, "load": 1, "save": 1}
         aeng.check_integrity()
     finally:
         await aeng.stop()
+
+
+async def test_engine_connector_lookup_failure_is_a_counted_miss(tiny_model_dir):
+    d = tiny_model_dir("llama-tiny")
+    prompt = list(range(10, 90))
+
+    class NoLookup(MemoryConnector):
+        async def lookup(self, token_ids):
+            raise OSError("store went away")
+
+    eng = LLMEngine(d, EngineConfig(num_pages=32, enable_prefix_cache=False))
+    ctx = ConnectorContext(16, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
+    aeng = AsyncEngine(eng, NoLookup(ctx))
+    metrics = Metrics(aeng)
+    try:
+        toks, cached, _ = await run(aeng, prompt)
+        assert toks == reference(d, prompt) and cached == 0
+        assert connector_failures(metrics) == {"lookup": 1, "load": 0, "save": 0}
+    finally:
+        await aeng.stop()
+
+
+def connector_failures(metrics: Metrics) -> dict[str, float]:
+    """``tierkv_engine_connector_failures_total`` by call, as the engine's /metrics shows it."""
+    m = Scrape(generate_latest(metrics.registry).decode())
+    return m.by("tierkv_engine_connector_failures_total", "call")
 
 
 async def test_engine_no_connector_is_unchanged(tiny_model_dir):
