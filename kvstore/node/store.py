@@ -13,7 +13,7 @@ and doomed keys, tombstones, counters; it ends leases and reservations), ``place
 ``leaser`` (lease), ``reader`` (the copying read: lease -> copy -> release), ``writer``
 (reserve -> fill -> commit, put, flush), ``evictor`` and ``inspector`` (list, describe,
 verify, stats). Each part takes (tiers, state, placement) or the subset it uses. What stays
-here is what spans the tiers: presence (:meth:`contains`, :meth:`visible_tiers`),
+here is what spans the tiers: presence (:meth:`visible_tiers`),
 :meth:`delete`, :meth:`check`, :meth:`open` and :meth:`close`.
 
 Every batched call returns one result per key in input order; failures of one key (corruption,
@@ -120,15 +120,11 @@ class NodeStore:
         return d.host_buffer if d is not None else None
 
     # ------------------------------------------------------------------ presence
-    async def contains(self, keys: Sequence[BlockKey]) -> list[str | None]:
-        """The highest tier holding each key, or None. No I/O."""
-        return [t.name if (t := self.state.where(k.raw)) is not None else None for k in keys]
-
     async def visible_tiers(self, keys: KeyBatch, sees: Callable[[bytes | None], bool]) -> bytes:
         """Per key one tier code (kvstore.lookups): the highest tier holding it when ``sees``
         accepts its namespace id there (the raw 16 bytes of the block's header, kept in the tiers'
         indexes at commit and at open: no I/O, no decode; None for a block with none), else 0 -- exactly
-        :meth:`contains` plus the tenant check, so another tenant's block reads as absent.
+        ``state.where`` per key plus the tenant check, so another tenant's block reads as absent.
         The daemon's EXISTS and DELETE (8,192 keys for a long prompt): numpy passes per tier
         over the packed keys (:meth:`LruIndex.probe`), no Python per key. Constant shape:
         every tier is asked about every key, whatever the tiers above answered, so another

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, on_disk_only, settle
+from storeutil import make_blocks, on_disk_only, settle, tiers_of
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
@@ -35,7 +35,7 @@ async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory
             [r] = await get
             if r.status is Status.HIT:  # read before the delete: the bytes, but not kept
                 assert bytes(buf) == p
-            assert await node.contains([h.key]) == [None], "a deleted block came back"
+            assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
         assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
         node.check()
     finally:
@@ -71,12 +71,12 @@ async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
     try:
         for h, p in make_blocks(4, nbytes=8 * MiB, seed=3):
             put = asyncio.create_task(node.writer.put([(h, p)]))
-            while await node.contains([h.key]) == [None]:  # committed to DRAM, disk write under way
+            while tiers_of(node, [h.key]) == [None]:  # committed to DRAM, disk write under way
                 await asyncio.sleep(0)
             assert await node.delete([h.key]) == [True]
             [pr] = await put
             assert pr.status is Status.STORED
-            assert await node.contains([h.key]) == [None], "the disk write brought it back"
+            assert tiers_of(node, [h.key]) == [None], "the disk write brought it back"
         node.check()
         assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
     finally:
@@ -98,7 +98,7 @@ async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factor
                 await asyncio.sleep(0)
             assert await node.delete([old.key]) == [True]
             await put
-            assert await node.contains([old.key]) == [None], "the demotion brought it back"
+            assert tiers_of(node, [old.key]) == [None], "the demotion brought it back"
         node.check()
     finally:
         await node.close()
@@ -115,7 +115,7 @@ async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(c
     await node.close()  # the lease is still out: the block is deleted but still in DRAM
     node = await NodeStore.open(cfg)
     try:
-        assert await node.contains([key, blocks[1][0].key]) == [None, "disk"], "a deleted block was flushed"
+        assert tiers_of(node, [key, blocks[1][0].key]) == [None, "disk"], "a deleted block was flushed"
     finally:
         await node.close()
 
@@ -130,7 +130,7 @@ async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
             await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
             node.state.pin([h.key])  # pinned before the delete ends: the delete unpins it
             assert await delete == [True]
-            assert await node.contains([h.key]) == [None]
+            assert tiers_of(node, [h.key]) == [None]
             node.check()  # no pin on a block that is gone
         assert node.inspector.stats()["node"]["pinned"] == 0
     finally:
@@ -153,7 +153,7 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
             delete.cancel()
             await asyncio.gather(get, delete, return_exceptions=True)
             await settle(node)  # the disk delete goes on after the cancel: await its end
-            assert await node.contains([h.key]) == [None], "a deleted block came back"
+            assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
             node.check()  # no pin on a block that is gone
     finally:
         await node.close()

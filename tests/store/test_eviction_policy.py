@@ -6,7 +6,7 @@ stay put. Block counts only, no timing."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.config import ConfigError
 from kvstore.keys import Namespace
@@ -30,7 +30,7 @@ async def _put_in_batches(node: NodeStore, blocks, batch: int = 4) -> None:
 
 
 async def _stored(node: NodeStore, blocks) -> list[bool]:
-    tiers = await node.contains([h.key for h, _ in blocks])
+    tiers = tiers_of(node, [h.key for h, _ in blocks])
     assert len(tiers) == len(blocks), tiers  # one answer per key: all() over them means something
     return [t is not None for t in tiers]
 
@@ -112,7 +112,7 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
         b = make_blocks(20, nbytes=BLOCK, seed=7)
         await _put_in_batches(node, a)
         await _put_in_batches(node, b)
-        tiers = await node.contains([h.key for h, _ in a])
+        tiers = tiers_of(node, [h.key for h, _ in a])
         in_dram = [t == "dram" for t in tiers]
         assert _is_prefix(in_dram) and sum(in_dram) == 12, tiers
         assert len(tiers) == len(a) and all(t == "disk" for t in tiers[12:]), tiers
@@ -137,7 +137,7 @@ async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_d
         for seed in range(12):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=6000 + seed))
         disk = node.inspector.stats()["tiers"]["disk"]
-        assert disk["blocks"] <= 16 and (await node.contains([a[9][0].key])) == ["dram"], disk
+        assert disk["blocks"] <= 16 and (tiers_of(node, [a[9][0].key])) == ["dram"], disk
         await _put_in_batches(node, a[10:])
         assert node.inspector.stats()["tiers"]["disk"]["orphans_stored"] == 0
         assert node.inspector.stats()["tiers"]["dram"]["orphans_stored"] == 0

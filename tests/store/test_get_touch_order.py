@@ -10,7 +10,7 @@ checks them together."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.keys import KeyBatch
 from kvstore.node.store import NodeStore
@@ -41,7 +41,7 @@ async def _get(node: NodeStore, blocks: list) -> None:
 async def _where_after_one_more_block(node: NodeStore, split: list) -> list[str | None]:
     """A new block needs room: where the two blocks are afterwards."""
     assert [r.status for r in await node.writer.put(make_blocks(1, seed=999))] == [Status.STORED]
-    return await node.contains([h.key for h, _ in split])
+    return tiers_of(node, [h.key for h, _ in split])
 
 
 @pytest.mark.parametrize("policy", ["lru", "prefix-lru", "prefix-marginal"])

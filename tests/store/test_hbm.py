@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.errors import TierError
 from kvstore.node.store import NodeStore
@@ -34,7 +34,7 @@ async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
         blocks = make_blocks(12)
         for b in blocks:
             assert (await node.writer.put([b]))[0].status is Status.STORED
-        where = await node.contains([h.key for h, _ in blocks])
+        where = tiers_of(node, [h.key for h, _ in blocks])
         assert where[-1] == "hbm" and "dram" in where
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
         got = await node.reader.get_into([h.key for h, _ in blocks], bufs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import flip_byte_in_file, make_blocks, settle
+from storeutil import flip_byte_in_file, make_blocks, settle, tiers_of
 
 from kvstore.client.local import LocalClient
 from kvstore.keys import KeyBatch
@@ -34,7 +34,7 @@ async def _disk_then_dram(cfg, corrupt: bool):
         flip_byte_in_file(f"{cfg.disk.path}/data.mdb", a[1][:4096])
     node = await NodeStore.open(cfg)  # DRAM empty: ``a`` is on disk only
     await node.writer.put([b])
-    assert await node.contains([a[0].key, b[0].key]) == ["disk", "dram"]
+    assert tiers_of(node, [a[0].key, b[0].key]) == ["disk", "dram"]
     return node, a, b
 
 

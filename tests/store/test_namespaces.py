@@ -5,7 +5,7 @@ absent, deleted and corrupt blocks. Asserted through visible_tiers itself (seen_
 
 from __future__ import annotations
 
-from storeutil import make_blocks, on_disk_only
+from storeutil import make_blocks, on_disk_only, tiers_of
 
 from kvstore.block import BlockHeader
 from kvstore.keys import KeyBatch, Namespace
@@ -55,7 +55,7 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     # reopened without DRAM: every block is on disk only, its namespace read at open
     node = await NodeStore.open(cfg_factory(disk__sync=True, dram__capacity=0))
     try:
-        assert await node.contains(keys) == ["disk"] * len(blocks) + [None]
+        assert tiers_of(node, keys) == ["disk"] * len(blocks) + [None]
         assert await seen_namespaces(node, keys, decoded) == decoded + [None]
     finally:
         await node.close()
@@ -131,9 +131,7 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
         assert (
             tier_names(await node.visible_tiers(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
         )
-        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == await node.contains(
-            keys
-        )
+        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == tiers_of(node, keys)
         await node.delete([mine[0][0].key])
         assert tier_names(await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
     finally:
@@ -154,7 +152,7 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
         order = order[1::2] + order[::2]  # tiers and namespaces interleaved
         keys = KeyBatch.of(order)
         written = {h.key: h.namespace.raw for h, _ in new + old}
-        tiers = await node.contains(order)
+        tiers = tiers_of(node, order)
         nss = [written[k] if t is not None else None for k, t in zip(order, tiers)]
         assert {"dram", "disk", None} <= set(tiers), tiers
         spaces = sorted({ns for ns in nss if ns is not None})

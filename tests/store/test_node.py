@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import make_blocks, on_disk_only
+from storeutil import make_blocks, on_disk_only, tiers_of
 
 from kvstore.block import make_header
 from kvstore.node.store import NodeStore
@@ -39,7 +39,7 @@ async def test_roundtrip_and_exists(node):
     got, bufs = await _read_all(node, blocks)
     assert [g.status for g in got] == [Status.HIT] * 6
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-    assert await node.contains(_keys(blocks)) == ["dram"] * 6
+    assert tiers_of(node, _keys(blocks)) == ["dram"] * 6
 
 
 async def test_invalid_payload_is_refused(node):
@@ -48,7 +48,7 @@ async def test_invalid_payload_is_refused(node):
     bad[5] ^= 1
     assert (await node.writer.put([(h, bad)]))[0].status is Status.INVALID
     assert (await node.writer.put([(h, p[:-1])]))[0].status is Status.INVALID
-    assert await node.contains([h.key]) == [None]
+    assert tiers_of(node, [h.key]) == [None]
 
 
 async def test_mismatch_and_small_buffer(node):
@@ -75,7 +75,7 @@ async def test_lru_eviction_moves_down_then_drops(cfg_factory):
         blocks = make_blocks(40)
         for h, p in blocks:  # one at a time: a clear LRU order
             assert (await node.writer.put([(h, p)]))[0].status is Status.STORED
-        where = await node.contains(_keys(blocks))
+        where = tiers_of(node, _keys(blocks))
         assert where[-1] == "dram" and where[0] is None, where
         # LRU order: dropped < disk < dram, never interleaved
         rank = {None: 0, "disk": 1, "dram": 2}
@@ -88,7 +88,7 @@ async def test_lru_eviction_moves_down_then_drops(cfg_factory):
         oldest_dram = where.index("dram")
         await node.reader.get_into([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
         await node.writer.put(make_blocks(3, seed=9))
-        assert (await node.contains([blocks[oldest_dram][0].key]))[0] == "dram"
+        assert (tiers_of(node, [blocks[oldest_dram][0].key]))[0] == "dram"
         node.check()
     finally:
         await node.close()
@@ -106,11 +106,11 @@ async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
         # a storm of new blocks cannot evict the leased one
         for h, p in make_blocks(10, seed=3):
             await node.writer.put([(h, p)])
-        assert (await node.contains([blocks[0][0].key]))[0] == "dram"
+        assert (tiers_of(node, [blocks[0][0].key]))[0] == "dram"
         assert bytes(view) == before == blocks[0][1]
         # deleting it hides it at once but frees the slot only at release
         assert await node.delete([blocks[0][0].key]) == [True]
-        assert await node.contains([blocks[0][0].key]) == [None]
+        assert tiers_of(node, [blocks[0][0].key]) == [None]
         assert bytes(view) == before
         node.state.release(leases)
         node.check()
@@ -130,11 +130,11 @@ async def test_all_pinned_means_no_space(cfg_factory):
         assert node.state.pin(_keys(blocks)) == [True] * 8
         res = await node.writer.put(make_blocks(1, seed=5))
         assert res[0].status is Status.NO_SPACE
-        assert await node.contains(_keys(blocks)) == ["dram"] * 8
+        assert tiers_of(node, _keys(blocks)) == ["dram"] * 8
         node.state.unpin(_keys(blocks[:1]))
         res = await node.writer.put(make_blocks(1, seed=5))
         assert res[0].status is Status.STORED
-        assert await node.contains(_keys(blocks)) == [None] + ["dram"] * 7
+        assert tiers_of(node, _keys(blocks)) == [None] + ["dram"] * 7
     finally:
         await node.close()
 
@@ -157,7 +157,7 @@ async def test_lease_expires(cfg_factory):
 async def test_two_phase_write(node):
     ((h, p),) = make_blocks(1)
     [r] = await node.writer.reserve([h])
-    assert await node.contains([h.key]) == [None], "a reservation is invisible"
+    assert tiers_of(node, [h.key]) == [None], "a reservation is invisible"
     assert (await node.writer.reserve([h]))[0] is Status.BUSY
     r.view[:] = p
     [res] = await node.writer.commit([r])
@@ -168,7 +168,7 @@ async def test_two_phase_write(node):
     [r2] = await node.writer.reserve([h2])
     r2.view[:] = bytes(len(p2))
     assert (await node.writer.commit([r2]))[0].status is Status.INVALID
-    assert await node.contains([h2.key]) == [None]
+    assert tiers_of(node, [h2.key]) == [None]
     # abort gives the slot back
     [r3] = await node.writer.reserve([h2])
     node.state.abort([r3])
@@ -186,11 +186,11 @@ async def test_restart_keeps_blocks(cfg_factory, mode):
     await node.close()  # write-back flushes here
     node = await NodeStore.open(cfg)
     try:
-        assert await node.contains(_keys(blocks)) == ["disk"] * 8
+        assert tiers_of(node, _keys(blocks)) == ["disk"] * 8
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT] * 8
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-        assert await node.contains(_keys(blocks)) == ["dram"] * 8, "disk hits are promoted"
+        assert tiers_of(node, _keys(blocks)) == ["dram"] * 8, "disk hits are promoted"
     finally:
         await node.close()
 
@@ -218,7 +218,7 @@ async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
     try:
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT, Status.CORRUPT, Status.HIT]
-        assert await node.contains(_keys(blocks)) == ["disk", None, "disk"], "bad copy dropped"
+        assert tiers_of(node, _keys(blocks)) == ["disk", None, "disk"], "bad copy dropped"
         assert node.inspector.stats()["node"]["checksum_failures"] == 1
         assert node.inspector.stats()["tiers"]["disk"]["checksum_failures"] == 1
         node.check()
@@ -236,10 +236,10 @@ async def test_verify_and_repair(cfg_factory):
         assert (
             rep["checked"] == 4 and rep["corrupt"] == [f"{blocks[2][0].key.hex}@disk"] and rep["dropped"] == 0
         )
-        assert (await node.contains([blocks[2][0].key]))[0] == "disk", "verify alone changes nothing"
+        assert (tiers_of(node, [blocks[2][0].key]))[0] == "disk", "verify alone changes nothing"
         rep = await node.inspector.verify(repair=True)
         assert rep["dropped"] == 1
-        assert (await node.contains([blocks[2][0].key]))[0] is None
+        assert (tiers_of(node, [blocks[2][0].key]))[0] is None
     finally:
         await node.close()
 

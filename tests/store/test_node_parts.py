@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, on_disk_only
+from storeutil import make_blocks, on_disk_only, tiers_of
 
 from kvstore.node.eviction import Evictor
 from kvstore.node.state import NodeState
@@ -105,13 +105,13 @@ async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
     blocks = make_blocks(2)
     node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
     try:
-        assert await node.contains([blocks[0][0].key]) == ["disk"]
+        assert tiers_of(node, [blocks[0][0].key]) == ["disk"]
         [lease] = await node.leaser.lease([blocks[0][0].key])
         assert lease.tier == "dram" and lease.offset is not None, "leased from its new DRAM slot"
         assert bytes(lease.view) == blocks[0][1]
         st = node.inspector.stats()["node"]
         assert st["promotions"] == 1 and st["hits_disk"] == 1 and st["get_hit"] == 1
-        assert await node.contains([blocks[0][0].key]) == ["dram"]
+        assert tiers_of(node, [blocks[0][0].key]) == ["dram"]
         node.state.release([lease])
         node.check()
     finally:
@@ -128,7 +128,7 @@ async def test_a_block_deleted_while_its_lease_reads_disk_is_not_resurrected(cfg
             if lease[0] is not None:  # read before the delete: the bytes, but not kept
                 assert bytes(lease[0].view) == p
                 node.state.release(lease)
-            assert await node.contains([h.key]) == [None], "a deleted block came back"
+            assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
         node.check()
         assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
     finally:
@@ -144,6 +144,6 @@ async def test_verify_finds_and_repairs_a_bad_dram_copy(node):
     assert rep["corrupt"] == [f"{key.hex}@dram"] and rep["checked"] == 6  # dram + disk copies
     rep = await node.inspector.verify([key], repair=True)
     assert rep["dropped"] == 1
-    assert await node.contains([key]) == ["disk"], "the disk copy is intact and stays"
+    assert tiers_of(node, [key]) == ["disk"], "the disk copy is intact and stays"
     got = await node.reader.get_into([key], [bytearray(blocks[1][0].payload_len)])
     assert got[0].status is Status.HIT

@@ -7,7 +7,7 @@ BUSY, never EXISTS."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.keys import Namespace
 from kvstore.node.leases import Reservation
@@ -43,7 +43,7 @@ async def _scenario(node: NodeStore, one_at_a_time: bool, make_room: bool) -> tu
     done = await node.writer.commit(todo)
     assert all(d.status is Status.STORED for d in done), done
     node.state.abort([other])
-    where = await node.contains([h.key for h, _ in old + new + big])
+    where = tiers_of(node, [h.key for h, _ in old + new + big])
     counters = {k: v for k, v in node.state.counters.items() if k.startswith(("put", "evictions", "bytes"))}
     node.check()
     return outcome, where, counters
@@ -90,7 +90,7 @@ async def test_a_batch_bigger_than_the_free_room_never_evicts_its_own_blocks(cfg
         new = make_blocks(16, seed=2)  # the whole tier: every old block must go, none of these
         res = await node.writer.put(new)
         assert [r.status for r in res] == [Status.STORED] * 16
-        assert await node.contains([h.key for h, _ in new]) == ["dram"] * 16
+        assert tiers_of(node, [h.key for h, _ in new]) == ["dram"] * 16
         more = await node.writer.put(make_blocks(1, seed=3))  # the tier is full of unheld blocks
         assert more[0].status is Status.STORED
         node.check()
@@ -137,7 +137,7 @@ async def test_a_commit_that_fails_part_way_gives_every_slot_back(cfg_factory, t
             await node.writer.commit(res)
         # only the block committed behind the writer's back holds a slot now
         assert dram.used_bytes == before - sum(r.view.nbytes for r in res) + h2.payload_len
-        assert await node.contains([h.key for h, _ in blocks]) == [None, None, "dram", None]
+        assert tiers_of(node, [h.key for h, _ in blocks]) == [None, None, "dram", None]
         assert not node.state.leases.reserved_keys
     finally:
         await node.close()

@@ -11,7 +11,7 @@ no timing."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.keys import Namespace
 from kvstore.node.store import NodeStore
@@ -28,7 +28,7 @@ def _singles(n: int, seed0: int, ns: Namespace | None = None):
 
 
 async def _stored(node: NodeStore, blocks) -> list[bool]:
-    tiers = await node.contains([h.key for h, _ in blocks])
+    tiers = tiers_of(node, [h.key for h, _ in blocks])
     assert len(tiers) == len(blocks), tiers
     return [t is not None for t in tiers]
 

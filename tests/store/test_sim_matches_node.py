@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from storeutil import tiers_of
 
 from kvstore.block import make_header
 from kvstore.keys import BlockKey
@@ -102,7 +103,7 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
         for n, hash_ids in enumerate(_requests(300, seed=19)):
             raws = chain.keys(hash_ids)
             keys = [BlockKey(k) for k in raws]
-            tiers = await node.contains(keys)
+            tiers = tiers_of(node, keys)
             hit = next((i for i, t in enumerate(tiers) if t is None), len(tiers))
             sim_hit = next((i for i, k in enumerate(raws) if not sim.has(k)), len(raws))
             assert hit == sim_hit, f"request {n}: hit prefix {hit} on the node, {sim_hit} simulated"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.config import ConfigError, EvictionSection
 from kvstore.node.store import NodeStore
@@ -71,7 +71,7 @@ async def _scan_after_a_hot_prefix(cfg_factory, **kw) -> list[str | None]:
             assert all(r.status.ok for r in await node.writer.put(scan[part : part + 8]))
         assert node.inspector.stats()["tiers"]["disk"]["evictions"] > 0  # the scan overflowed the disk
         node.check()
-        return await node.contains(keys)
+        return tiers_of(node, keys)
     finally:
         await node.close()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks
+from storeutil import make_blocks, tiers_of
 
 from kvstore.node.store import NodeStore
 
@@ -30,7 +30,7 @@ async def test_a_cancelled_write_through_keeps_its_hold_until_the_disk_write_end
             await _cancel_when_held(put, node, h.key.raw)
             assert await node.delete([h.key]) == [True]
             await asyncio.sleep(0.3)  # the disk write ends
-            assert await node.contains([h.key]) == [None], "the deleted block landed on disk"
+            assert tiers_of(node, [h.key]) == [None], "the deleted block landed on disk"
         node.check()
         assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
     finally:
@@ -50,7 +50,7 @@ async def test_a_cancelled_write_back_eviction_keeps_its_hold_until_the_disk_wri
             await _cancel_when_held(put, node, old.key.raw)
             assert await node.delete([old.key]) == [True]
             await asyncio.sleep(0.3)
-            assert await node.contains([old.key]) == [None], "the deleted block landed on disk"
+            assert tiers_of(node, [old.key]) == [None], "the deleted block landed on disk"
             await node.writer.put([new])  # the cancelled put did not store it
         node.check()
     finally:
