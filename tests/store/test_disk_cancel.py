@@ -15,25 +15,26 @@ from kvstore.node.store import NodeStore
 MiB = 1 << 20
 
 
+async def _cancelled_after(call, passes: int) -> None:
+    """Run ``call`` (a coroutine) for ``passes`` passes of the event loop, cancel it, await it."""
+    task = asyncio.create_task(call)
+    for _ in range(passes):
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory):
     node = await NodeStore.open(cfg_factory(dram__capacity=0, disk__capacity="1GiB"))
     try:
         blocks = make_blocks(10, nbytes=16 * MiB)
         for i, (h, p) in enumerate(blocks):
-            put = asyncio.create_task(node.writer.put([(h, p)]))
-            for _ in range(i % 4 + 1):
-                await asyncio.sleep(0)
-            put.cancel()
-            await asyncio.gather(put, return_exceptions=True)
+            await _cancelled_after(node.writer.put([(h, p)]), i % 4 + 1)
             await settle(node)  # the writer thread ends what it started
             node.check()
             if tiers_of(node, [h.key]) == [None]:
                 continue
-            delete = asyncio.create_task(node.delete([h.key]))
-            for _ in range(i % 3 + 1):
-                await asyncio.sleep(0)
-            delete.cancel()
-            await asyncio.gather(delete, return_exceptions=True)
+            await _cancelled_after(node.delete([h.key]), i % 3 + 1)
             await settle(node)  # the writer thread ends what it started
             node.check()
         st = node.inspector.stats()["tiers"]["disk"]

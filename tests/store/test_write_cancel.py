@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, tiers_of
+from storeutil import make_blocks, settle, tiers_of
 
 from kvstore.node.store import NodeStore
 
@@ -29,7 +29,7 @@ async def test_a_cancelled_write_through_keeps_its_hold_until_the_disk_write_end
             put = asyncio.create_task(node.writer.put([(h, p)]))
             await _cancel_when_held(put, node, h.key.raw)
             assert await node.delete([h.key]) == [True]
-            await asyncio.sleep(0.3)  # the disk write ends
+            await settle(node)  # the disk write ends
             assert tiers_of(node, [h.key]) == [None], "the deleted block landed on disk"
         node.check()
         assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
@@ -49,7 +49,7 @@ async def test_a_cancelled_write_back_eviction_keeps_its_hold_until_the_disk_wri
             put = asyncio.create_task(node.writer.put([new]))  # evicts ``old``: a disk write
             await _cancel_when_held(put, node, old.key.raw)
             assert await node.delete([old.key]) == [True]
-            await asyncio.sleep(0.3)
+            await settle(node)  # the disk write ends
             assert tiers_of(node, [old.key]) == [None], "the deleted block landed on disk"
             await node.writer.put([new])  # the cancelled put did not store it
         node.check()
