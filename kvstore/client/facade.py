@@ -12,7 +12,7 @@ The last two are the replicated :class:`kvstore.client.cluster.ClusterClient`.
 
 Options. Every scheme: ``op_timeout_s`` (a call's default deadline). ``local://``:
 ``dram_capacity``, ``disk_capacity`` (bytes or sizes like ``"1GiB"``), ``disk_sync``.
-Daemons: the fields of :class:`kvstore.client.node.ClientConfig` (``token``, ``tenant``,
+Daemons: the fields of :class:`kvstore.client.config.ClientConfig` (``token``, ``tenant``,
 ``namespaces``, ``pool_size``, ``connect_timeout_s``, ``probe_interval_s``, ``transport``,
 ``rdma_device``, ``rdma_gid_index``, ``descriptors``), ``token_file`` (a file whose first word
 is the token, read when no ``token`` is given) and the fields of
