@@ -15,6 +15,9 @@ one node, every ``orphan_every`` requests each node in turn (in node-id order) r
 pass the daemons run (kvstore/member/orphans.py; bench/trace.py asks the daemons for it at the
 same points): it evicts (kvstore/node/orphans.py ``drop``) its blocks whose parent is on
 neither the parent's owner nor itself, with their chains below them on the node.
+
+One file (a little over 350 lines): the trace, the keys, the node and the replay loop are what
+bench/trace.py, bench/trace_bound.py, bench/vllm_replay.py and the tests import together.
 """
 
 from __future__ import annotations
