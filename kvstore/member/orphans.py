@@ -198,9 +198,9 @@ class OrphanPass(MemberPass):
         absent = remote[~await self._present_elsewhere(remote, view, departed, done)]
         lost = []
         async for r in self._steps("lost", range(len(kids))):
-            ps = pars[r.start : r.stop]
-            gone = member_of(absent, ps) & ~await node_orphans.stored(self.node, packed(ps))
-            lost.append(np.flatnonzero(gone) + r.start)
+            at = np.flatnonzero(member_of(absent, pars[r.start : r.stop])) + r.start
+            if len(at):  # absent elsewhere; and here, unless written here since
+                lost.append(at[~await node_orphans.stored(self.node, packed(pars[at]))])
         lost = np.concatenate(lost) if lost else np.zeros(0, np.int64)
         if len(lost):  # a parent written again since its batch was asked saves its chain
             again = await asyncio.to_thread(np.unique, pars[lost])

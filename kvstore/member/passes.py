@@ -9,6 +9,9 @@ however many operators ask (issue 34: ten concurrent ``POST /v1/orphans/pass`` r
 turns true (an admin request whose client went away) -- withdraws; a pass nobody waits for
 any more is cancelled, unless a caller that keeps it (the node's own periodic loop,
 ``keep=True``) joined it: a request cut off never leaves a pass running past it. Loop-bound.
+
+:class:`Slices` ends each slice of a pass with a rest; :func:`packed`, :func:`member_of` and
+:func:`ranges` let a pass's stages work on columns of raw keys (numpy), not key by key.
 """
 
 from __future__ import annotations

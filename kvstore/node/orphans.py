@@ -53,8 +53,9 @@ async def _headers(node: NodeStore, keys: Sequence[bytes]) -> list[bytes | None]
     """Per key, its stored header's bytes from the highest tier holding it (None where gone).
     Memory tiers answer from memory; the disk's blocks in one batched read."""
     out: list[bytes | None] = [None] * len(keys)
-    for t in node.memory:  # top first: a slot already filled keeps the higher tier's header
-        out = [h if h is not None else g for h, g in zip(out, map(t.header_sync, keys))]
+    for i, t in enumerate(node.memory):  # top first: a higher tier's header is kept
+        got = list(map(t.header_sync, keys))
+        out = got if i == 0 else [h if h is not None else g for h, g in zip(out, got)]
     disk = node.disk
     if disk is not None:
         on_disk = [i for i, h in enumerate(out) if h is None and keys[i] in disk]
