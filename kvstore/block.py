@@ -6,8 +6,11 @@ names the block (key, parent key, namespace id), carries its token ids, describe
 (dtype, shape, length) and its xxh3_64 checksum. Headers are immutable; everything here is
 thread-safe.
 
-Readers call :meth:`BlockHeader.matches` (key, parent, tokens) and :func:`payload_ok`
-(checksum) before using a block: a collision or a stale or corrupt copy becomes a miss.
+Every reader judges a block with :func:`check_block` before using it -- the one place the
+key, the reader's :class:`Expect` (parent key, token ids) and the checksum are compared: a
+collision or a stale copy is MISMATCH, a corrupt one CORRUPT. The node's own reads, its disk
+reads, the daemon's client (each block of a GET reply), the descriptor path and the in-process
+client all call it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import xxhash
 
 from kvstore.errors import BlockFormatError
 from kvstore.keys import KEY_BYTES, BlockKey, tokens_from_le_bytes, tokens_le_bytes, trusted_key
+from kvstore.status import Status
 
 BLOCK_FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -91,7 +95,7 @@ class BlockHeader:
 
     def wire_map(self) -> dict[str, object]:
         """The encoded map, its fields in their order (what :meth:`encode` packs; the layout
-        of a batch of headers, kvstore/protocol/header_columns.py, is read from it)."""
+        in which it is written)."""
         return {
             "v": self.version,
             "key": self.key.raw,
@@ -140,14 +144,34 @@ class BlockHeader:
         except (KeyError, TypeError, ValueError) as exc:
             raise BlockFormatError(f"header field missing or mistyped: {exc!r}") from exc
 
-    def matches(self, key: BlockKey, parent: BlockKey | None, token_bytes: bytes | None) -> bool:
-        """True when this header is the block the reader asked for: same key and, when given,
-        same parent key and token ids. A mismatch is a hash collision or a stale entry."""
-        if self.key != key:
-            return False
-        if parent is not None and self.parent != parent:
-            return False
-        return token_bytes is None or self.token_bytes == token_bytes
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """What a reader expects of a block beside its key; either field may be None (unchecked)."""
+
+    parent: BlockKey | None = None
+    token_bytes: bytes | None = None
+
+
+def check_block(
+    header: BlockHeader, key: BlockKey, expect: Expect | None = None, digest: int | None = None
+) -> Status:
+    """What a reader must conclude about the block ``header`` describes, received for ``key``:
+    MISMATCH when it is another block (another key, or not the parent key or token ids
+    ``expect`` gives: a hash collision or a stale entry), else CORRUPT when ``digest`` (the
+    payload's :func:`checksum`, computed by the receiver) is not the header's, else HIT.
+    ``digest`` None: the payload was verified where it lies (a node's own memory copy, checked
+    when it was stored), only the identity is judged."""
+    if header.key.raw != key.raw:
+        return Status.MISMATCH
+    if expect is not None:
+        if expect.parent is not None and header.parent.raw != expect.parent.raw:
+            return Status.MISMATCH
+        if expect.token_bytes is not None and header.token_bytes != expect.token_bytes:
+            return Status.MISMATCH
+    if digest is not None and digest != header.checksum:
+        return Status.CORRUPT
+    return Status.HIT
 
 
 _FIELDS = ("v", "key", "parent", "ns", "tokens", "dtype", "shape", "len", "xxh3", "created")
@@ -253,17 +277,12 @@ def make_header(
     )
 
 
-def payload_ok(header: BlockHeader, payload) -> bool:
-    """True when ``payload`` has the header's length and checksum."""
-    mv = memoryview(payload).cast("B")
-    return mv.nbytes == header.payload_len and checksum(mv) == header.checksum
-
-
 __all__ = [
     "BLOCK_FORMAT_VERSION",
     "KEY_BYTES",
     "BlockHeader",
+    "Expect",
+    "check_block",
     "checksum",
     "make_header",
-    "payload_ok",
 ]

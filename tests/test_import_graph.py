@@ -163,6 +163,7 @@ ROOT_MODULES = {
     "lookups",  # tier codes and the lookup result: what EXISTS answers, nodes and clients share
     "results",
     "settings",
+    "status",  # the per-key Status codes (wire values): kvstore.block's check returns them, results carry them
 }
 # protocol: the wire format; member: the daemon's member role (registration, background passes)
 FOLDERS = {"client", "daemon", "inspect", "member", "node", "protocol"}

@@ -8,12 +8,13 @@ Methods raise ConnectionError/FrameError/ProtocolError (connection now unusable:
 closes it) or :class:`NodeRefused` (the node answered with an error that closed the
 connection, e.g. a refused token); per-key failures are results, not exceptions.
 Requests are the typed messages of :mod:`kvstore.protocol` and replies are parsed with their
-``from_wire`` (which names a bad field); no field name appears here. A hit's header comes as
-the node stores it and is decoded once, in ``from_wire``. A GET reply's payloads are
-received as one stream straight into the caller's buffers (:meth:`SocketChannel.recv_views`:
-``recvmsg_into`` into several buffers per syscall, one hand-off to a worker per reply, the
-xxh3 digests computed as the bytes land), and each is checked against its header (key,
-expectation, checksum) before it counts as a hit. GET and PUT frames are pipelined: up to
+``from_wire`` (which names a bad field); no field name appears here. A GET sends keys (and
+buffer sizes) only; its reply is columns, each header as the node stores it, decoded once in
+``from_wire``. Its payloads are received as one stream straight into the caller's buffers
+(:meth:`SocketChannel.recv_views`: ``recvmsg_into`` into several buffers per syscall, one
+hand-off to a worker per reply, the xxh3 digests computed as the bytes land), and each header
+is judged by :func:`kvstore.block.check_block` (key, the caller's expectation, checksum)
+before its block counts as a hit. GET and PUT frames are pipelined: up to
 ``pipeline`` requests (``ClientConfig.pipeline``) are on the wire before the oldest reply is
 read (replies come in request order). :meth:`Conn.transport` lends the
 connection to :class:`rdma.tcp.TcpTransport`, whose READ/WRITE frames this module builds.
@@ -26,14 +27,13 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-import numpy as np
 from xxhash import xxh3_64
 
 from kvstore import protocol as P
-from kvstore.block import BlockHeader, checksum
-from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch, Namespace
-from kvstore.protocol.records import GetColumns
-from kvstore.results import Expect, GetResults, PutResult, Status
+from kvstore.block import BlockHeader, Expect, check_block
+from kvstore.keys import BlockKey, KeyBatch, Namespace
+from kvstore.lookups import tier_names
+from kvstore.results import GetResults, PutResult, Status
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError
 from rdma.tcp import DescriptorFrames, TcpTransport
@@ -167,13 +167,12 @@ class Conn:
     ) -> GetResults:
         """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:
         up to ``pipeline`` requests are on the wire ahead of the reply being received, so the
-        node starts the next batch while this one's bytes still land."""
+        node starts the next batch while this one's bytes still land. The requests carry the
+        keys and buffer sizes only; ``expect`` (per key, or None) is checked here, against
+        every header the node sends."""
         runs = _batches_by_bytes([v.nbytes for v in views], self.max_frame - _HEADER_ROOM)
         reqs = [
-            P.GetRequest(
-                self._next(), tuple(keys[i:j]), tuple(v.nbytes for v in views[i:j]), tuple(expect[i:j])
-            )
-            for i, j in runs
+            P.GetRequest(self._next(), tuple(keys[i:j]), tuple(v.nbytes for v in views[i:j])) for i, j in runs
         ]
         out: list[GetResults] = []
         sent = 0
@@ -184,27 +183,37 @@ class Conn:
             if sent < upto:
                 await self.ch.send_frames([r.to_wire() for r in reqs[sent:upto]])
                 sent = upto
-            out.append(await self._get_reply(reqs[n], views[i:j], expect[i:j]))
+            out.append(await self._get_reply(reqs[n].rid, keys[i:j], views[i:j], expect[i:j]))
         return GetResults.join(out) if out else GetResults.failed(Status.MISS, 0)
 
     async def _get_reply(
-        self, req: P.GetRequest, views: Sequence[memoryview], expect: Sequence[Expect | None]
+        self, rid: int, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> GetResults:
-        """Receive the reply to ``req``: its header (its entries decoded as columns), then every
-        HIT's payload straight into its view as one transfer (one hand-off, digests computed
-        as the bytes land), then all payloads checked against their headers at once (key,
-        expectation, checksum: :func:`check_payloads`)."""
-        cols = GetColumns(await self._reply(req.rid), len(req.keys))
-        hits = cols.hits()
-        at, lens = hits.tolist(), cols.headers.payload_lens[hits].tolist()
-        if any(n > views[i].nbytes for i, n in zip(at, lens)):
+        """Receive the reply to request ``rid``: its columns (every header decoded once), then
+        every HIT's payload straight into its view as one transfer (one hand-off, digests
+        computed as the bytes land), then each header judged against its key and expectation
+        and each HIT's digest against its checksum (:func:`~kvstore.block.check_block`): a
+        block that is not the one asked for is MISMATCH, a corrupt one CORRUPT."""
+        reply = P.GetReply.from_wire(await self._reply(rid), len(keys))
+        blocks = reply.blocks
+        hits = reply.hits()
+        lens = [blocks[i].payload_len for i in hits]
+        if any(n > views[i].nbytes for i, n in zip(hits, lens)):
             raise P.bad("GET reply sent a payload larger than the buffer")
-        dsts = [views[i][:n] for i, n in zip(at, lens)]
-        digests = await self.ch.recv_views(dsts, xxh3_64)
-        self.bytes_in += cols.plen
-        codes = check_payloads(cols, req.keys, expect, digests)
-        hit_bytes = int(cols.headers.payload_lens[np.frombuffer(codes, np.uint8) == Status.HIT].sum())
-        return GetResults(codes, cols.tiers, cols.headers.block, hit_bytes)
+        digests = await self.ch.recv_views([views[i][:n] for i, n in zip(hits, lens)], xxh3_64)
+        self.bytes_in += reply.plen
+        codes = bytearray(reply.codes)
+        digest_of = dict(zip(hits, digests))
+        hit_bytes = 0
+        for i, b in enumerate(blocks):
+            if b is None:
+                continue
+            st = check_block(b, keys[i], expect[i], digest_of.get(i))
+            if st is not Status.HIT:
+                codes[i] = st
+            elif i in digest_of:
+                hit_bytes += b.payload_len
+        return GetResults(bytes(codes), tier_names(reply.tiers), blocks.__getitem__, hit_bytes)
 
     async def put(self, blocks: Sequence[tuple[BlockHeader, Any]]) -> list[PutResult]:
         """PUT ``blocks`` in frames that fit the node's ``max_frame``, pipelined like GET: up to
@@ -306,48 +315,6 @@ class _Frames(DescriptorFrames):
             raise FrameError("bad_frame", f"reply to request {rid}: {exc}") from exc
 
 
-def check_payload(
-    hdr: BlockHeader, key: BlockKey, exp: Expect | None, payload: memoryview, digest: int | None = None
-) -> Status:
-    """What a reader must conclude about ``payload`` received for ``key``: HIT, or MISMATCH
-    (another block: collision or stale entry), or CORRUPT (checksum). ``digest``: the
-    payload's :func:`~kvstore.block.checksum` when the receiver computed it already."""
-    if not hdr.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
-        return Status.MISMATCH
-    if (checksum(payload) if digest is None else digest) != hdr.checksum:
-        return Status.CORRUPT
-    return Status.HIT
-
-
-def check_payloads(
-    cols: GetColumns, keys: Sequence[BlockKey], expect: Sequence[Expect | None], digests: Sequence[int]
-) -> bytes:
-    """:func:`check_payload` of every HIT of ``cols`` at once (``digests``: its payloads'
-    checksums, in order): the reply's status codes with each HIT that is another block
-    (key, expected parent or tokens) made MISMATCH and each whose checksum differs CORRUPT."""
-    codes = np.frombuffer(cols.codes, np.uint8).copy()
-    hits = cols.hits()
-    if not len(hits):
-        return codes.tobytes()
-    cols_h, at = cols.headers, hits.tolist()
-    want = np.frombuffer(b"".join([keys[i].raw for i in at]), np.uint8).reshape(len(at), KEY_BYTES)
-    same = (cols_h.keys[hits] == want).all(axis=1)
-    if expect.count(None) != len(expect):
-        exp = [expect[i] for i in at]
-        k = [j for j, e in enumerate(exp) if e is not None and e.parent is not None]
-        if k:
-            parents = b"".join([exp[j].parent.raw for j in k])
-            got = cols_h.parents[hits[k]]
-            same[k] &= (got == np.frombuffer(parents, np.uint8).reshape(len(k), KEY_BYTES)).all(axis=1)
-        k = [j for j, e in enumerate(exp) if e is not None and e.token_bytes is not None]
-        if k:
-            same[k] &= cols_h.tokens_equal(hits[k], [exp[j].token_bytes for j in k])
-    whole = cols_h.checksums[hits] == np.array(digests, np.uint64)  # one digest per HIT, landed
-    codes[hits[~same]] = Status.MISMATCH
-    codes[hits[same & ~whole]] = Status.CORRUPT
-    return codes.tobytes()
-
-
 def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """``[start, end)`` runs of ``sizes`` each summing to at most ``limit`` bytes (a single
     larger item is its own run) and at most MAX_BLOCKS items."""
@@ -362,4 +329,4 @@ def _batches_by_bytes(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]
     return out
 
 
-__all__ = ["Conn", "FrameError", "NodeRefused", "byte_view", "check_payload", "check_payloads"]
+__all__ = ["Conn", "FrameError", "NodeRefused", "byte_view"]

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kvstore import protocol as P
-from kvstore.block import BlockHeader
+from kvstore.block import BlockHeader, check_block, checksum
 from kvstore.client import rdma as client_rdma
-from kvstore.client.conn import Conn, byte_view, check_payload
+from kvstore.client.conn import Conn, byte_view
 from kvstore.client.rdma import ClientRdma
 from kvstore.client.read import check_read
 from kvstore.keys import BlockKey
@@ -76,7 +76,9 @@ class DescriptorPath:
             done = await self._transfer(conn, "read", pairs, one_sided)
             for i, ok, (dst, _) in zip(idx, done, pairs):
                 st, hdr, tier, _ = leased[i]
-                out[i] = GetResult(check_payload(hdr, keys[i], exp[i], dst) if ok else Status.MISS, hdr, tier)
+                out[i] = GetResult(
+                    check_block(hdr, keys[i], exp[i], checksum(dst)) if ok else Status.MISS, hdr, tier
+                )
             handles = [d.handle for *_, d in leased if d is not None]
             if handles and not conn.closed:
                 await conn.release(handles)

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore.block import BlockHeader
+from kvstore.block import BlockHeader, check_block
 from kvstore.client.api import PutReport
 from kvstore.client.conn import byte_view
 from kvstore.client.read import BlockRead, Filled, check_read
@@ -233,7 +233,7 @@ def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> 
     if lease is None:
         return GetResult(Status.MISS)
     hdr = lease.header
-    if not hdr.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
+    if check_block(hdr, key, exp) is not Status.HIT:  # its bytes were verified when stored
         return GetResult(Status.MISMATCH, hdr, lease.tier)
     if hdr.payload_len > view.nbytes:
         return GetResult(Status.BUF_TOO_SMALL, hdr, lease.tier)

@@ -6,7 +6,7 @@ handler queues its one reply on the connection's :class:`~kvstore.daemon.replies
 (sent in request order while the next request is read); a GET's reply owns its packed lease,
 marked in transfer before it is queued and released when its bytes have left (or never will). Every reply about
 another tenant's block is the reply about an absent key (docs/security.md): GET answers
-``[MISS, nil, nil]``, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Only a peer session
+MISS with no header and tier 0, EXISTS code 0, DELETE 0, and a PUT of its key BUSY. Only a peer session
 (another node's repair) is ever answered DELETED: a push of a copy this node deleted since. Owned by
 :class:`~kvstore.daemon.dataport.DataServer`, which gives it what it uses in its constructor
 (:meth:`BlockOps.ops` names the handlers); event loop thread only.
@@ -18,20 +18,19 @@ from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
-from msgpack import unpackb
 
 from kvstore import protocol as P
 from kvstore.daemon.admission import Admission
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
 from kvstore.daemon.transfer import Transfers
-from kvstore.keys import KEY_BYTES, KeyBatch
-from kvstore.node.leases import Lease
+from kvstore.keys import KeyBatch
+from kvstore.lookups import TIER_CODES
+from kvstore.node.leases import Lease, PackedLease
 from kvstore.node.store import NodeStore
 from kvstore.results import PutResult, Status
 
 _DISCARD_CHUNK = 1 << 20  # the scratch buffer a refused PUT payload is received into
-_MISS = P.GetEntry(Status.MISS)  # another tenant's block answers exactly as an absent one
 _INVALID = PutResult(Status.INVALID)  # (results are frozen: one instance serves many blocks)
 _DELETED = PutResult(Status.DELETED)  # a peer's repair of a copy this node deleted since
 
@@ -82,7 +81,7 @@ class BlockOps:
         out.send(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())
 
     async def _op_get(self, out, sess, req: P.GetRequest, plen) -> None:
-        keys, exp, caps = req.keys, req.expects, req.caps
+        keys, caps = req.keys, req.caps
         n = len(keys)
         state = self.node.state
         if out.read_bytes:
@@ -94,23 +93,22 @@ class BlockOps:
         # Disk-resident keys are read into private buffers: at most max_frame bytes of them
         # per GET (the rest are misses); no up-front refusal, which would tell another
         # tenant's key exists. ``sees``: another tenant's block is left out before any work on
-        # it (no disk read, promotion, lease or share of the read budget; docs/security.md)
+        # it (no disk read, promotion, lease or share of the read budget; docs/security.md).
+        # The client judges each header it gets (key, parent, tokens, checksum): the node
+        # sends what it holds under the key, as columns, with no per-key record.
         p = await self.node.leaser.lease_packed(keys, self.lease_ttl, self.max_frame, sees=sess.sees)
         try:
             # No await from here to the mark in transfer: a lease live now stays live.
             # One that lapsed while its disk reads ran holds nothing: every key is a miss.
-            res = [_MISS] * n
             views: list = []
-            if state.is_live(p):
-                if caps is None and exp.count(None) == len(exp):
-                    for i, h, t in zip(p.at, p.headers, p.tiers):
-                        res[i] = P.GetEntry(Status.HIT, h, t)
-                    views = p.views
-                else:
-                    views = self._checked(p, keys, exp, caps, res)
+            if state.is_live(p) and p.at:
+                codes, views = _fitting(p, caps)
+                tiers = bytes(map(TIER_CODES.__getitem__, p.tiers))
+                reply = P.GetReply.of(req.rid, n, p.at, codes, p.headers, tiers)
+            else:
+                reply = P.GetReply.of(req.rid, n, (), b"", (), b"")
             sent = len(views)
             nbytes = sum(v.nbytes for v in views)
-            reply = P.GetReply(req.rid, tuple(res)).to_wire()
             if views:
                 # held and in transfer until the reply's bytes have left (or never will)
                 state.begin_transfer([p])
@@ -131,24 +129,7 @@ class BlockOps:
                 self.metrics.bytes_out.inc(nbytes)
                 ts["bytes_out"] += nbytes
 
-        out.send(reply, views, done, read_bytes=p.read_bytes if views else 0)
-
-    @staticmethod
-    def _checked(p, keys, exp, caps, res: list) -> list:
-        """Judge each block of packed lease ``p`` against the request's expectations (parent,
-        tokens: MISMATCH) and buffer caps (BUF_TOO_SMALL), filling ``res``; the views to send."""
-        views = []
-        for j, i in enumerate(p.at):
-            raw, view, e = p.headers[j], p.views[j], exp[i] if exp else None
-            st = Status.HIT
-            if e is not None and not _matches(raw, keys.raw[i * KEY_BYTES : (i + 1) * KEY_BYTES], e):
-                st = Status.MISMATCH
-            elif caps is not None and caps[i] < view.nbytes:
-                st = Status.BUF_TOO_SMALL
-            if st is Status.HIT:
-                views.append(view)
-            res[i] = P.GetEntry(st, raw, p.tiers[j])
-        return views
+        out.send(reply.to_wire(), views, done, read_bytes=p.read_bytes if views else 0)
 
     async def _op_put(self, out, sess, req: P.PutRequest, plen) -> None:
         # Per batch, not per block, outside the socket reads: one reserve (another tenant's
@@ -254,16 +235,19 @@ class BlockOps:
         out.send(reply.to_wire())
 
 
-def _matches(raw: bytes, key: bytes, e) -> bool:
-    """``BlockHeader.matches`` on a stored header's bytes (a header the node verified when it
-    stored it): its key is ``key`` and its parent and token ids are those ``e`` gives. One
-    C-level unpack, no BlockHeader built: a connector's read expects every block."""
-    d = unpackb(raw)
-    return (
-        d["key"] == key
-        and (e.parent is None or d["parent"] == e.parent.raw)
-        and (e.token_bytes is None or d["tokens"] == e.token_bytes)
-    )
+def _fitting(p: PackedLease, caps: tuple[int, ...] | None) -> tuple[bytes, list[memoryview]]:
+    """Per block of ``p``: HIT, or BUF_TOO_SMALL where the caller's buffer (``caps``, by key)
+    is smaller than its payload (its header is sent, not its bytes); the views to send."""
+    if caps is None:
+        return bytes(len(p.at)), p.views  # every block a HIT (code 0)
+    codes = bytearray(len(p.at))
+    views = []
+    for j, (i, v) in enumerate(zip(p.at, p.views)):
+        if caps[i] < v.nbytes:
+            codes[j] = Status.BUF_TOO_SMALL
+        else:
+            views.append(v)
+    return bytes(codes), views
 
 
 def _sink(scratch: memoryview | None, n: int) -> list[memoryview]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from kvstore.block import BlockHeader
+from kvstore.block import BlockHeader, check_block
 from kvstore.errors import BlockFormatError
 from kvstore.keys import BlockKey
 from kvstore.node.state import NodeState
@@ -55,7 +55,7 @@ class DiskReads:
             return GetResult(Status.CORRUPT, None, "disk")
         if st is not Status.HIT:
             return GetResult(st, header, "disk")
-        if not header.matches(key, exp.parent if exp else None, exp.token_bytes if exp else None):
+        if check_block(header, key, exp) is not Status.HIT:  # the disk tier checked its bytes
             return GetResult(Status.MISMATCH, header, "disk")
         return GetResult(Status.HIT, header, "disk")
 

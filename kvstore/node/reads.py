@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvstore.block import check_block
 from kvstore.keys import BlockKey
 from kvstore.node.disk_reads import count_read
 from kvstore.node.leases import Lease
@@ -50,7 +51,7 @@ class Reader:
                 h, tier = c.header, ("disk" if c.from_disk else c.tier)
                 e = expect[i] if expect else None
                 dst = memoryview(bufs[i]).cast("B")
-                if e is not None and not h.matches(key, e.parent, e.token_bytes):
+                if check_block(h, key, e) is not Status.HIT:  # verified when stored: identity only
                     r = GetResult(Status.MISMATCH, h, tier)
                 elif dst.nbytes < h.payload_len:
                     r = GetResult(Status.BUF_TOO_SMALL, h, tier)

@@ -8,9 +8,9 @@ here, so users write ``from kvstore import protocol as P``. Each op has a reques
 ``to_wire()`` gives the map to send, ``from_wire(map)`` validates every field and raises
 :class:`ProtocolError` naming the bad one (``bad_request``; ``unknown_op``/``bad_version``
 where the code says so). Every request carries ``rid`` (echoed in its reply); a failed reply
-is an :class:`ErrorReply`. Per-key results are named records (:class:`GetEntry`,
-:class:`LeaseEntry`, :class:`ReserveEntry`, :class:`~kvstore.results.PutResult`), sent as
-short positional lists. docs/protocol.md specifies every frame. Nothing here touches a
+is an :class:`ErrorReply`. Per-key results are byte columns (EXISTS, DELETE, PUT/COMMIT and
+GET: one byte per key each, a GET's headers one buffer with offsets) or named records
+(:class:`LeaseEntry`, :class:`ReserveEntry`), sent as short positional lists. docs/protocol.md specifies every frame. Nothing here touches a
 socket; everything is immutable and thread-safe.
 """
 
@@ -37,7 +37,6 @@ from kvstore.protocol.fields import (  # noqa: F401
     codes_from_wire,
     decode_header,
     req_descs,
-    req_expects,
     req_flag,
     req_float,
     req_headers,
@@ -58,7 +57,6 @@ from kvstore.protocol.hello import (  # noqa: F401
 )
 from kvstore.protocol.records import (  # noqa: F401
     PUT_TIERS,
-    GetEntry,
     LeaseEntry,
     ReserveEntry,
     put_results_from_wire,

@@ -8,12 +8,13 @@ from typing import Any
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
 from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
-from kvstore.results import Expect, Status
+from kvstore.results import Status
 from rdma.transport import RemoteDescriptor, TransportError
 
 # 2: EXISTS and DELETE carry packed keys and one code byte per key; 3: a peer PUT of a key
-# the node deleted after the copy was written answers DELETED (12), not MISS
-PROTOCOL_VERSION = 3
+# the node deleted after the copy was written answers DELETED (12), not MISS; 4: a GET
+# carries keys (and caps) only, its reply is columns (docs/protocol.md, Versioning)
+PROTOCOL_VERSION = 4
 MAX_HEADER = 4 << 20  # request header maps; 256 block headers of 1024 tokens each fit
 MAX_BATCH = 4096  # keys (or descriptors, handles) per request
 # keys per EXISTS (one packed bin: 256 KiB of keys, 16 KiB of answers): a 128K-token
@@ -143,30 +144,6 @@ def caps_to_wire(caps: tuple[int, ...] | None) -> bytes | None:
 
 def req_ints(h: dict[str, Any], field: str, n: int | None = None) -> list[int]:
     return [_u64(v, f"{field}[{i}]") for i, v in enumerate(_list(h, field, n))]
-
-
-def req_expects(h: dict[str, Any], n: int) -> list[Expect | None]:
-    """``exp``: absent/nil, or n items each nil or ``[parent|nil, token_bytes|nil]``."""
-    if h.get("exp") is None:
-        return [None] * n
-    out: list[Expect | None] = []
-    for i, e in enumerate(_list(h, "exp", n)):
-        if e is None:
-            out.append(None)
-            continue
-        if not isinstance(e, list) or len(e) != 2:
-            raise bad(f"exp[{i}] must be [parent, tokens]")
-        parent, toks = e
-        if parent is not None and (not isinstance(parent, bytes) or len(parent) != KEY_BYTES):
-            raise bad(f"exp[{i}] parent must be {KEY_BYTES} bytes or nil")
-        if toks is not None and not isinstance(toks, bytes):
-            raise bad(f"exp[{i}] tokens must be bytes or nil")
-        out.append(Expect(BlockKey(parent) if parent is not None else None, toks))
-    return out
-
-
-def _expect_to_wire(e: Expect | None) -> list | None:
-    return None if e is None else [e.parent.raw if e.parent else None, e.token_bytes]
 
 
 def decode_header(raw: Any, name: str) -> BlockHeader:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Self
 
+import numpy as np
+
+from kvstore.block import BlockHeader
 from kvstore.lookups import MAX_CODE, tier_names
-from kvstore.protocol.fields import _bools, _items, _u64, bad, codes_from_wire
-from kvstore.protocol.records import (
-    GetEntry,
-    LeaseEntry,
-    ReserveEntry,
-    get_entries_from_wire,
-    put_results_from_wire,
-    put_results_to_wire,
-)
+from kvstore.protocol.fields import _bools, _items, _u64, bad, codes_from_wire, decode_header
+from kvstore.protocol.records import LeaseEntry, ReserveEntry, put_results_from_wire, put_results_to_wire
 from kvstore.results import PutResult, Status
 from rdma.framing import payload_len
 
@@ -42,24 +39,95 @@ class ExistsReply:
         return tuple(tier_names(self.codes))
 
 
+# what a GET answers per key: the payload follows (HIT), nothing held (MISS), or the caller's
+# buffer is too small for it (BUF_TOO_SMALL: its header says how large)
+GET_STATUSES = frozenset({Status.HIT, Status.MISS, Status.BUF_TOO_SMALL})
+_GET_CODES = bytes(sorted(GET_STATUSES))
+_END = np.dtype("<u4")
+
+
 @dataclass(frozen=True)
 class GetReply:
-    """The HIT entries' payloads follow, in key order (``plen`` bytes, set when sending)."""
+    """A GET's answer as columns, one byte per key each: ``codes`` (its status: HIT, MISS or
+    BUF_TOO_SMALL) and ``tiers`` (the tier it is read from, kvstore.lookups' code; 0 for a
+    MISS); ``headers``, every header sent, back to back (the stored block's encoding), key
+    ``i``'s from the end of key ``i - 1``'s to ``ends[i]`` (``ends``: one u32 LE per key; an
+    empty span is no header: a MISS). The HIT payloads follow, in key order (``plen`` bytes).
+    ``blocks``: each key's header decoded (None without one), filled by :meth:`from_wire`
+    (the reader's one decode), () on the sending side."""
 
     rid: int
-    entries: tuple[GetEntry, ...]
+    codes: bytes
+    tiers: bytes
+    headers: bytes
+    ends: bytes
     plen: int = 0
+    blocks: tuple[BlockHeader | None, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def of(
+        cls, rid: int, n: int, at: Sequence[int], codes: bytes, headers: Sequence[bytes], tiers: bytes
+    ) -> GetReply:
+        """The reply to ``n`` keys of which those at positions ``at`` (ascending) have a header:
+        ``codes``, ``headers`` and ``tiers`` (codes) in the same order; every other key is a MISS."""
+        st = np.full(n, int(Status.MISS), np.uint8)
+        tier = np.zeros(n, np.uint8)
+        lens = np.zeros(n, _END)
+        if len(at):
+            st[at] = np.frombuffer(codes, np.uint8)
+            tier[at] = np.frombuffer(tiers, np.uint8)
+            lens[at] = [len(h) for h in headers]
+        return cls(
+            rid, st.tobytes(), tier.tobytes(), b"".join(headers), np.cumsum(lens, dtype=_END).tobytes()
+        )
 
     def to_wire(self) -> dict[str, Any]:
-        return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
+        return {
+            "rid": self.rid,
+            "ok": True,
+            "st": self.codes,
+            "tier": self.tiers,
+            "hdrs": self.headers,
+            "hend": self.ends,
+        }
 
     @classmethod
     def from_wire(cls, h: dict[str, Any], n: int) -> GetReply:
-        entries = get_entries_from_wire(_items(h, "res", n, 3), "res")
-        plen = payload_len(h)
-        if plen != sum(e.block.payload_len for e in entries if e.status is Status.HIT):
+        """Every column checked (lengths, codes, spans), every header decoded once (a malformed
+        one is refused naming it, ``hdrs[i]``), a HIT or BUF_TOO_SMALL with a header and a
+        tier, a MISS with neither, ``plen`` the HIT headers' payload lengths summed."""
+        codes = codes_from_wire(h, "st", n, max(Status))
+        if codes.translate(None, _GET_CODES):
+            at = next(i for i, c in enumerate(codes) if c not in _GET_CODES)
+            raise bad(f"st[{at}] is {codes[at]}: a GET answers HIT, MISS or BUF_TOO_SMALL")
+        tiers = codes_from_wire(h, "tier", n, MAX_CODE)
+        raw, ends = h.get("hdrs"), h.get("hend")
+        if not isinstance(raw, bytes):
+            raise bad(f"hdrs must be bin (the headers back to back), got {type(raw).__name__}")
+        if not isinstance(ends, bytes) or len(ends) != 4 * n:
+            raise bad(f"hend must be bin of {4 * n} bytes (u32 little-endian per key), got {ends!r:.80}")
+        stops = np.frombuffer(ends, _END).tolist()
+        blocks: list[BlockHeader | None] = []
+        start, plen = 0, 0
+        for i, (code, tier, stop) in enumerate(zip(codes, tiers, stops)):
+            if stop < start or stop > len(raw):
+                raise bad(f"hend[{i}] is {stop}: spans must grow within hdrs ({len(raw)} bytes)")
+            b = decode_header(raw[start:stop], f"hdrs[{i}]") if stop > start else None
+            if (b is None) != (code == Status.MISS) or (tier == 0) != (code == Status.MISS):
+                raise bad(f"key {i}: status {code} with {'no ' if b is None else ''}header and tier {tier}")
+            if code == Status.HIT:
+                plen += b.payload_len
+            blocks.append(b)
+            start = stop
+        if start != len(raw):
+            raise bad(f"hdrs has {len(raw) - start} bytes past the last header")
+        if payload_len(h) != plen:
             raise bad("GET reply payload length does not match its headers")
-        return cls(_u64(h.get("rid"), "rid"), entries, plen)
+        return cls(_u64(h.get("rid"), "rid"), codes, tiers, raw, ends, plen, tuple(blocks))
+
+    def hits(self) -> list[int]:
+        """The positions of the HIT keys (their payloads follow, in this order)."""
+        return [i for i, c in enumerate(self.codes) if c == Status.HIT]
 
 
 @dataclass(frozen=True)

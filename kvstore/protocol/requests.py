@@ -12,12 +12,11 @@ from kvstore.protocol.fields import (
     MAX_EXISTS_KEYS,
     UNKNOWN_OP,
     ProtocolError,
-    _expect_to_wire,
     _u64,
+    bad,
     caps_to_wire,
     req_caps,
     req_descs,
-    req_expects,
     req_flag,
     req_float,
     req_headers,
@@ -25,7 +24,6 @@ from kvstore.protocol.fields import (
     req_key_batch,
 )
 from kvstore.protocol.hello import Hello
-from kvstore.results import Expect
 from rdma.transport import RemoteDescriptor
 
 
@@ -110,34 +108,29 @@ class WriteRequest(_DescsRequest):
 @dataclass(frozen=True)
 class GetRequest:
     """``keys`` packed (a :class:`KeyBatch`; BlockKeys given are packed), one bin field;
-    ``caps``: the caller's buffer size per key (None: unbounded), one bin of u64 LE per key;
-    ``expects`` per key."""
+    ``caps``: the caller's buffer size per key (None: unbounded), one bin of u64 LE per key.
+    Nothing else: the keys imply the blocks' parents and tokens, and the client judges every
+    header it receives (:func:`kvstore.block.check_block`). A request with ``exp`` (a
+    protocol 3 field) is refused, naming it, rather than served unchecked."""
 
     OP: ClassVar[str] = "GET"
     rid: int
     keys: KeyBatch
     caps: tuple[int, ...] | None = None
-    expects: tuple[Expect | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.keys, KeyBatch):
             object.__setattr__(self, "keys", KeyBatch.of(self.keys))
 
     def to_wire(self) -> dict[str, Any]:
-        exp = [_expect_to_wire(e) for e in self.expects]
-        return {
-            "op": self.OP,
-            "rid": self.rid,
-            "keys": self.keys.raw,
-            "caps": caps_to_wire(self.caps),
-            "exp": exp if any(e is not None for e in exp) else None,
-        }
+        return {"op": self.OP, "rid": self.rid, "keys": self.keys.raw, "caps": caps_to_wire(self.caps)}
 
     @classmethod
     def from_wire(cls, h: dict[str, Any]) -> GetRequest:
+        if h.get("exp") is not None:
+            raise bad("exp: a GET carries keys only since protocol 4 (the client checks each header)")
         keys = req_key_batch(h)
-        exp = req_expects(h, len(keys))
-        return cls(_u64(h.get("rid"), "rid"), keys, req_caps(h, len(keys)), tuple(exp))
+        return cls(_u64(h.get("rid"), "rid"), keys, req_caps(h, len(keys)))
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""A GET reply received as columns (kvstore/protocol/records.py ``GetColumns``, with
-kvstore/protocol/header_columns.py's bulk header check) and its payloads checked all at once
-(kvstore/client/conn.py ``check_payloads``) give exactly what the per-entry decode
-(``GetReply.from_wire``) and the per-block check (``check_payload``) give: the same refusals
-with the same messages, the same headers, the same statuses — for the usual reply (one
-layout), mixed ones (several token counts, small checksums, headers encoded another way) and
-lying ones."""
+"""A GET reply's columns (protocol 4: ``st``, ``tier``, ``hdrs`` with ``hend``) as
+``GetReply.from_wire`` reads them: exactly what docs/protocol.md (GET) accepts is accepted,
+each header decoded once and equal to ``BlockHeader.decode`` of its bytes -- the usual reply,
+mixed ones (several token counts, small checksums, headers encoded another way) -- and every
+lie the document names is refused, naming the bad column or header. And a read's results are
+one object that reads as the list of per-key records (``GetResults``)."""
 
 from __future__ import annotations
+
+import struct
 
 import msgpack
 import numpy as np
@@ -15,11 +16,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvstore import protocol as P
-from kvstore.block import make_header
-from kvstore.client.conn import check_payload, check_payloads
-from kvstore.keys import BlockKey, Namespace
-from kvstore.protocol.records import GetColumns
-from kvstore.results import Expect, GetResult, GetResults, Status
+from kvstore.block import BlockHeader, make_header
+from kvstore.keys import Namespace
+from kvstore.lookups import tier_names
+from kvstore.results import GetResult, GetResults, Status
 
 NS = Namespace("columns", "uint8", 4)
 KEYS = NS.block_keys(list(range(4 * 8)))
@@ -79,123 +79,114 @@ KINDS = ["usual"] * 6 + [
     "truncated",
 ]
 ENTRY = st.tuples(
-    st.sampled_from([0, 0, 0, 1, 2, 3, 4, 11, 99, -1, True, "0", None]),
-    st.one_of(st.sampled_from(KINDS), st.none(), st.just(7)),
-    st.sampled_from(["dram", "disk", None, None, 3, b"x"]),
+    st.sampled_from([0, 0, 0, 1, 2, 3, 4, 11, 99]),
+    st.one_of(st.sampled_from(KINDS), st.none()),
+    st.sampled_from([2, 3, 0, 0, 1, 7]),
 )
+DECODES = {"usual", "tokens8", "small_xxh3", "size32", "reordered", "int_created"}
+SPANS = st.sampled_from(["right", "right", "right", "shrinks", "past_end", "bytes_after", "short"])
 
 
-def _reply(entries, k0: int = 0, plen_delta: int = 0):
-    res, plen = [], 0
-    for j, (code, kind, tier) in enumerate(entries):
-        raw = kind if not isinstance(kind, str) else _raw_variant(k0 + j, kind)
-        res.append([code, raw, tier])
-        if code == 0 and isinstance(kind, str) and kind in ("usual", "tokens8", "small_xxh3", "reordered"):
-            plen += 64
-        elif code == 0 and kind == "size32":
-            plen += 32
-        elif code == 0 and kind == "int_created":
-            plen += 64
-    wire = msgpack.packb({"rid": 5, "ok": True, "res": res, "plen": plen + plen_delta}, use_bin_type=True)
-    return msgpack.unpackb(wire, raw=False)  # as the client receives it
+def _reply(entries, plen_delta: int = 0, spans: str = "right") -> dict:
+    """The columns of ``entries`` ``(status, header kind or None, tier code)``, as the client
+    receives them; ``spans`` lies about where the headers end."""
+    raws = [b"" if kind is None else _raw_variant(j, kind) for j, (_, kind, _) in enumerate(entries)]
+    ends, at = [], 0
+    for r in raws:
+        at += len(r)
+        ends.append(at)
+    hdrs = b"".join(raws)
+    if spans == "shrinks" and len(ends) > 1 and ends[0]:
+        ends[1] = ends[0] - 1
+    elif spans == "past_end" and ends:
+        ends[-1] += 1
+    elif spans == "bytes_after":
+        hdrs += b"\x00"
+    hend = struct.pack(f"<{len(ends)}I", *ends)
+    if spans == "short" and entries:
+        hend = hend[:-1]
+    plen = sum(_hdr_len(kind) for code, kind, _ in entries if code == 0 and kind in DECODES)
+    wire = {
+        "rid": 5,
+        "ok": True,
+        "st": bytes(c for c, _, _ in entries),
+        "tier": bytes(t for *_, t in entries),
+        "hdrs": hdrs,
+        "hend": hend,
+        "plen": plen + plen_delta,
+    }
+    return msgpack.unpackb(msgpack.packb(wire, use_bin_type=True), raw=False)
 
 
-def _outcome(fn):
-    try:
-        return fn()
-    except P.ProtocolError as exc:
-        return ("refused", exc.code, str(exc))
+def _hdr_len(kind: str) -> int:
+    return 32 if kind == "size32" else 64
+
+
+def _documented(entries, plen_delta: int, spans: str) -> bool:
+    """Whether docs/protocol.md (GET) accepts the reply ``_reply`` makes of these."""
+    spans_ok = (
+        spans == "right"
+        or (spans == "shrinks" and not (len(entries) > 1 and entries[0][1] is not None))
+        or (spans in ("past_end", "short") and not entries)
+    )
+    return (
+        spans_ok
+        and plen_delta == 0
+        and all(
+            code in (0, 1, 4)
+            and tier <= 3
+            and (kind is None or kind in DECODES)
+            and ((kind is None) == (code == 1) == (tier == 0))
+            for code, kind, tier in entries
+        )
+    )
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(ENTRY, max_size=8), st.sampled_from([0, 0, 0, 64, -32]))
-@example([(0, "usual", "dram")] * 8, 0)
-@example([(0, "usual", "dram"), (0, "tokens8", "dram"), (1, None, None), (0, "small_xxh3", None)], 0)
-@example([(0, "usual", "dram"), (0, "reordered", "disk"), (0, "int_created", None)], 0)
-@example([(0, "usual", "dram"), (0, "bad_shape", "dram")], 0)
-@example([(0, "usual", "dram"), (0, None, "dram")], 0)  # a HIT without a header
-@example([(True, "usual", "dram")], 0)  # a bool status: as the per-entry decode takes it
-def test_columns_equal_the_per_entry_decode(entries, plen_delta):
-    h = _reply(entries, plen_delta=plen_delta)
+@given(st.lists(ENTRY, max_size=8), st.sampled_from([0, 0, 0, 64, -32]), SPANS)
+@example([(0, "usual", 2)] * 8, 0, "right")
+@example([(0, "usual", 2), (0, "tokens8", 2), (1, None, 0), (0, "small_xxh3", 3)], 0, "right")
+@example([(0, "usual", 2), (0, "reordered", 3), (4, "int_created", 2)], 0, "right")
+@example([(0, "usual", 2), (0, "bad_shape", 2)], 0, "right")
+@example([(0, "usual", 2), (0, None, 2)], 0, "right")  # a HIT without a header
+@example([(1, "usual", 0)], 0, "right")  # a MISS with a header
+@example([(3, "usual", 2)], 0, "right")  # MISMATCH: the client's to say, never the node's
+def test_the_columns_take_exactly_what_the_document_takes(entries, plen_delta, spans):
+    h = _reply(entries, plen_delta, spans)
     n = len(entries)
-    slow = _outcome(lambda: P.GetReply.from_wire(h, n))
-    fast = _outcome(lambda: GetColumns(h, n))
-    if isinstance(slow, tuple):
-        assert fast == slow
+    try:
+        got = P.GetReply.from_wire(h, n)
+    except P.ProtocolError as exc:
+        assert exc.code == P.BAD_REQUEST
+        assert not _documented(entries, plen_delta, spans), exc
+        bad = [j for j, (_, kind, _) in enumerate(entries) if kind is not None and kind not in DECODES]
+        if bad and spans == "right" and "hdrs[" in str(exc):
+            assert f"hdrs[{bad[0]}]" in str(exc)  # the first bad header, named
         return
-    assert not isinstance(fast, tuple), fast
-    assert fast.rid == slow.rid and fast.plen == slow.plen
-    assert list(fast.codes) == [int(e.status) for e in slow.entries]
-    assert list(fast.tiers) == [e.tier for e in slow.entries]
-    cols = fast.headers
-    for i, e in enumerate(slow.entries):
-        assert cols.block(i) == e.block
-        if e.block is None:
-            continue
-        assert bytes(cols.keys[i]) == e.block.key.raw and bytes(cols.parents[i]) == e.block.parent.raw
-        assert int(cols.checksums[i]) == e.block.checksum and int(cols.payload_lens[i]) == e.block.payload_len
+    assert _documented(entries, plen_delta, spans), entries
+    assert got.rid == 5 and got.plen == h["plen"]
+    assert list(got.codes) == [c for c, _, _ in entries] and list(got.tiers) == [t for *_, t in entries]
+    assert got.hits() == [j for j, (c, _, _) in enumerate(entries) if c == 0]
+    for j, (_, kind, _) in enumerate(entries):
+        assert got.blocks[j] == (None if kind is None else BlockHeader.decode(_raw_variant(j, kind)))
 
 
-def test_a_reply_of_one_layout_needs_no_header_decode():
-    """The bulk path is taken for the usual reply: no header is decoded until asked for."""
-    h = _reply([(0, "usual", "dram")] * 8)
-    cols = GetColumns(h, 8)
-    assert len(cols.headers._blocks) == 1  # the template only
-    assert cols.headers.block(5) == _hdr(5)
-    assert len(cols.headers._blocks) == 2
-
-
-EXPECTS = st.sampled_from(["none", "right", "wrong_parent", "wrong_tokens", "short_tokens", "parent_only"])
-
-
-def _expect(k: int, kind: str, tokens: int) -> Expect | None:
-    h = _hdr(k, tokens=tokens)
-    return {
-        "none": None,
-        "right": Expect(h.parent, h.token_bytes),
-        "wrong_parent": Expect(KEYS[(k + 3) % len(KEYS)], h.token_bytes),
-        "wrong_tokens": Expect(h.parent, bytes(len(h.token_bytes))),
-        "short_tokens": Expect(None, h.token_bytes[:4]),
-        "parent_only": Expect(h.parent, None),
-    }[kind]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st.sampled_from([0, 0, 0, 1]),
-            st.sampled_from(["usual", "usual", "tokens8", "reordered"]),
-            st.booleans(),  # the key asked for is the block's
-            st.booleans(),  # the digest is the block's
-            EXPECTS,
-        ),
-        max_size=8,
-    )
-)
-def test_the_bulk_check_equals_the_per_block_check(blocks):
-    h = _reply([(code, kind, "dram") for code, kind, *_ in blocks])
-    cols = GetColumns(h, len(blocks))
-    slow = P.GetReply.from_wire(h, len(blocks))
-    keys, expect, digests, want = [], [], [], []
-    for j, ((code, kind, own_key, good_sum, exp_kind), e) in enumerate(zip(blocks, slow.entries)):
-        key = KEYS[j] if own_key else BlockKey(bytes([j]) * 16)
-        exp = _expect(j, exp_kind, 8 if kind == "tokens8" else 4)
-        keys.append(key)
-        expect.append(exp)
-        if code == 0:
-            d = e.block.checksum if good_sum else e.block.checksum ^ 1
-            digests.append(d)
-            want.append(int(check_payload(e.block, key, exp, memoryview(b""), d)))
-        else:
-            want.append(code)
-    assert list(check_payloads(cols, keys, expect, digests)) == want
+def test_the_node_side_builder_writes_what_the_reader_reads():
+    """``GetReply.of`` (the daemon's) gives the columns ``from_wire`` (the client's) reads."""
+    raws = [_hdr(0).encode(), _hdr(3, tokens=8).encode()]
+    sent = P.GetReply.of(9, 5, [1, 3], bytes([0, 4]), raws, bytes([2, 3]))
+    wire = msgpack.unpackb(msgpack.packb({**sent.to_wire(), "plen": 64}, use_bin_type=True), raw=False)
+    got = P.GetReply.from_wire(wire, 5)
+    assert list(got.codes) == [1, 0, 1, 4, 1] and list(got.tiers) == [0, 2, 0, 3, 0]
+    assert got.blocks == (None, _hdr(0), None, _hdr(3, tokens=8), None) and got.hits() == [1]
+    empty = P.GetReply.of(1, 3, [], b"", [], b"")
+    assert P.GetReply.from_wire({**empty.to_wire(), "plen": 0}, 3).codes == bytes([1, 1, 1])
 
 
 def test_results_are_one_object_that_reads_as_the_list_of_records():
-    h = _reply([(0, "usual", "dram"), (1, None, None), (0, "usual", "disk")])
-    cols = GetColumns(h, 3)
-    part = GetResults(b"\x00\x01\x02", cols.tiers, cols.headers.block, 64)
+    h = _reply([(0, "usual", 2), (1, None, 0), (0, "usual", 3)])
+    got = P.GetReply.from_wire(h, 3)
+    part = GetResults(b"\x00\x01\x02", tier_names(got.tiers), got.blocks.__getitem__, 64)
     as_list = [
         GetResult(Status.HIT, _hdr(0), "dram"),
         GetResult(Status.MISS, None, None),

@@ -7,6 +7,7 @@ behind a HIT, and the other blocks of the batch are HITs with their own bytes.""
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
+from kvstore.lookups import TIER_CODES
 from kvstore.results import Expect, Status
 
 NS = Namespace("lying-node", "uint8", 4)
@@ -51,10 +53,25 @@ async def _node(reply) -> tuple[asyncio.AbstractServer, int]:
     def answer(h: dict):
         entries, payload, close = reply(h)
         plen = sum(e[0] == 0 and len(p) for e, p in entries)
-        head = frame({"rid": h["rid"], "ok": True, "res": [e for e, _ in entries], "plen": plen})
+        head = frame({"rid": h["rid"], "ok": True, **_columns([e for e, _ in entries]), "plen": plen})
         return head + payload, close
 
     return await serve(answer)
+
+
+def _columns(entries: list) -> dict:
+    """``[status, header bytes or None, tier name or None]`` per key as a GET reply's columns
+    (docs/protocol.md, GET): the lies are in what the entries say, not in the framing."""
+    ends, at = [], 0
+    for _, raw, _ in entries:
+        at += len(raw or b"")
+        ends.append(at)
+    return {
+        "st": bytes(e[0] for e in entries),
+        "tier": bytes(TIER_CODES.get(e[2], 0) for e in entries),
+        "hdrs": b"".join(e[1] or b"" for e in entries),
+        "hend": struct.pack(f"<{len(entries)}I", *ends),
+    }
 
 
 def _hit(i: int, payload: bytes | None = None):

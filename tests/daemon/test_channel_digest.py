@@ -10,8 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from kvstore.block import checksum
-from kvstore.client.conn import check_payload
+from kvstore.block import check_block, checksum
 from kvstore.results import Status
 from rdma.channel import OFFLOAD_MIN, SocketChannel
 
@@ -71,9 +70,8 @@ async def test_a_receive_on_the_loop_hashes_there_and_without_then_returns_none(
 def test_a_digest_handed_in_is_checked_against_the_header(ns, blocks_of):
     [(hdr, payload)] = blocks_of(ns, 1, 4096)
     mv = memoryview(payload)
-    assert check_payload(hdr, hdr.key, None, mv) is Status.HIT
-    assert check_payload(hdr, hdr.key, None, mv, checksum(mv)) is Status.HIT
-    assert check_payload(hdr, hdr.key, None, mv, checksum(mv) ^ 1) is Status.CORRUPT
+    assert check_block(hdr, hdr.key, None, checksum(mv)) is Status.HIT
+    assert check_block(hdr, hdr.key, None, checksum(mv) ^ 1) is Status.CORRUPT
 
 
 async def test_a_reader_stays_registered_between_waits_wakes_only_on_input_and_goes_at_close():

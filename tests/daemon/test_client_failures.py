@@ -82,7 +82,7 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
                 {
                     "rid": req["rid"],
                     "ok": True,
-                    "res": [P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()],
+                    **P.GetReply.of(req["rid"], 1, [0], b"\x00", [h.encode()], b"\x02").to_wire(),
                     "plen": h.payload_len,
                 }
             )
@@ -130,7 +130,7 @@ async def test_corrupt_payload_is_detected_by_the_client(ns):
                 {
                     "rid": req["rid"],
                     "ok": True,
-                    "res": [P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()],
+                    **P.GetReply.of(req["rid"], 1, [0], b"\x00", [h.encode()], b"\x02").to_wire(),
                     "plen": 1000,
                 }
             )

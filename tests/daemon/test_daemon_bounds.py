@@ -82,7 +82,7 @@ def test_one_get_reads_at_most_max_frame_bytes_from_disk(daemon, ns, blocks_of):
     assert p.reply()["tiers"] == b"\x03" * 5
     p.request({"op": "GET", "keys": b"".join([h.key.raw for h, _ in blocks])})
     rep = p.reply()
-    got = [r[0] for r in rep["res"]]
+    got = list(rep["st"])
     assert got == [int(Status.HIT)] * 2 + [int(Status.MISS)] * 3
     assert p.exact(10 << 20) == blocks[0][1] + blocks[1][1]
 
@@ -151,8 +151,8 @@ def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of
     writer.request({"op": "PUT", "hdrs": [hc.encode()]}, plen=len(pc))
     writer.send(pc)
     rep = reader.reply()
-    st = rep["res"][0][0]
-    sizes = [h.payload_len for (h, _), r in zip([(ha, pa), *bs], rep["res"]) if r[0] == int(Status.HIT)]
+    st = rep["st"][0]
+    sizes = [h.payload_len for (h, _), s in zip([(ha, pa), *bs], rep["st"]) if s == int(Status.HIT)]
     payload = reader.exact(sum(sizes))
     assert writer.reply()["res"] == b"\x01"
     rep_c = writer.reply()

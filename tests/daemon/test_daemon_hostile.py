@@ -75,7 +75,7 @@ async def test_slow_reader_never_reads_another_tenants_bytes(two_tenants, ns, bl
     reader.hello(TOK_A, ns)
     reader.request({"op": "GET", "keys": ha.key.raw})
     rep = reader.reply()
-    assert rep["res"][0][0] == int(Status.HIT)
+    assert rep["st"][0] == int(Status.HIT)
     first = reader.exact(64 << 10)  # then A stops reading, well past the lease TTL
     await asyncio.sleep(2.5 * TTL)
     assert await a.delete([ha.key]) == [True]

@@ -109,7 +109,7 @@ def test_pipelined_gets_on_one_connection_are_answered_in_order_and_whole(start_
     for i, batch in enumerate(batches):
         rep = reader.reply()
         assert rep["rid"] == 100 + i, f"reply {i} out of order: rid {rep['rid']}"
-        assert [e[0] for e in rep["res"]] == [int(Status.HIT)] * 64
+        assert list(rep["st"]) == [int(Status.HIT)] * 64
         got = bytearray()
         while len(got) < 64 * (64 << 10):  # small reads: the daemon's socket has room often
             got += reader.exact(min(256 << 10, 64 * (64 << 10) - len(got)))
@@ -129,10 +129,10 @@ def test_a_slot_of_a_queued_reply_is_not_reused_when_its_block_is_deleted(overla
     assert writer.reply()["res"] == b"\x01"
     _put(writer, hy, py)  # a freed slot would be X's: the only one not held by the replies
     first = reader.reply()
-    assert first["rid"] == 1 and [e[0] for e in first["res"]] == [int(Status.HIT)] * 3
+    assert first["rid"] == 1 and list(first["st"]) == [int(Status.HIT)] * 3
     assert reader.exact(3 * BLOCK) == b"".join(p for _, p in zs)
     second = reader.reply()
-    assert second["rid"] == 2 and [e[0] for e in second["res"]] == [int(Status.HIT)]
+    assert second["rid"] == 2 and list(second["st"]) == [int(Status.HIT)]
     assert reader.exact(BLOCK) == px, "X's reply carried another block's bytes"
     writer.request({"op": "EXISTS", "keys": hx.key.raw + hy.key.raw})
     assert writer.reply()["tiers"][0] == 0  # X is gone once its reply has left
@@ -149,7 +149,7 @@ def test_a_reader_that_stalls_with_a_reply_queued_costs_only_its_connection(over
     other = RawPeer(d.data_port, timeout=30)
     other.hello("", ns)
     other.request({"op": "GET", "keys": hx.key.raw})
-    assert other.reply()["res"][0][0] == int(Status.HIT)
+    assert other.reply()["st"][0] == int(Status.HIT)
     assert other.exact(BLOCK) == px
     until(
         lambda: scrape(d.admin).value("tierkv_timeouts_total", 0.0, kind="transfer"),
@@ -190,7 +190,7 @@ def test_stop_sends_the_queued_replies_before_closing(start_daemon, ns, blocks_o
     def read_all():
         for _ in range(2):
             rep = reader.reply()
-            got.append((rep["rid"], reader.exact(sum(e[0] == int(Status.HIT) for e in rep["res"]) * 3 * MiB)))
+            got.append((rep["rid"], reader.exact(rep["st"].count(int(Status.HIT)) * 3 * MiB)))
 
     d.signal(signal.SIGTERM)
     time.sleep(0.5)  # the daemon is stopping while both replies wait on this reader

@@ -73,7 +73,7 @@ async def test_a_reader_that_stalls_mid_stream_costs_only_its_connection(daemon,
     stalled.hello(TOK, ns)
     stalled.request({"op": "GET", "keys": b"".join([h.key.raw for h, _ in blocks])})
     rep = stalled.reply()
-    assert [e[0] for e in rep["res"]] == [int(Status.HIT)] * 8
+    assert list(rep["st"]) == [int(Status.HIT)] * 8
     stalled.exact(100 << 10)  # then it stops reading, inside the first block
     await _served(c, blocks)  # another connection is served while the stream is stuck
     await until_async(

@@ -13,7 +13,7 @@ from kvstore import protocol as P
 from kvstore.daemon.auth import TokenTable
 from kvstore.errors import ConfigError
 from kvstore.keys import Namespace
-from kvstore.results import Expect, PutResult, Status
+from kvstore.results import PutResult, Status
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError
 from rdma.transport import RemoteDescriptor
@@ -30,18 +30,16 @@ def test_req_op_and_unknown_op():
     assert set(P.REQUESTS) == P.OPS and len(P.OPS) == 12
 
 
-def test_keys_expects_and_limits():
+def test_keys_and_limits():
     k = b"k" * 16
     assert [x.raw for x in P.req_keys({"keys": [k, k]})] == [k, k]
     for bad in ({"keys": [b"short"]}, {"keys": "nope"}, {"keys": [k] * (P.MAX_BATCH + 1)}):
         with pytest.raises(P.ProtocolError, match="keys"):
             P.req_keys(bad)
-    exp = P.req_expects({"exp": [None, [k, b"\x01\x00\x00\x00"]]}, 2)
-    assert exp[0] is None and exp[1].parent.raw == k
-    with pytest.raises(P.ProtocolError, match="exp"):
-        P.req_expects({"exp": [[b"x", None]]}, 1)
-    with pytest.raises(P.ProtocolError, match="exp has 1 items"):
-        P.req_expects({"exp": [None]}, 2)
+    # protocol 4: a GET is keys (and caps) only; version 3's expectations are refused, named
+    with pytest.raises(P.ProtocolError, match="exp: a GET carries keys only"):
+        P.GetRequest.from_wire({"op": "GET", "rid": 1, "keys": k, "exp": [None]})
+    assert P.GetRequest.from_wire({"op": "GET", "rid": 1, "keys": k, "exp": None}).keys.raw == k
 
 
 def test_headers_are_decoded_or_refused(blocks_of, ns):
@@ -78,11 +76,10 @@ def _round_trip(msg, *n, plen=0):
 def test_every_request_round_trips(blocks_of, ns):
     [(h, _), (h2, _)] = blocks_of(ns, 2, 64)
     d = RemoteDescriptor(3, 0, 64)
-    e = Expect(h.parent, h.token_bytes)
     reqs = [
         P.ExistsRequest(1, (h.key,)),
-        P.GetRequest(2, (h.key, h2.key), (64, 32), (None, e)),
-        P.GetRequest(3, (h.key,), None, (None,)),
+        P.GetRequest(2, (h.key, h2.key), (64, 32)),
+        P.GetRequest(3, (h.key,), None),
         P.PutRequest(4, (h, h2)),
         P.DeleteRequest(5, (h.key,)),
         P.LeaseRequest(6, (h.key,), 2.5, True),
@@ -129,13 +126,8 @@ def test_every_reply_round_trips(blocks_of, ns):
     [(h, _)] = blocks_of(ns, 1, 64)
     raw = h.encode()
     d = RemoteDescriptor(3, 0, 64)
-    get = _round_trip(
-        P.GetReply(1, (P.GetEntry(Status.HIT, raw, "dram"), P.GetEntry(Status.MISS))), 2, plen=64
-    )
-    assert [(x.status, x.header, x.tier, x.block) for x in get.entries] == [
-        (Status.HIT, raw, "dram", h),
-        (Status.MISS, None, None, None),
-    ]
+    get = _round_trip(P.GetReply.of(1, 2, [0], b"\x00", [raw], b"\x02"), 2, plen=64)
+    assert (get.codes, get.tiers, get.headers, get.blocks) == (b"\x00\x01", b"\x02\x00", raw, (h, None))
     lease = _round_trip(P.LeaseReply(2, (P.LeaseEntry(Status.HIT, raw, "disk", desc=d),)), 1)
     assert lease.entries[0].desc == d and lease.entries[0].block == h
     res = (P.ReserveEntry(desc=d), P.ReserveEntry(Status.EXISTS), P.ReserveEntry())
@@ -159,14 +151,24 @@ def test_every_reply_round_trips(blocks_of, ns):
 
 def test_a_bad_reply_field_is_named(blocks_of, ns):
     [(h, _)] = blocks_of(ns, 1, 64)
-    hit = P.GetEntry(Status.HIT, h.encode(), "dram").to_wire()
+    raw = h.encode()
+    hit = [int(Status.HIT), raw, "dram"]
+
+    def get(st=b"\x00", tier=b"\x02", hdrs=raw, hend=None):
+        return {"st": st, "tier": tier, "hdrs": hdrs, "hend": hend or struct.pack("<I", len(hdrs))}
+
     cases = [
-        (P.GetReply, {"res": [hit]}, 2, "res must be a list of 2"),
-        (P.GetReply, {"res": [[int(Status.HIT), None, None]]}, 1, "HIT without a header"),
-        (P.GetReply, {"res": [[99, None, None]]}, 1, r"res\[0\] status"),
-        (P.GetReply, {"res": [[0, b"junk", None]]}, 1, r"res\[0\] header"),
-        (P.GetReply, {"res": [[0, h.encode(), 5]]}, 1, r"res\[0\] tier"),
-        (P.GetReply, {"res": [hit]}, 1, "payload length does not match"),
+        (P.GetReply, get(), 2, "st must be bin of 2 bytes"),
+        (P.GetReply, get(hdrs=b""), 1, "status 0 with no header"),
+        (P.GetReply, get(st=b"\x63"), 1, r"st\[0\] is 99"),
+        (P.GetReply, get(st=b"\x03"), 1, r"st\[0\] is 3: a GET answers HIT, MISS or BUF_TOO_SMALL"),
+        (P.GetReply, get(hdrs=b"junk"), 1, r"hdrs\[0\]"),
+        (P.GetReply, get(tier=b"\x05"), 1, r"tier\[0\] is 5"),
+        (P.GetReply, get(st=b"\x01"), 1, "status 1 with header and tier 2"),
+        (P.GetReply, get(hend=b"\x00\x00\x00"), 1, "hend must be bin of 4 bytes"),
+        (P.GetReply, get(hend=struct.pack("<I", len(raw) + 1)), 1, r"hend\[0\] is"),
+        (P.GetReply, get(hdrs=raw + b"x", hend=struct.pack("<I", len(raw))), 1, "1 bytes past the last"),
+        (P.GetReply, get(), 1, "payload length does not match"),
         (P.LeaseReply, {"res": [[*hit, [1, 2]]]}, 1, r"res\[0\] descriptor"),
         (P.ReserveReply, {"res": [[6, [1, 0, 4, 0]]]}, 1, "a status and a descriptor"),
         (P.PutReply, {"st": b"\x05", "tier": b"\x00", "dur": b"\x02"}, 1, r"dur\[0\]: unknown code 2"),
@@ -182,7 +184,7 @@ def test_a_bad_reply_field_is_named(blocks_of, ns):
             P.HelloReply,
             {"tenant": "", "salt": "", "ns": [], "v": 2},
             0,
-            "node protocol version 2 .* speaks 3",
+            "node protocol version 2 .* speaks 4",
         ),
     ]
     for cls, fields, n, says in cases:

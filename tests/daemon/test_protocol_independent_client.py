@@ -1,5 +1,5 @@
 """A client written from docs/protocol.md alone -- a raw socket and msgpack, no tierkv client
-or protocol module -- talks HELLO, EXISTS and DELETE to a real daemon. If the document and
+or protocol module -- talks HELLO, EXISTS, GET and DELETE to a real daemon. If the document and
 the daemon disagree, this fails. (Blocks are stored beforehand by a separate process that
 uses tierkv's own client; that process is not what is tested here.)"""
 
@@ -13,9 +13,11 @@ import sys
 
 import msgpack
 import pytest
+import xxhash
 from daemonutil import REPO
 
-VERSION = 3  # docs/protocol.md, HELLO
+VERSION = 4  # docs/protocol.md, HELLO
+HIT, MISS, BUF_TOO_SMALL = 0, 1, 4  # docs/protocol.md, per-key statuses
 ABSENT, HBM, DRAM, DISK = 0, 1, 2, 3  # docs/protocol.md, tier codes
 NAMESPACE = {  # a HELLO namespace map: the fields of the doc's HELLO section
     "model": "independent-model",
@@ -99,6 +101,23 @@ class Independent:
         assert isinstance(codes, bytes) and len(codes) == len(keys), r
         return codes
 
+    def get(self, keys: list[bytes], caps: list[int]) -> tuple[bytes, bytes, list[bytes | None], list[bytes]]:
+        """GET (docs/protocol.md): per key its status and tier code, its header (None without
+        one) and the HIT payloads in key order, read off the stream after the reply."""
+        r = self.call({"op": "GET", "keys": b"".join(keys), "caps": struct.pack(f"<{len(keys)}Q", *caps)})
+        assert r["ok"], r
+        st, tier, hdrs, hend = r["st"], r["tier"], r["hdrs"], r["hend"]
+        assert len(st) == len(tier) == len(keys) and len(hend) == 4 * len(keys), r
+        ends = struct.unpack(f"<{len(keys)}I", hend)
+        headers, start = [], 0
+        for end in ends:
+            headers.append(hdrs[start:end] or None)
+            start = end
+        assert start == len(hdrs)
+        lens = [msgpack.unpackb(h)["len"] for s, h in zip(st, headers) if s == HIT]
+        assert r.get("plen", 0) == sum(lens), r
+        return st, tier, headers, [self._exact(n) for n in lens]
+
     def delete(self, keys: list[bytes]) -> bytes:
         r = self.call({"op": "DELETE", "keys": b"".join(keys)})
         assert r["ok"], r
@@ -147,6 +166,33 @@ def test_hello_exists_and_delete_as_documented(stored):
         c.close()
 
 
+def test_get_as_documented(stored):
+    """A GET's reply columns, its payloads after it, and the client's own check of each block:
+    key, parent, token ids and checksum, from the header the node sent."""
+    d, keys = stored
+    c = Independent(d.data_port)
+    try:
+        c.hello()
+        absent = bytes(16)
+        st, tier, headers, payloads = c.get([keys[0], absent, keys[1], keys[2]], [64, 64, 64, 63])
+        assert list(st) == [HIT, MISS, HIT, BUF_TOO_SMALL]
+        assert list(tier) == [DRAM, ABSENT, DRAM, DRAM]
+        assert headers[1] is None and len(payloads) == 2
+        for i, (h, p) in enumerate(zip([headers[0], headers[2]], payloads)):
+            m = msgpack.unpackb(h)
+            # the client judges the block: the key asked for, the chain it expects, the bytes
+            assert m["key"] == keys[i] and m["parent"] == (keys[i - 1] if i else m["ns"])
+            assert m["tokens"] == struct.pack("<4i", *range(100 + 4 * i, 104 + 4 * i))
+            assert xxhash.xxh3_64_intdigest(p) == m["xxh3"] and p == bytes([i]) * 64
+        assert msgpack.unpackb(headers[3])["len"] == 64  # too small: the header says how large
+        # version 3's per-key expectations are refused, naming the field; the connection stays
+        r = c.call({"op": "GET", "keys": keys[0], "exp": [[None, None]]})
+        assert r["ok"] is False and r["code"] == "bad_request" and "exp" in r["err"], r
+        assert c.get([keys[0]], [64])[0] == bytes([HIT])
+    finally:
+        c.close()
+
+
 def test_a_namespace_not_declared_reads_as_absent(stored):
     """A connection whose HELLO declares another namespace sees the blocks as absent, and its
     DELETE of them deletes nothing (docs/protocol.md, tenants and namespaces)."""
@@ -156,6 +202,7 @@ def test_a_namespace_not_declared_reads_as_absent(stored):
         r = c.call({"op": "HELLO", "v": VERSION, "token": "", "ns": [{**NAMESPACE, "model": "another"}]})
         assert r["ok"], r
         assert c.exists(keys) == bytes(len(keys))
+        assert c.get(keys, [64] * len(keys)) == (bytes([MISS] * len(keys)), bytes(len(keys)), [None] * 6, [])
         assert c.delete(keys) == bytes(len(keys))
     finally:
         c.close()
@@ -169,7 +216,7 @@ def test_a_namespace_not_declared_reads_as_absent(stored):
 
 def test_a_client_of_another_version_gets_one_error_naming_both(start_daemon):
     d = start_daemon(use_disk=False)
-    for version in (2, 4):
+    for version in (3, 5):
         c = Independent(d.data_port)
         try:
             r = c.hello(version)

@@ -1,8 +1,8 @@
 """A tierkv client meeting a node of another protocol version fails that connection with one
-error naming both versions, and its calls answer as misses (never raise). The version-2 node
-is the reply a version-2 daemon gives (its HELLO check, verbatim), served from a socket here:
-no daemon of that version exists in this tree (version 3: a peer PUT of a deleted key answers
-DELETED, which a version-2 peer cannot read). The other direction (a client of another
+error naming both versions, and its calls answer as misses (never raise). The version-3 node
+is the reply a version-3 daemon gives (its HELLO check, verbatim), served from a socket here:
+no daemon of that version exists in this tree (version 4: a GET carries keys only and is
+answered in columns, which a version-3 peer cannot read). The other direction (a client of another
 version against this daemon) is in test_protocol_independent_client.py."""
 
 from __future__ import annotations
@@ -46,22 +46,22 @@ async def _node(answer) -> tuple[asyncio.AbstractServer, int, list[dict]]:
     return server, server.sockets[0].getsockname()[1], seen
 
 
-def _v2_refusal(h: dict) -> dict:
-    # a version-2 daemon's answer to any other version (kvstore/protocol/hello.py, version 2)
+def _v3_refusal(h: dict) -> dict:
+    # a version-3 daemon's answer to any other version (kvstore/protocol/hello.py, version 3)
     return {
         "rid": h.get("rid", 0),
         "ok": False,
         "code": "bad_version",
-        "err": f"client protocol version {h.get('v')!r} is not supported (this node speaks 2)",
+        "err": f"client protocol version {h.get('v')!r} is not supported (this node speaks 3)",
     }
 
 
-def _v2_welcome(h: dict) -> dict:
-    # a node that would accept, but says it speaks version 2
-    return {"rid": h["rid"], "ok": True, "v": 2, "tenant": "", "salt": "", "ns": [], "node": "old"}
+def _v3_welcome(h: dict) -> dict:
+    # a node that would accept, but says it speaks version 3
+    return {"rid": h["rid"], "ok": True, "v": 3, "tenant": "", "salt": "", "ns": [], "node": "old"}
 
 
-@pytest.mark.parametrize("answer, says", [(_v2_refusal, "node speaks 2"), (_v2_welcome, "version 2 is")])
+@pytest.mark.parametrize("answer, says", [(_v3_refusal, "node speaks 3"), (_v3_welcome, "version 3 is")])
 async def test_a_node_of_another_version_is_one_error_naming_both(answer, says):
     server, port, seen = await _node(answer)
     try:
@@ -70,7 +70,7 @@ async def test_a_node_of_another_version_is_one_error_naming_both(answer, says):
         text = str(info.value)
         assert info.value.code == P.BAD_VERSION
         assert says in text and f"client speaks {P.PROTOCOL_VERSION}" in text, text
-        assert seen and seen[0]["op"] == "HELLO" and seen[0]["v"] == P.PROTOCOL_VERSION == 3
+        assert seen and seen[0]["op"] == "HELLO" and seen[0]["v"] == P.PROTOCOL_VERSION == 4
         # the node client: a miss per key, the node down, the reason logged once
         c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(NS,), transport="tcp"))
         try:

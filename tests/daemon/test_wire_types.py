@@ -25,7 +25,20 @@ DATA_PORT = [
 ]
 # names only the data port uses; the rest of kvstore/daemon/ (the admin port's JSON has its own
 # "keys", "tiers", "ok") must not use them either
-DATA_PORT_ONLY = {"rid", "hdrs", "descs", "handles", "caps", "exp", "plen", "res", "ttl", "max_frame", "salt"}
+DATA_PORT_ONLY = {
+    "rid",
+    "hdrs",
+    "hend",
+    "descs",
+    "handles",
+    "caps",
+    "exp",
+    "plen",
+    "res",
+    "ttl",
+    "max_frame",
+    "salt",
+}
 STORE_OPS = {"HELLO", "EXISTS", "GET", "PUT", "DELETE", "LEASE", "RELEASE", "READ", "RESERVE", "WRITE"}
 
 

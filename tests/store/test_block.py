@@ -1,4 +1,5 @@
-"""Block format: header codec round trip, malformed input rejected, checksum catches flips."""
+"""Block format: header codec round trip, malformed input rejected, checksum catches flips, and
+the one check every reader makes of a block it receives (``check_block``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvstore.block import BlockHeader, make_header, payload_ok
+from kvstore.block import BlockHeader, Expect, check_block, checksum, make_header
 from kvstore.errors import BlockFormatError
 from kvstore.keys import Namespace
+from kvstore.results import Status
 
 NS = Namespace("fp", "float16", 4)
 
@@ -38,7 +40,7 @@ def test_roundtrip(payload, tokens):
     h2 = BlockHeader.decode(h.encode())
     assert h2 == h
     assert h2.tokens == tokens
-    assert payload_ok(h2, payload)
+    assert check_block(h2, h.key, Expect(NS.id, h.token_bytes), checksum(payload)) is Status.HIT
 
 
 def test_checksum_catches_any_single_flip():
@@ -47,16 +49,22 @@ def test_checksum_catches_any_single_flip():
     for i in range(0, len(payload), 97):
         bad = bytearray(payload)
         bad[i] ^= 0x01
-        assert not payload_ok(h, bad)
-    assert not payload_ok(h, payload[:-2])
+        assert check_block(h, h.key, None, checksum(bad)) is Status.CORRUPT
+    assert check_block(h, h.key, None, checksum(payload[:-2])) is Status.CORRUPT
 
 
-def test_matches_checks_key_parent_tokens():
-    h = _header(b"\x00" * 64)
-    assert h.matches(h.key, NS.id, h.token_bytes)
-    assert not h.matches(h.key, h.key, None), "wrong parent is a miss"
-    assert not h.matches(h.key, None, b"\x00" * 16), "wrong tokens are a miss"
-    assert not h.matches(NS.id, None, None)
+def test_check_block_judges_key_parent_tokens_then_checksum():
+    payload = b"\x00" * 64
+    h = _header(payload)
+    good = checksum(payload)
+    assert check_block(h, h.key, Expect(NS.id, h.token_bytes), good) is Status.HIT
+    assert check_block(h, h.key) is Status.HIT  # no expectation, no digest: the key alone
+    assert check_block(h, h.key, Expect(h.key, None), good) is Status.MISMATCH, "wrong parent"
+    assert check_block(h, h.key, Expect(None, b"\x00" * 16), good) is Status.MISMATCH, "wrong tokens"
+    assert check_block(h, NS.id, None, good) is Status.MISMATCH, "another key"
+    # another block is MISMATCH whatever its bytes: identity is judged before the checksum
+    assert check_block(h, NS.id, None, good ^ 1) is Status.MISMATCH
+    assert check_block(h, h.key, Expect(NS.id, None), good ^ 1) is Status.CORRUPT
 
 
 # a value of every msgpack type, for any field of a valid header's wire form
