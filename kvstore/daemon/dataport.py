@@ -40,6 +40,14 @@ another tenant's blocks (every op checks the block's namespace against the sessi
 every reply about another tenant's block is the reply about an absent one. A peer session
 (HELLO tenant ``"*"``, another node's repair) sees every tenant's blocks but may use only
 EXISTS, PUT and STATS: any other op is an ``auth`` error reply and the connection stays.
+
+The ops live beside it (kvstore/daemon/block_ops.py, descriptor_ops.py; HELLO in
+handshake.py; the reply queue in replies.py). What stays here, ~500 lines, is one contract
+kept whole on purpose: the listener (accept, admission, stop, revoke) and the one loop that
+serves a connection -- its deadlines (HELLO, idle, header, request), the error rules above
+and the order of its cleanup (replies closed before the slots go back, then the session's
+holds, the namespaces, the admission count), which a split would spread over files that
+must then be read together to check any one of them.
 """
 
 from __future__ import annotations
@@ -55,20 +63,17 @@ from typing import Any
 
 from kvstore import protocol as P
 from kvstore.daemon.admission import Admission
-from kvstore.daemon.auth import OPERATOR, TokenTable
+from kvstore.daemon.auth import TokenTable
 from kvstore.daemon.block_ops import BlockOps
 from kvstore.daemon.descriptor_ops import DescriptorOps
+from kvstore.daemon.handshake import Handshake, Refusal
 from kvstore.daemon.logs import RateLimitedLog, kv
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.replies import ReplyQueue
 from kvstore.daemon.session import Session
-from kvstore.daemon.slab_rdma import accept_offer
 from kvstore.daemon.transfer import Transfers
-from kvstore.node.tiers.owners import NamespaceCapError
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError, decode_header, header_length, payload_len
-from rdma.transport import TransportError
-from rdma.windows import Windows
 
 # What a peer session (HELLO tenant "*", another node's repair: kvstore/member/repair.py) may
 # do: it sees every tenant's blocks, so it may check and copy them in, never read or delete.
@@ -87,14 +92,6 @@ REPLY_DEPTH = 2
 SEND_SLICE_S = 0.02
 
 
-class _Fatal(Exception):
-    """Reply with this error, then close the connection."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class DataServer:
     """Serves one listening socket. It owns the op handlers (:class:`BlockOps`,
     :class:`DescriptorOps`), each given what it uses, and the transfer deadline
@@ -108,14 +105,12 @@ class DataServer:
     ) -> None:
         self.node = node
         self.rdma = rdma
-        self.transport_mode = cfg.server.transport
         self.sock = sock
         self.tokens = tokens
         self.metrics = metrics
         self.limits = cfg.limits
         self.max_frame = int(cfg.server.max_frame)
         self.lease_ttl = float(cfg.node.lease_ttl_s)
-        self.node_name = cfg.node.name or socket.gethostname()
         self.closing = False
         self.admission = Admission(cfg.limits)
         self.tenant_stats: defaultdict[str, Counter[str]] = defaultdict(Counter)
@@ -128,7 +123,6 @@ class DataServer:
         self._accept_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self._bad = RateLimitedLog(log)
-        self._hellos = RateLimitedLog(log)  # one line per HELLO, at most 10 per 10 s
         self._accept_failures = RateLimitedLog(log)
         self._task_of: dict[Session, tuple[asyncio.Task, socket.socket]] = {}
         self.transfers = Transfers(node, cfg.limits, metrics)
@@ -152,6 +146,19 @@ class DataServer:
             self.lease_ttl,
             lambda: self.tokens.enabled,  # the table may be swapped (SIGHUP)
             self.max_frame,
+        )
+        self.handshake = Handshake(
+            node,
+            lambda: self.tokens,  # the table may be swapped (SIGHUP)
+            self.admission,
+            metrics,
+            cfg.limits,
+            self.descriptors,
+            rdma,
+            cfg.server.transport,
+            cfg.node.name or socket.gethostname(),
+            self.max_frame,
+            RateLimitedLog(log),  # one line per HELLO, at most 10 per 10 s
         )
         self._queued_ops = blocks.ops()  # handler(replies, ...): replies queued
         self._ops = {**self._queued_ops, **self.descriptors.ops()}
@@ -400,17 +407,17 @@ class DataServer:
                     return op, P.Hello.from_wire(h)
                 except P.ProtocolError as exc:
                     if exc.code == P.BAD_VERSION:
-                        raise _Fatal(exc.code, str(exc)) from None
+                        raise Refusal(exc.code, str(exc)) from None
                     raise
             if sess.tenant is None:
-                raise _Fatal(P.AUTH, "send HELLO with a valid token first")
+                raise Refusal(P.AUTH, "send HELLO with a valid token first")
             if sess.all_namespaces and op not in PEER_OPS:
                 # a peer session sees every tenant's blocks: only what repair needs
                 raise P.ProtocolError(P.AUTH, f"{op}: a peer session may use only {sorted(PEER_OPS)}")
             if plen and op not in P.PAYLOAD_OPS:
                 raise P.bad(f"{op} carries no payload")
             return op, P.REQUESTS[op].from_wire(h)
-        except (P.ProtocolError, _Fatal) as exc:
+        except (P.ProtocolError, Refusal) as exc:
             # the traceback's frames hold the parsers' locals (parts of ``h``): drop them
             raise exc.with_traceback(None) from None
         finally:
@@ -430,7 +437,7 @@ class DataServer:
             op, req = self._parse(sess, h, plen)
             rid = req.rid
             if op == P.Hello.OP:
-                self._hello(replies, sess, req)
+                replies.send(self.handshake.answer(sess, req).to_wire())
             elif op in self._queued_ops:
                 await self._queued_ops[op](replies, sess, req, plen)
             else:  # a descriptor op sends its own reply, after those queued
@@ -442,7 +449,7 @@ class DataServer:
             if sess.tenant is not None:
                 self.tenant_stats[sess.tenant][stat] += 1
             return True
-        except _Fatal as exc:
+        except Refusal as exc:
             self._count_error(op, exc.code)
             if exc.code == P.AUTH:
                 self.metrics.auth_failures.labels("data").inc()
@@ -488,58 +495,6 @@ class DataServer:
         self.metrics.protocol_errors.labels(code).inc()
 
     # ------------------------------------------------------------ ops
-
-    def _hello(self, replies: ReplyQueue, sess: Session, hello: P.Hello) -> None:
-        tenant = self.tokens.tenant_of(hello.token)
-        if tenant is None:
-            raise _Fatal(P.AUTH, "token refused")
-        # A peer session (another node's repair, docs/cluster.md): tenant "*" with the operator
-        # token, or without auth (loopback only). It sees every tenant's blocks, for PEER_OPS only.
-        peer = hello.tenant == OPERATOR and (tenant == OPERATOR or not self.tokens.enabled)
-        if tenant == OPERATOR and not peer:
-            raise _Fatal(P.AUTH, "the operator token is for the admin port, or a peer HELLO (tenant '*')")
-        if hello.tenant not in (None, tenant) and not peer:
-            raise _Fatal(P.AUTH, f"tenant {hello.tenant!r} does not match the token's")
-        if peer:
-            tenant = OPERATOR
-        salt = "" if peer else self.tokens.salt_of(tenant)
-        declared = [] if peer else hello.namespaces_with(salt)
-        sess.all_namespaces = peer
-        ids = [n.id.raw for n in declared]
-        if not self.admission.authenticate(sess, tenant):
-            self.metrics.refused_connections.labels("per_tenant").inc()
-            raise _Fatal(P.BUSY, f"this tenant has {self.limits.max_conns_per_tenant} connections open")
-        if not peer:  # the node's shares count this tenant's bytes over all its namespaces
-            try:
-                self.node.owners.claim(tenant, ids, previous=sess.namespaces)
-            except NamespaceCapError as exc:
-                self.metrics.refused_connections.labels("namespaces").inc()
-                raise _Fatal(P.BUSY, str(exc)) from None
-        elif sess.namespaces:  # a peer HELLO after a tenant's: it declares none
-            self.node.owners.release(sess.namespaces)
-        sess.tenant, sess.token, sess.salt = tenant, hello.token, salt
-        if sess.verbs is not None:  # a second HELLO replaces the queue pair (and its windows)
-            for table in (sess.leases, sess.reservations):
-                for held in table.values():
-                    self.descriptors.unwindow(sess, held)
-            sess.verbs.destroy()
-            sess.verbs = sess.windows = None
-        try:
-            accepted = accept_offer(self.rdma, self.transport_mode, hello.rdma, sess.peer, self.metrics)
-        except TransportError as exc:
-            raise _Fatal(P.TRANSPORT, str(exc)) from exc
-        sess.verbs, rdma = accepted or (None, None)
-        sess.windows = Windows(sess.verbs) if sess.verbs is not None else None
-        transport = "rdma" if rdma is not None else "tcp"
-        self.metrics.hellos.labels(transport).inc()
-        sess.namespaces = frozenset(ids)
-        sess.declared = {n.id.raw: n for n in declared}
-        sess.derive_keys = self.tokens.enabled
-        self._hellos.info(
-            "hello", peer=sess.peer, tenant=tenant or "-", namespaces=len(ids), transport=transport
-        )
-        reply = P.HelloReply(hello.rid, tenant, salt, tuple(ids), self.node_name, self.max_frame, rdma)
-        replies.send(reply.to_wire())
 
 
 def _op_label(h: dict[str, Any]) -> str:

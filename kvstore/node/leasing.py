@@ -7,7 +7,7 @@ buffer. Same threading rules as the node.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from msgpack import unpackb
 
@@ -71,56 +71,13 @@ class Leaser:
         Cancelled (or failed) during a disk read, it releases the leases it took before
         raising: its caller never sees them, so nobody else would end them before their TTL."""
         self._state.sweep()
-        out: list[Lease | Status] = []
+        take = _EachLease(self, ttl_s, owner)
         try:
-            await self._claim_into(out, keys, ttl_s, max_read_bytes, sees, owner)
+            await self._walk([k.raw for k in keys], ttl_s, max_read_bytes, sees, take)
         except BaseException:
-            self._state.release([x for x in out if isinstance(x, Lease)])
+            self._state.release([x for x in take.out if isinstance(x, Lease)])
             raise
-        return out
-
-    async def _claim_into(
-        self,
-        out: list[Lease | Status],
-        keys: Sequence[BlockKey],
-        ttl_s: float | None,
-        max_read_bytes: int | None,
-        sees: Callable[[bytes | None], bool] | None,
-        owner: str | None,
-    ) -> None:
-        """:meth:`claim`'s loop, appending to ``out`` as it goes (so that what it took is
-        there to release when it is cancelled). The blocks it leases from memory are marked
-        used when it ends, deepest first (:meth:`_touch_deepest_first`)."""
-        where = self._state.where
-        read = 0
-        touched: list[tuple[SlotTier, bytes]] = []
-        try:
-            for key in keys:
-                t = where(key.raw)
-                if t is not None and sees is not None and not sees(t.namespace(key.raw)):
-                    out.append(Status.MISS)  # another tenant's: answered before any work on it
-                    continue
-                if t is not None and t is self._disk:
-                    plen = t.payload_len(key.raw)
-                    if max_read_bytes is not None and read + plen > max_read_bytes:
-                        self._counters["lease_over_bound"] += 1
-                        out.append(Status.MISS)
-                        continue
-                    read += plen
-                    lease = await self._lease_from_disk(key, plen, ttl_s, touched)
-                    if isinstance(lease, Lease) and owner is not None:
-                        self._leases.charge(lease, owner)
-                    out.append(lease)
-                    continue
-                if t is None:
-                    out.append(Status.MISS)
-                    continue
-                lease = self._lease_in(t, key, ttl_s, touched)
-                self._counters[f"hits_{t.name}"] += 1
-                self._counters[f"hit_tokens_{t.name}"] += lease.header.num_tokens
-                out.append(lease)
-        finally:
-            self._touch_deepest_first(touched)
+        return take.out
 
     async def lease_packed(
         self,
@@ -139,58 +96,56 @@ class Leaser:
         st.sweep()
         p = PackedLease(lt.next_id(), lt.deadline(ttl_s))
         lt.add_packed(p)
-        where, disk, holds = st.where, self._disk, lt.holds
-        touched: list[tuple[SlotTier, bytes]] = []  # marked used at the end, deepest first
-        pk, pat, pviews, pheaders, ptiers = p.keys, p.at, p.views, p.headers, p.tiers
-        mem: list[int] = []  # which of them are read from memory (a disk read counts itself)
-        read = 0
-        for i, k in enumerate(keys.raws()):
-            if not lt.live(p):
-                # lapsed (and swept) during a disk read -- one that failed, too: it takes no
-                # more holds, for nothing would ever drop them (its release finds it gone)
-                break
-            t = where(k)
-            if t is None or (sees is not None and not sees(t.namespace(k))):
-                continue  # absent, or another tenant's: answered before any work on it
-            if t is not disk:
-                holds[k] += 1  # the hold first: nothing below frees the slot
-                mem.append(len(pk))
-                pk.append(k)
-                pat.append(i)
-                pviews.append(t.lease_view(k)[0])
-                pheaders.append(t.header_sync(k))
-                ptiers.append(t.name)
-                touched.append((t, k))
-                continue
-            plen = t.payload_len(k)
-            if max_read_bytes is not None and read + plen > max_read_bytes:
-                self._counters["lease_over_bound"] += 1
-                continue
-            read += plen
-            try:
-                got = await self._lease_from_disk(BlockKey(k), plen, ttl_s, touched)
-            except BaseException:  # cancelled (or failed): what it holds goes back now
-                st.release([p])
-                self._touch_deepest_first(touched)
-                raise
-            if not isinstance(got, Lease):
-                continue
-            if not lt.live(p):  # lapsed while the disk was read: it holds nothing any more
-                st.release([got])
-                break
-            lt.pop_lease(got.id)  # its hold passes to ``p``
-            p.read_bytes += plen
-            pk.append(k)
-            pat.append(i)
-            pviews.append(got.view)
-            pheaders.append(got.raw_header)
-            ptiers.append(got.tier)
-        self._touch_deepest_first(touched)
-        c = self._counters
-        for j in mem:  # the token count off each header (one C-level unpack, no BlockHeader)
-            c[f"hits_{ptiers[j]}"] += 1
-            c[f"hit_tokens_{ptiers[j]}"] += len(unpackb(pheaders[j])["tokens"]) // 4
+        try:
+            await self._walk(keys.raws(), ttl_s, max_read_bytes, sees, _Packed(self, p))
+        except BaseException:  # cancelled (or failed): what it holds goes back now
+            st.release([p])
+            raise
         return p
+
+    async def _walk(
+        self,
+        keys: Iterable[bytes],
+        ttl_s: float | None,
+        max_read_bytes: int | None,
+        sees: Callable[[bytes | None], bool] | None,
+        take: _Take,
+    ) -> None:
+        """The one lease loop, for :meth:`claim` and :meth:`lease_packed` (``take`` says what
+        a lease is to each): per key where it lies, whether the caller sees it (another
+        tenant's block is a miss before any work on it), the bound on this call's disk reads,
+        a memory copy held in place or a disk copy read (:meth:`_lease_from_disk`); the
+        blocks read from memory are marked used when it ends, deepest first. It stops early
+        when ``take`` is closed (a packed lease that lapsed during a disk read)."""
+        where, disk = self._state.where, self._disk
+        read = 0
+        touched: list[tuple[SlotTier, bytes]] = []
+        try:
+            for i, k in enumerate(keys):
+                if not take.open():
+                    break
+                t = where(k)
+                if t is None or (sees is not None and not sees(t.namespace(k))):
+                    take.miss()  # absent, or another tenant's: answered before any work on it
+                    continue
+                if t is not disk:
+                    take.memory(i, t, k)  # the hold first: nothing below frees the slot
+                    touched.append((t, k))
+                    continue
+                plen = t.payload_len(k)
+                if max_read_bytes is not None and read + plen > max_read_bytes:
+                    self._counters["lease_over_bound"] += 1
+                    take.miss()
+                    continue
+                read += plen
+                take.disk(i, k, plen, await self._lease_from_disk(BlockKey(k), plen, ttl_s, touched))
+        finally:
+            self._touch_deepest_first(touched)
+
+    def _count_hit(self, tier: str, tokens: int) -> None:
+        """A block leased from memory (a disk read counts itself: kvstore/node/disk_reads.py)."""
+        self._counters[f"hits_{tier}"] += 1
+        self._counters[f"hit_tokens_{tier}"] += tokens
 
     def _touch_deepest_first(self, touched: list[tuple[SlotTier, bytes]]) -> None:
         """Mark the blocks one read leased from memory used, in reverse key order: a read's
@@ -204,19 +159,11 @@ class Leaser:
         for t, k in reversed(touched):
             touch(t, k)
 
-    def _lease_in(
-        self,
-        t: SlotTier,
-        key: BlockKey,
-        ttl_s: float | None,
-        touched: list[tuple[SlotTier, bytes]],
-        from_disk: bool = False,
-    ) -> Lease:
-        """Lease ``key``'s copy in memory tier ``t``, with that copy's own header; the use is
-        left in ``touched`` (:meth:`_touch_deepest_first`)."""
+    def _lease_in(self, t: SlotTier, key: BlockKey, ttl_s: float | None, from_disk: bool = False) -> Lease:
+        """Lease ``key``'s copy in memory tier ``t``, with that copy's own header (the caller
+        records the use: :meth:`_touch_deepest_first`)."""
         raw = bytes(t.header_sync(key.raw))
         view, off = t.lease_view(key.raw)
-        touched.append((t, key.raw))
         lease = self._add_lease(key, BlockHeader.decode(raw), view, off, t.name, ttl_s, raw)
         lease.from_disk = from_disk
         return lease
@@ -270,7 +217,8 @@ class Leaser:
         if n == plen and r.header.encode() == slot[1] and self._unchanged(k, version):
             top.commit(k, slot, len(slot[1]), plen)
             self._counters["promotions"] += 1
-            return self._lease_in(top, key, ttl_s, touched, from_disk=True)
+            touched.append((top, k))
+            return self._lease_in(top, key, ttl_s, from_disk=True)
         # the key changed while it was read: the slot goes back, the bytes read are copied out
         copy = bytes(buf[:n])
         top.abandon(slot)
@@ -292,7 +240,8 @@ class Leaser:
             self._placement.promote(r.header, scratch)
         dram = self._tiers.dram
         if dram is not None and k in dram and k not in self._state.doomed:
-            return self._lease_in(dram, key, ttl_s, touched, from_disk=True)
+            touched.append((dram, k))
+            return self._lease_in(dram, key, ttl_s, from_disk=True)
         view = memoryview(scratch)[: r.header.payload_len].toreadonly()
         return self._add_lease(key, r.header, view, None, "disk", ttl_s)
 
@@ -311,3 +260,84 @@ def _abandon_after(top: SlotTier, slot: Slot, read: asyncio.Future) -> None:
     if not read.cancelled():
         read.exception()  # retrieved, so not logged as never retrieved
     top.abandon(slot)
+
+
+class _Take:
+    """What a lease is to one caller of :meth:`Leaser._walk`: told of each key's outcome."""
+
+    def open(self) -> bool:
+        """Whether the walk goes on (False: stop before the next key)."""
+        return True
+
+    def miss(self) -> None:
+        """The key is absent, not the caller's, or over the disk-read bound."""
+
+    def memory(self, i: int, t: SlotTier, k: bytes) -> None:
+        """Key ``i`` (``k``) lies in memory tier ``t``: hold it."""
+        raise NotImplementedError
+
+    def disk(self, i: int, k: bytes, plen: int, got: Lease | Status) -> None:
+        """Key ``i`` was read from disk (``plen`` bytes as indexed): its lease, or the read's status."""
+        raise NotImplementedError
+
+
+class _EachLease(_Take):
+    """:meth:`Leaser.claim`'s: one :class:`Lease` (or the reason for none) per key, in ``out``
+    as it goes (so that what it took is there to release when it is cancelled)."""
+
+    def __init__(self, leaser: Leaser, ttl_s: float | None, owner: str | None) -> None:
+        self.out: list[Lease | Status] = []
+        self._leaser, self._ttl_s, self._owner = leaser, ttl_s, owner
+
+    def miss(self) -> None:
+        self.out.append(Status.MISS)
+
+    def memory(self, i: int, t: SlotTier, k: bytes) -> None:
+        lease = self._leaser._lease_in(t, BlockKey(k), self._ttl_s)
+        self._leaser._count_hit(t.name, lease.header.num_tokens)
+        self.out.append(lease)
+
+    def disk(self, i: int, k: bytes, plen: int, got: Lease | Status) -> None:
+        if isinstance(got, Lease) and self._owner is not None:
+            self._leaser._leases.charge(got, self._owner)
+        self.out.append(got)
+
+
+class _Packed(_Take):
+    """:meth:`Leaser.lease_packed`'s: each block held joins packed lease ``p`` (its hold, view,
+    stored header and tier); nothing for a miss. A lease that lapsed while the disk was read
+    takes no more (a failed read too: nothing would ever drop what it took after)."""
+
+    def __init__(self, leaser: Leaser, p: PackedLease) -> None:
+        self._leaser, self._p = leaser, p
+        self._leases = leaser._leases
+
+    def open(self) -> bool:
+        return self._leases.live(self._p)
+
+    def memory(self, i: int, t: SlotTier, k: bytes) -> None:
+        p = self._p
+        self._leases.holds[k] += 1
+        p.keys.append(k)
+        p.at.append(i)
+        p.views.append(t.lease_view(k)[0])
+        header = t.header_sync(k)
+        p.headers.append(header)
+        p.tiers.append(t.name)
+        # the token count off the stored header: one C-level unpack, no BlockHeader
+        self._leaser._count_hit(t.name, len(unpackb(header)["tokens"]) // 4)
+
+    def disk(self, i: int, k: bytes, plen: int, got: Lease | Status) -> None:
+        if not isinstance(got, Lease):
+            return
+        p = self._p
+        if not self._leases.live(p):  # lapsed while the disk was read: it holds nothing any more
+            self._leaser._state.release([got])
+            return
+        self._leases.pop_lease(got.id)  # its hold passes to ``p``
+        p.read_bytes += plen
+        p.keys.append(k)
+        p.at.append(i)
+        p.views.append(got.view)
+        p.headers.append(got.raw_header)
+        p.tiers.append(got.tier)

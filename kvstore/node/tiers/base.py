@@ -88,12 +88,6 @@ class Tier(Protocol):
         make room for a :meth:`put` (a tier that never evicts on its own ignores it)."""
         ...
 
-    async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
-        """Copy each payload into its buffer (one copy, verified where the tier verifies).
-        Per key: (HIT, header), (MISS, None), (BUF_TOO_SMALL, header) or (CORRUPT, None); a
-        corrupt copy is deleted before return."""
-        ...
-
     async def read_header(self, key: bytes) -> bytes | None:
         """The stored encoded header, None when absent."""
         ...
@@ -130,6 +124,13 @@ class Tier(Protocol):
 class BottomTier(Tier, Protocol):
     """The tier under the memory tiers (disk). A copy read from it may move up into a memory
     tier after the read's await, so it names its stored copies."""
+
+    async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
+        """Copy each payload into its buffer (one copy, verified against its checksum): the
+        node's way to a disk copy (kvstore/node/disk_reads.py; memory copies are read in place
+        under a lease). Per key: (HIT, header), (MISS, None), (BUF_TOO_SMALL, header) or
+        (CORRUPT, None); a corrupt copy is deleted before return."""
+        ...
 
     def version(self, key: bytes) -> int | None:
         """The version of the stored copy of ``key``, None when absent: new for every copy

@@ -36,7 +36,6 @@ from kvstore.node.tiers.order import EvictionOrder
 from kvstore.node.tiers.room import pick_victims
 from kvstore.node.tiers.shares import TenantShares
 from kvstore.node.tiers.slab import SlabAllocator
-from kvstore.results import Status
 
 # Headers may take up to capacity / 16 of host memory beside the arena (6 %): enough for blocks
 # down to a few KiB with typical headers; smaller blocks are bounded by header room instead.
@@ -209,19 +208,6 @@ class MemoryTier(LruIndex):
             out.append(True)
         return out
 
-    async def get_into(self, keys: Sequence[bytes], bufs: Sequence) -> list[tuple[Status, bytes | None]]:
-        """Per key: (HIT, header) with the payload copied, (MISS, None) or (BUF_TOO_SMALL, header)."""
-        out: list[tuple[Status, bytes | None]] = []
-        for k, b in zip(keys, bufs):
-            e = self._index.get(k)
-            if e is None:
-                out.append((Status.MISS, None))
-            elif memoryview(b).nbytes < entry_payload_len(e):
-                out.append((Status.BUF_TOO_SMALL, self.header_sync(k)))
-            else:
-                out.append((Status.HIT, self.read_into(k, b)))
-        return out
-
     async def delete(self, keys: Sequence[bytes]) -> list[bool]:
         return [self.remove(k) for k in keys]
 
@@ -237,14 +223,6 @@ class MemoryTier(LruIndex):
         return h.key.raw == key and checksum(self.payload_host(key)) == h.checksum
 
     # ------------------------------------------------------------------ single-key, sync
-    def read_into(self, key: bytes, buf) -> bytes | None:
-        """Copy the payload into ``buf`` (at least payload_len bytes); return the header."""
-        e = self._index.get(key)
-        if e is None:
-            return None
-        self.arena.read_into(entry_offset(e), buf, entry_payload_len(e))
-        return self._spans[self.alloc.span_of(entry_offset(e))][key]
-
     def header_sync(self, key: bytes) -> bytes | None:
         e = self._index.get(key)
         return None if e is None else self._spans[self.alloc.span_of(entry_offset(e))][key]
