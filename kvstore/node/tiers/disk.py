@@ -8,6 +8,11 @@ in the reading thread; a bad copy is reported CORRUPT and deleted.
 The in-memory index (key -> packed lengths, namespace id, copy version and access time, in LRU
 order) is rebuilt from the header database at open. Reads run on a small thread pool, writes on one writer thread (LMDB
 allows one writer); the event loop never waits on disk. Call from one event loop.
+
+One file (~450 lines) on purpose: the reads, the writes, the map-full fallback and the index
+rebuild all run against one LMDB environment under its transaction and thread rules (one
+writer thread, readers on the pool, the close that waits for both); split, each part would
+need those rules restated to be checked.
 """
 
 from __future__ import annotations
