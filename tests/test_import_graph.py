@@ -243,6 +243,7 @@ NODE_HOLDERS = (
     "kvstore/daemon/block_ops.py",
     "kvstore/daemon/descriptor_ops.py",
     "kvstore/daemon/transfer.py",
+    "kvstore/client/local.py",
 )
 
 

@@ -21,7 +21,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.block import BlockHeader, check_block
 from kvstore.client.api import PutReport
@@ -30,6 +30,10 @@ from kvstore.client.read import BlockRead, Filled, check_read
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import TIER_CODES, LookupResult
 from kvstore.results import Expect, GetResult, PutResult, Status
+
+if TYPE_CHECKING:  # the node's modules load at the first call (tiers, LMDB)
+    from kvstore.node.leases import Lease
+    from kvstore.node.store import NodeStore
 
 log = logging.getLogger("kvstore.client.local")
 _DISK = TIER_CODES["disk"]
@@ -68,15 +72,15 @@ class LocalClient:
             env={},  # the engine's environment does not configure its cache
         )
         self._counters: Counter[str] = Counter()
-        self._node = None
+        self._node: NodeStore | None = None
         self._opening: asyncio.Lock | None = None
 
     @property
-    def node(self):
+    def node(self) -> NodeStore | None:
         """The open :class:`~kvstore.node.store.NodeStore`, or None before the first call."""
         return self._node
 
-    async def _get(self):
+    async def _get(self) -> NodeStore:
         if self._node is None:
             from kvstore.node.store import NodeStore  # heavy (tiers, LMDB): only when used
 
@@ -228,7 +232,7 @@ class LocalClient:
             self._node = None
 
 
-def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> GetResult:
+def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease: Lease | None) -> GetResult:
     """One leased block's result: HIT when it matches its key and expectation and fits."""
     if lease is None:
         return GetResult(Status.MISS)
@@ -240,7 +244,9 @@ def _check_lease(key: BlockKey, view: memoryview, exp: Expect | None, lease) -> 
     return GetResult(Status.HIT, hdr, lease.tier)
 
 
-async def _reserve_copy_commit(node, blocks, views: list[memoryview]) -> list[PutResult]:
+async def _reserve_copy_commit(
+    node: NodeStore, blocks: Sequence[tuple[BlockHeader, Any]], views: list[memoryview]
+) -> list[PutResult]:
     """The node's two-phase write: a slot per block, the payload copied in, then commit."""
     reserved = await node.writer.reserve([h for h, _ in blocks])
     out: list[PutResult] = [PutResult(Status.ERROR)] * len(blocks)
