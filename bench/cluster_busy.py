@@ -129,7 +129,7 @@ async def phase(addrs: list[str], name: str, number: int, seconds: float, worker
     full = sum(1 for x in tally.copies if x >= replicas) / max(1, len(tally.copies))
     return {
         "phase": name,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "load_avg_1m": common.loadavg()[0],
         "requests": len(tally.lat_ms),
         "p50_ms": round(statistics.median(tally.lat_ms), 2),
         "p99_ms": round(pct(tally.lat_ms, 0.99), 2),

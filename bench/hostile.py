@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import resource
 import signal
@@ -142,7 +141,7 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
         "hostile": {"p50_ms": _pct(hostile, 50), "p99_ms": _pct(hostile, 99)},
     }
     attacks = {}
-    load_before = os.getloadavg()
+    load_before = common.loadavg()
     for name, attack in ATTACKS.items():
         if only and name not in only:
             continue
@@ -198,7 +197,7 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
         "target_p99_ratio": 2.0,
         "attacks": attacks,
         "load_avg_before": load_before,
-        "load_avg": os.getloadavg(),
+        "load_avg": common.loadavg(),
     }
 
 

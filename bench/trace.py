@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import common
 from common import REPO
 from trace_daemons import DAEMON_CELLS, daemon_cell
 from trace_report import DEFAULT_POLICY, cell_keys, markdown, plot, table
@@ -150,7 +150,7 @@ def main() -> None:
     traces = a.traces.split(",")
     n_req = 2000 if a.quick else (a.requests or None)
     d_req = a.daemon_requests if a.daemon_requests is not None else (300 if a.quick else 1500)
-    load = os.getloadavg()[0]
+    load = common.loadavg()[0]
     pols = a.policies.split(",") if a.policies else POLICIES
     if a.placements < 1:
         ap.error(f"--placements: must be >= 1, got {a.placements}")
@@ -194,7 +194,7 @@ def main() -> None:
         )
     print(table(rows))
     print(
-        f"requests: {n_req or 'all'} simulated, {d_req} per daemon cell; load average {load:.2f} -> {os.getloadavg()[0]:.2f}"
+        f"requests: {n_req or 'all'} simulated, {d_req} per daemon cell; load average {load:.2f} -> {common.loadavg()[0]:.2f}"
     )
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
