@@ -171,14 +171,16 @@ async def run(args) -> dict:
                 if phase != "alone":
                     arg = operator_arg(phase, args.blocks, wd)
                     cmd = [sys.executable, "-c", OPERATOR, d.admin, phase, arg]
-                    op = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+                    op = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                     await asyncio.sleep(0.3)  # its first request is under way
                 began, cpu = time.monotonic(), common.cpu_s(d.proc.pid)
                 times[phase] += await sample(client, key, args.seconds)
                 work[phase]["load"].append(common.loadavg()[0])
                 if op is not None:
                     op.terminate()  # it stops after its request under way, and reports
-                    out, _ = op.communicate(timeout=120)
+                    out, err = op.communicate(timeout=120)
+                    if len(out.split()) != 2:
+                        raise RuntimeError(f"the {phase} operator failed: {err.strip()[-2000:]}")
                     done, listed = (int(x) for x in out.split())
                     work[phase]["requests"] += done
                     work[phase]["blocks"] += listed
