@@ -56,7 +56,6 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
-    bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
@@ -112,7 +111,6 @@ class ModelConfig:
                 o_bias=arch != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
                 mlp_bias=bool(cfg.get("mlp_bias", False)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
             )
         except KeyError as exc:
