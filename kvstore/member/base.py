@@ -23,11 +23,12 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import numpy as np
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Metric
 
 from kvstore.client.membership import Membership
 from kvstore.client.placement import Node
-from kvstore.member.passes import PassRunner
+from kvstore.member.passes import PassRunner, stop_task
 from kvstore.member.peer_sessions import PeerSessions
 from kvstore.node.listing import KeyOrder
 from kvstore.node.store import NodeStore
@@ -73,12 +74,7 @@ class MemberPass:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass  # whatever the loop raised on its way out is its own
+        await stop_task(self._task)
         await self.runner.cancel(self.KIND)  # a pass under way stops at its next await
         await self.peers.close()
         await self.membership.close()
@@ -100,16 +96,18 @@ class MemberPass:
 
     # ------------------------------------------------------------ one pass
 
-    async def _view(self) -> list[Node] | None:
-        """The members to place blocks over now (sessions to the others dropped), or None when
-        this pass must skip (this node outside the view, or fewer than two members)."""
+    async def _view_and_keys(self) -> tuple[list[Node], np.ndarray] | None:
+        """The members to place blocks over now (sessions to the others dropped) and one
+        sorted snapshot of this node's keys (sorted off the loop, walked by cursor: the order
+        every pass takes, the simulation's, bench/trace_sim.py); None when this pass must skip
+        (this node outside the view, or fewer than two members)."""
         view = [m.node for m in self.membership.members]
         ids = {n.id for n in view}
         await self.peers.forget_except(ids)
         if self.self_addr not in ids or len(view) < 2:
             self.counters["passes_skipped"] += 1
             return None
-        return view
+        return view, await self._keys.build(self.node.tiers)
 
     def _finished(self, done: Counter[str], began: float, **extra: int) -> dict[str, int]:
         """Add a finished pass's counts to the totals and keep them, with ``extra``, as the last

@@ -181,15 +181,13 @@ class OrphanPass(MemberPass):
     async def _sweep(self) -> dict[str, int]:
         version = self.membership.version
         departed = self._note_departures([m.node for m in self.membership.members])
-        done: Counter[str] = Counter()
         t0 = time.monotonic()
-        view = await self._view()
-        if view is None:
-            return dict(done)
-        # one order every pass (the simulation's, bench/trace_sim.py): a sorted snapshot of
-        # the keys, sorted off the loop; walked by cursor, a slice of slice_blocks at a time.
-        # Every stage works on columns of packed keys (numpy), never block by block in Python.
-        keys = await self._keys.build(self.node.tiers)
+        got = await self._view_and_keys()
+        if got is None:
+            return {}
+        view, keys = got
+        done: Counter[str] = Counter()
+        # every stage works on columns of packed keys (numpy), never block by block in Python
         kids, pars = await self._parents(keys)  # the blocks with a parent, and that parent
         done["blocks_checked"] = len(keys)
         uniq = await asyncio.to_thread(np.unique, pars)  # each parent once, sorted off the loop

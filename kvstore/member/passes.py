@@ -80,13 +80,8 @@ class PassRunner:
     async def cancel(self, kind: str) -> None:
         """Stop the pass of ``kind`` if one runs (its owner is closing), and wait for it."""
         r = self.running.get(kind)
-        if r is None:
-            return
-        r.task.cancel()
-        try:
-            await r.task
-        except (asyncio.CancelledError, Exception):
-            pass  # its callers see what it raised; the closing owner does not
+        if r is not None:
+            await stop_task(r.task)  # its callers see what it raised; the closing owner does not
 
     async def _one_at_a_time(self, kind: str, start: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -95,6 +90,18 @@ class PassRunner:
         finally:
             if self.running.get(kind) is not None and self.running[kind].task is asyncio.current_task():
                 del self.running[kind]
+
+
+async def stop_task(task: asyncio.Task | None) -> None:
+    """Cancel ``task`` (None: nothing to stop) and wait for it to end; what it raised on its
+    way out is its own (a member's loops and passes at close)."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
 
 
 class Slices:

@@ -23,6 +23,7 @@ from kvstore.client.etcd_security import EtcdSecurity
 from kvstore.client.membership import Member, MembershipError
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
+from kvstore.member.passes import stop_task
 
 log = logging.getLogger("kvstore.member.register")
 
@@ -76,12 +77,7 @@ class Registration:
 
     async def stop(self) -> None:
         """Stop renewing and revoke the lease (best effort: etcd may be away)."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await stop_task(self._task)
         if self.registered.is_set():
             try:
                 await self.client.revoke(self.lease)

@@ -103,14 +103,12 @@ class Repair(MemberPass):
 
     async def sweep(self) -> dict[str, int]:
         """One full pass over this node's blocks; returns this pass's counts."""
-        done: Counter[str] = Counter()
         t0 = time.monotonic()
-        view = await self._view()
-        if view is None:
-            return dict(done)
-        # a sorted snapshot of the keys (sorted off the loop), walked by cursor: a slice of
-        # batch_keys per EXISTS round, a yield to the loop after each
-        keys = await self._keys.build(self.node.tiers)
+        got = await self._view_and_keys()
+        if got is None:
+            return {}
+        view, keys = got
+        done: Counter[str] = Counter()  # a slice of batch_keys per EXISTS round, a rest after each
         slices = Slices(self.counters, time.thread_time)  # rests its CPU, not its waits
         for at in range(0, len(keys), self.cfg.batch_keys):
             if self._closed:
