@@ -44,8 +44,13 @@ class ChaosNode:
     """One daemon on a fixed address (a namespaced host, or loopback when ``host`` is None)
     that can be killed, stopped, partitioned, wiped and started again on the same address."""
 
-    def __init__(self, wd: Path, port: int, host: Host | None, token_file: Path | None) -> None:
+    def __init__(
+        self, wd: Path, port: int, host: Host | None, token_file: Path | None, join: str = "", name: str = ""
+    ) -> None:
+        """``join``: an etcd URL (membership by registration, lease 2 s) instead of the static
+        ``peers``; ``name``: the node's ``node.name`` (its id; the host name when empty)."""
         self.wd, self.port, self.host, self.token_file = wd, port, host, token_file
+        self.join, self.name = join, name
         self.daemon: Daemon | None = None  # the running process, None before the first start
         self.peers: list[str] = []
 
@@ -59,9 +64,11 @@ class ChaosNode:
             "dram": {"capacity": "32MiB", "slab_size": "1MiB"},
             "disk": {"enabled": True, "path": str(self.wd / "disk"), "capacity": "256MiB", "sync": False},
             "server": {"data_port": self.port, "port_file": str(self.wd / "ports.json")},
-            "cluster": {"peers": self.peers},
+            "cluster": {"join": self.join, "lease_ttl_s": 2} if self.join else {"peers": self.peers},
             "repair": {"replicas": 2, "interval_s": 1.0, "settle_s": 0.2, "batch_keys": 64},
         }
+        if self.name:
+            cfg["node"] = {"name": self.name}
         if self.host is not None:
             cfg["server"]["host"] = self.host.ip
             cfg["auth"] = {"token_file": str(self.token_file)}
