@@ -135,8 +135,13 @@ async def test_cluster_etcd_client_survives_etcd_restart(etcd, start_daemon):
     more = make_blocks(10, NBYTES, seed=32, ns=NS)
     assert [r.status.ok for r in await c.put(more, 5.0)] == [True] * len(more)
     etcd.start()
-    await asyncio.sleep(4)  # past the lease TTL: the daemons kept (or renewed) their records
-    assert len(c.live_addrs()) == 3 and len(c.membership.members) == 3
+    # past the lease TTL the daemons kept (or renewed) their records; the client lists again
+    await until_async(
+        lambda: (len(c.live_addrs()), len(c.membership.members)),
+        60.0,
+        "three members again, all in the view",
+        ok=lambda n: n == (3, 3),
+    )
     assert (await read_all(c, blocks + more))[0] == len(blocks) + len(more)
     await c.close()
     for d in ds:
@@ -222,8 +227,9 @@ async def test_cluster_idle_watch_is_renewed_and_still_sees_joins(etcd, start_da
     url = etcd.url("t4")
     m = EtcdMembership(url, watch_idle_s=0.3)
     await m.start()
-    await asyncio.sleep(1.0)  # nothing happens: the watch is reopened after a fresh list
-    assert m.counters["watch_renewals"] >= 2 and m.counters["etcd_errors"] == 0
+    # nothing happens: the watch is reopened after a fresh list, again and again
+    await until_async(lambda: m.counters["watch_renewals"], 30.0, "two watch renewals", ok=lambda n: n >= 2)
+    assert m.counters["etcd_errors"] == 0
     d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
     await until_async(
         lambda: [x.addr for x in m.members],

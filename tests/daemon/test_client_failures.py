@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-import time
 
 import msgpack
 import numpy as np
@@ -95,9 +94,9 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
     server, port = await _stub(half_then_stall)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=0.5, probe_interval_s=60))
     buf = np.zeros(4 << 20, np.uint8)
-    t0 = time.monotonic()
     (g,) = await get_into(c, [h.key], [buf])
-    assert g.status is Status.TIMEOUT and time.monotonic() - t0 < 3
+    # the stub sends the whole block 0.8 s in: a client that waited past its deadline would hit
+    assert g.status is Status.TIMEOUT
     snapshot = buf.copy()
     await asyncio.sleep(1.0)
     assert (buf == snapshot).all(), "no copy may touch the buffer after get_into returned"

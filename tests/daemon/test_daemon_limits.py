@@ -6,7 +6,6 @@ daemon with small limits."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
@@ -129,7 +128,7 @@ def test_a_payload_costs_memory_only_as_its_bytes_come_and_has_a_deadline(limite
     before = rss_bytes(d.proc.pid)
     peers = []
     for _ in range(3):
-        p = RawPeer(d.data_port, timeout=10)
+        p = RawPeer(d.data_port, timeout=60)  # a generous bound: the daemon's is 2 s
         p.hello(TOK_A, ns)
         p.request({"op": "PUT", "hdrs": [h.encode()]}, plen=h.payload_len)
         p.send(b"\0" * 1024)
@@ -139,9 +138,9 @@ def test_a_payload_costs_memory_only_as_its_bytes_come_and_has_a_deadline(limite
     until(lambda: read_all(d.data_port, 3), 20.0, "3 connections read to the end")
     grown = rss_bytes(d.proc.pid) - before
     assert grown < 40 << 20, f"the daemon grew by {grown >> 20} MiB for 3 KiB of payload"
-    t0 = time.monotonic()
+    # closed by the daemon (a socket timeout of the test's own is False), and counted as the
+    # daemon's transfer timeouts below
     assert all(p.closed_by_peer() for p in peers)
-    assert time.monotonic() - t0 < 9  # closed by the daemon, not by the test's socket timeout
     assert scrape(d.admin, OP).value("tierkv_timeouts_total", kind="transfer") == 3
 
 
