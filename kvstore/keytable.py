@@ -75,6 +75,12 @@ class KeyTable:
     def max_entries(self) -> int:
         return self._max
 
+    def live_pairs(self) -> np.ndarray:
+        """Every stored key as an ``(n, 2)`` uint64 row, as :func:`key_pairs` gives them, in
+        log order (a copy: numpy passes only)."""
+        at = np.flatnonzero(self._alive[: self._n])
+        return np.stack((self._hi.take(at), self._lo.take(at)), axis=1)
+
     def clear(self) -> None:
         if self._n:
             self._alloc(_MIN_BITS, 1 << (_MIN_BITS - 2))

@@ -39,7 +39,6 @@ _BUSY_S = 0.00005
 # enough that a long request keeps at least a third of a loop that clients keep busy.
 _MAX_REST_S = 0.0004
 _KEY_DTYPE = f"S{KEY_BYTES}"
-_JOIN_CHUNK = 2048  # keys joined into one buffer per step (~25 us)
 KEY_CHUNK = 256  # keys turned into Python bytes per step of a page (:func:`key_chunks`)
 
 
@@ -88,11 +87,13 @@ class LoopSlices:
         self._since = time.perf_counter()
 
 
-def _sorted_distinct(parts: list[bytes]) -> np.ndarray:
-    """The distinct keys of ``parts`` (runs of whole raw keys), in the bytes' order. Numpy
-    work only (it sorts and compares without the interpreter lock), so the loop's thread
-    never waits on this one; a key in DRAM and on disk is there once."""
-    ordered = np.sort(np.frombuffer(b"".join(parts), dtype=_KEY_DTYPE))
+def _sorted_distinct(parts: list[np.ndarray]) -> np.ndarray:
+    """The distinct keys of ``parts`` (each tier's keys as ``(n, 2)`` uint64 rows, the key's
+    bytes in memory order), in the bytes' order. Numpy work only (it sorts and compares
+    without the interpreter lock), so the loop's thread never waits on this one; a key in
+    DRAM and on disk is there once."""
+    rows = np.concatenate(parts) if parts else np.empty((0, KEY_BYTES // 8), dtype=np.uint64)
+    ordered = np.sort(np.ascontiguousarray(rows, dtype="<u8").view(_KEY_DTYPE).ravel())
     words = ordered.view(">u8").reshape(-1, KEY_BYTES // 8)
     distinct = np.ones(len(ordered), dtype=bool)
     np.any(words[1:] != words[:-1], axis=1, out=distinct[1:])
@@ -113,15 +114,10 @@ class KeyOrder:
         one was taken meanwhile."""
         taken = time.monotonic()
         slices = LoopSlices()
-        parts: list[bytes] = []
-        for tier in tiers:
-            # one C-level copy (~1 ms per 100,000 keys, the one step not cut into slices): the
-            # tier may change at the next await, and a dict's keys cannot be walked across one
-            keys = list(tier.keys())
-            await slices.rest()
-            for off in range(0, len(keys), _JOIN_CHUNK):
-                parts.append(b"".join(keys[off : off + _JOIN_CHUNK]))
-                await slices.tick()
+        parts: list[np.ndarray] = []
+        for tier in tiers:  # each tier's keys in one numpy copy (the tier may change at an await)
+            parts.append(tier.key_pairs())
+            await slices.tick()
         snap = await asyncio.to_thread(_sorted_distinct, parts)
         if taken > self._taken:
             self._keys, self._taken = snap, taken

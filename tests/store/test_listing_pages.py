@@ -80,6 +80,19 @@ async def test_every_block_is_listed_once_in_key_order_zero_tailed_keys_included
         assert [i.key.raw for i in page.blocks] == [w for w in want if w > k][:1]
 
 
+async def test_each_tiers_key_pairs_are_its_keys_after_puts_and_deletes(node):
+    """The key snapshot reads each tier's probe table (numpy, no Python per key): it must be
+    the tier's dict exactly, whatever changed since the table's last sync."""
+    blocks = [_block(NS, i) for i in range(500)] + _zero_tailed(NS, 2)
+    assert all(r.status.ok for r in await node.writer.put(blocks))
+    assert all(await node.delete([h.key for h, _ in blocks[::3]]))
+    for tier in node.inspector.tiers:
+        raw = tier.key_pairs().astype("<u8").tobytes()
+        assert sorted(raw[o : o + 16] for o in range(0, len(raw), 16)) == sorted(tier.keys()), tier.name
+    keys, _ = await _follow(node, 100)
+    assert keys == sorted(h.key.raw for i, (h, _) in enumerate(blocks) if i % 3)
+
+
 async def test_a_rare_namespace_is_followed_past_pages_that_find_nothing(node):
     common = [_block(NS, i) for i in range(2 * SCAN_MIN + 100)]
     rare = [_block(RARE, i) for i in range(5)] + _zero_tailed(RARE, 2)

@@ -332,3 +332,10 @@ class LruIndex:
     def keys(self) -> Iterator[bytes]:
         """Stored keys, in no particular order."""
         return iter(self._index)
+
+    def key_pairs(self) -> np.ndarray:
+        """Every stored key as an ``(n, 2)`` uint64 row (kvstore.keytable.key_pairs), from the
+        probe table brought to the dict first: no Python per key (a listing's key snapshot of
+        100,000 keys as ``list(keys())`` held the loop 1-2 ms)."""
+        self._sync_table()
+        return self._table.live_pairs()
