@@ -10,9 +10,10 @@ listing (and when it is older than ``max_age_s``) and otherwise shared, so a pag
 binary search instead of a pass over every key. It is only ever replaced by a newer one: the
 snapshot a page reads was taken after its listing started, and holds every block stored since.
 
-Same threading rules as the node: the tiers are read on the event loop; the sort runs on a
-thread (numpy releases the interpreter lock while it sorts: no Python runs there, so the
-loop never waits for that thread's lock), and Python work over many keys runs in slices of
+Same threading rules as the node: the tiers are read on the event loop (a tier's keys in one
+numpy copy of its probe table, ``key_pairs``: no Python per key); the sort runs on a thread
+(numpy releases the interpreter lock while it sorts: no Python runs there, so the loop never
+waits for that thread's lock), and Python work over many keys runs in slices of
 :data:`SLICE_S` (:class:`LoopSlices`) with the data port's requests served in between.
 """
 
