@@ -49,9 +49,6 @@ class HostArena:
         mv = memoryview(src).cast("B")
         self.view[offset : offset + mv.nbytes] = mv
 
-    def read_into(self, offset: int, dst, nbytes: int) -> None:
-        memoryview(dst).cast("B")[:nbytes] = self.view[offset : offset + nbytes]
-
     def read(self, offset: int, nbytes: int) -> bytes:
         return bytes(self.view[offset : offset + nbytes])
 
@@ -100,10 +97,6 @@ class CudaArena:
     def write(self, offset: int, src) -> None:
         t = self._torch.frombuffer(memoryview(src).cast("B"), dtype=self._torch.uint8)
         self.tensor[offset : offset + t.numel()].copy_(t)
-
-    def read_into(self, offset: int, dst, nbytes: int) -> None:
-        out = self._torch.frombuffer(memoryview(dst).cast("B")[:nbytes], dtype=self._torch.uint8)
-        out.copy_(self.tensor[offset : offset + nbytes])
 
     def read(self, offset: int, nbytes: int) -> bytes:
         return self.tensor[offset : offset + nbytes].cpu().numpy().tobytes()

@@ -43,9 +43,6 @@ class CountArena:
             self._zeros = bytes(nbytes)
         return self._zeros[:nbytes]
 
-    def read_into(self, offset: int, dst, nbytes: int) -> None:
-        memoryview(dst).cast("B")[:nbytes] = self.read(offset, nbytes)
-
     def close(self) -> None:
         pass
 
