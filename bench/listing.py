@@ -44,7 +44,7 @@ EMPTY = Namespace("bench-listing-empty", "uint8", 4)
 ADMIN_PHASES = ("listing", "filtered", "lookup", "verify", "evict", "stats", "metrics", "show")
 
 # The operator: sends one admin request of its kind after the other until stopped, then
-# prints "<requests> <blocks listed>" (a separate process: its JSON decoding never delays the
+# prints "<HTTP requests> <blocks listed or verified>" (a separate process: its JSON decoding never delays the
 # measuring client, and it shares the host's cores as a real operator's would).
 OPERATOR = """
 import asyncio, json, signal, sys, aiohttp
@@ -67,6 +67,7 @@ async def main(url, kind, arg):
                 q = {"limit": "10000", **({"namespace": arg} if arg else {})}
                 while not stop.is_set():
                     p = await page(q)
+                    done += 1
                     listed += len(p["blocks"])
                     if p["next"] is None:
                         break
@@ -75,19 +76,22 @@ async def main(url, kind, arg):
                 after = None
                 while not stop.is_set():
                     v = await post("/v1/verify", {"after": after, "limit": 1000})
+                    done += 1
                     listed += v["keys"]
                     after = v["next"]
                     if after is None:
                         break
             elif kind == "lookup":
                 await post("/v1/lookup", {"keys": keys})
+                done += 1
             elif kind == "evict":
                 await post("/v1/evict", {"namespace": arg})
+                done += 1
             else:
                 async with s.get(arg) as r:
                     assert r.status == 200, await r.text()
                     await r.read()
-            done += 1
+                done += 1
     print(done, listed, flush=True)
 asyncio.run(main(*sys.argv[1:]))
 """
@@ -193,12 +197,12 @@ async def run(args) -> dict:
     alone = res["alone"]["p99_ms"]
     for p in phases:
         res[p]["p99_x_alone"] = res[p]["p99_ms"] / alone
-        res[p]["blocks_per_s"] = res[p]["blocks"] / max(res[p]["seconds"], 1e-9)
+        full = p in ("listing", "verify") and res[p]["blocks"]  # every block is a row (or a check)
+        res[p]["blocks_per_s"] = res[p]["blocks"] / max(res[p]["seconds"], 1e-9) if full else None
         # the daemon's CPU per block listed, beyond what serving the round trips alone costs
         serving = res["alone"]["daemon_cpu_s"] / max(res["alone"]["n"], 1) * res[p]["n"]
         admin_cpu = res[p]["daemon_cpu_s"] - serving
         res[p]["daemon_ms_per_request"] = admin_cpu / res[p]["requests"] * 1e3 if res[p]["requests"] else None
-        full = p in ("listing", "verify") and res[p]["blocks"]  # every block is a row (or a check)
         res[p]["daemon_us_per_block"] = admin_cpu / res[p]["blocks"] * 1e6 if full else None
     return {
         "blocks": args.blocks,
@@ -233,7 +237,7 @@ def main() -> None:
             s["max_ms"],
             s["p99_x_alone"],
             s["requests"],
-            s["blocks_per_s"] or None,
+            s["blocks_per_s"],
             s["daemon_ms_per_request"],
             s["daemon_us_per_block"],
             max(s["load"]),
