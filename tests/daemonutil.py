@@ -19,6 +19,7 @@ from polling import until
 
 from kvstore import protocol as P
 from kvstore.keys import Namespace
+from kvstore.results import Status
 
 REPO = Path(__file__).resolve().parents[1]
 _LEN = struct.Struct(">I")
@@ -142,6 +143,15 @@ def frame(header: dict[str, Any], plen: int = 0) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` (VmRSS), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 def unread_bytes(port: int, local_port: int) -> int | None:
     """Bytes the daemon listening on ``port`` has not yet read from the connection whose client
     end is ``local_port`` (its receive queue in /proc/net/tcp), None when not found."""
@@ -200,6 +210,15 @@ class RawPeer:
         """Send a request's header (and announce ``plen`` payload bytes, not sent here)."""
         self._rid += 1
         self.send(frame({**header, "rid": self._rid}, plen))
+
+    def put_each(self, blocks) -> None:
+        """PUT each ``(header, payload)`` of ``blocks`` in a request of its own; each must be
+        STORED."""
+        for h, payload in blocks:
+            self.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
+            self.send(payload)
+            st = self.reply()["st"][0]
+            assert st == int(Status.STORED), f"PUT of {h.key}: status {st}"
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

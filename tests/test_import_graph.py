@@ -243,6 +243,8 @@ NODE_HOLDERS = (
     "kvstore/daemon/block_ops.py",
     "kvstore/daemon/descriptor_ops.py",
     "kvstore/daemon/transfer.py",
+    "kvstore/daemon/dataport.py",
+    "kvstore/daemon/handshake.py",
     "kvstore/client/local.py",
 )
 

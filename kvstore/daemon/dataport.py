@@ -71,7 +71,9 @@ from kvstore.daemon.logs import RateLimitedLog, kv
 from kvstore.daemon.metrics import DaemonMetrics
 from kvstore.daemon.replies import ReplyQueue
 from kvstore.daemon.session import Session
+from kvstore.daemon.slab_rdma import SlabRdma
 from kvstore.daemon.transfer import Transfers
+from kvstore.node.store import NodeStore
 from rdma.channel import SocketChannel
 from rdma.framing import FrameError, decode_header, header_length, payload_len
 
@@ -101,7 +103,13 @@ class DataServer:
     HELLO's RDMA offers; ``server.transport`` decides what happens to clients without one."""
 
     def __init__(
-        self, node, sock: socket.socket, tokens: TokenTable, metrics: DaemonMetrics, cfg, rdma=None
+        self,
+        node: NodeStore,
+        sock: socket.socket,
+        tokens: TokenTable,
+        metrics: DaemonMetrics,
+        cfg,
+        rdma: SlabRdma | None = None,
     ) -> None:
         self.node = node
         self.rdma = rdma

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from daemonutil import RawPeer, frame, unread_bytes
+from daemonutil import RawPeer, frame, rss_bytes, unread_bytes
 from polling import until
 from scraping import scrape
 
@@ -28,14 +28,6 @@ def daemon(start_daemon, tmp_path):
         return start_daemon(auth={"token_file": str(f)}, limits=limits, server=server or {})
 
     return start
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_reserve_of_a_block_without_a_slot_holds_no_buffer(daemon, ns, blocks_of):
@@ -74,10 +66,7 @@ def test_one_get_reads_at_most_max_frame_bytes_from_disk(daemon, ns, blocks_of):
     blocks = blocks_of(ns.with_tenant("alpha"), 5, 5 << 20)
     p = RawPeer(d.data_port, timeout=20)
     p.hello(TOK, ns)
-    for h, payload in blocks:
-        p.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
-        p.send(payload)
-        assert p.reply()["st"][0] == int(Status.STORED)
+    p.put_each(blocks)
     p.request({"op": "EXISTS", "keys": b"".join(h.key.raw for h, _ in blocks)})
     assert p.reply()["tiers"] == b"\x03" * 5
     p.request({"op": "GET", "keys": b"".join([h.key.raw for h, _ in blocks])})
@@ -169,10 +158,7 @@ def test_leases_of_disk_blocks_hold_at_most_max_frame_bytes_per_connection(daemo
     blocks = blocks_of(ns.with_tenant("alpha"), 5, 5 << 20)
     p = RawPeer(d.data_port, timeout=20)
     p.hello(TOK, ns)
-    for h, payload in blocks:
-        p.request({"op": "PUT", "hdrs": [h.encode()]}, plen=len(payload))
-        p.send(payload)
-        assert p.reply()["st"][0] == int(Status.STORED)
+    p.put_each(blocks)
     handles = []
     for h, _ in blocks:  # one block per request: the bound is the connection's, not the request's
         p.request({"op": "LEASE", "keys": h.key.raw, "ttl": 60.0})
