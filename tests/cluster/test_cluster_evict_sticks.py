@@ -12,13 +12,13 @@ import json
 import subprocess
 import sys
 
-from cluster.cluster_etcd import free_port
+from cluster.static_cluster import StaticCluster, copies
 from polling import until_async
 from scraping import scrape_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig
 from kvstore.keys import Namespace
 
 NS = Namespace("evict-sticks", "uint8", 4)
@@ -37,12 +37,7 @@ async def repair_passes(ds) -> list[float]:
 
 async def held(addrs: list[str], keys) -> int:
     """Copies of ``keys`` over ``addrs``."""
-    total = 0
-    for a in addrs:
-        n = NodeClient(a, FAST)
-        total += sum(t is not None for t in (await n.lookup(keys, 5.0)).names())
-        await n.close()
-    return total
+    return sum(await copies(addrs, keys, FAST))
 
 
 def kvstore(*args: str) -> subprocess.CompletedProcess:
@@ -54,17 +49,8 @@ def kvstore(*args: str) -> subprocess.CompletedProcess:
 async def test_a_namespace_evicted_while_a_node_was_down_stays_evicted_when_it_returns(
     start_daemon, tmp_path
 ):
-    ports = [free_port() for _ in range(3)]
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    member = {
-        "cluster": {"peers": addrs},
-        "repair": {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64},
-    }
-
-    def node(i: int):
-        return start_daemon(workdir=tmp_path / f"n{i}", server={"data_port": ports[i]}, **member)
-
-    ds = [node(i) for i in range(3)]
+    cluster = StaticCluster(start_daemon, tmp_path)
+    ds, addrs = cluster.daemons, cluster.addrs
     c = ClusterClient.static(addrs, FAST, STEADY)
     blocks = make_blocks(64, NBYTES, seed=23, ns=NS)
     kept = make_blocks(16, NBYTES, seed=24, ns=KEEP)
@@ -89,7 +75,7 @@ async def test_a_namespace_evicted_while_a_node_was_down_stays_evicted_when_it_r
     assert text.returncode == 2 and "NOT REACHED" in text.stdout and ds[2].admin in text.stdout
     assert await held(addrs[:2], keys) == 0
 
-    ds[2] = node(2)  # back, with its disk (and the evicted blocks on it)
+    cluster.start(2)  # back, with its disk (and the evicted blocks on it)
     await until_async(
         lambda: held(addrs, keys), 30.0, "no evicted copy back", ok=lambda left: left == 0, interval_s=0.25
     )

@@ -14,6 +14,8 @@ import sys
 import time
 
 from cluster.cluster_etcd import free_port
+from cluster.static_cluster import StaticCluster
+from cluster.static_cluster import copies as copies_on
 from polling import until_async
 from storeutil import make_blocks
 
@@ -45,29 +47,14 @@ async def assert_peer_sessions_work(addr: str) -> None:
 
 async def copies(addrs: list[str], keys) -> list[int]:
     """How many of ``addrs`` hold each key."""
-    out = [0] * len(keys)
-    for a in addrs:
-        n = NodeClient(a, FAST)
-        for i, t in enumerate((await n.lookup(keys, 5.0)).names()):
-            out[i] += t is not None
-        await n.close()
-    return out
+    return await copies_on(addrs, keys, FAST)
 
 
 async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_failure_costs_nothing(
     start_daemon, tmp_path
 ):
-    ports = [free_port() for _ in range(3)]
-    addrs = [f"127.0.0.1:{p}" for p in ports]
-    member = {
-        "cluster": {"peers": addrs},
-        "repair": {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64},
-    }
-
-    def node(i: int):
-        return start_daemon(workdir=tmp_path / f"n{i}", server={"data_port": ports[i]}, **member)
-
-    ds = [node(i) for i in range(3)]
+    cluster = StaticCluster(start_daemon, tmp_path)
+    ds, addrs = cluster.daemons, cluster.addrs
     await assert_peer_sessions_work(addrs[0])
     c = ClusterClient.static(addrs, FAST, SCENE)
     blocks = make_blocks(150, NBYTES, seed=5, ns=NS)
@@ -79,7 +66,7 @@ async def test_cluster_repair_restores_copies_on_a_replaced_node_then_a_second_f
     shutil.rmtree(tmp_path / "n0" / "disk")
     held_before = sum(x == 2 for x in await copies(addrs[1:], keys))
     assert held_before < len(blocks)  # the survivors lack what node 0 held: it must come back
-    ds[0] = node(0)  # the replacement: empty, same address
+    cluster.start(0)  # the replacement: empty, same address
     await until_async(
         lambda: copies(addrs, keys),
         30.0,

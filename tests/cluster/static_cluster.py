@@ -1,0 +1,54 @@
+"""A static cluster of daemons on loopback for the repair tests: every member's address is
+known before any starts (``cluster.peers``), node-side repair runs quick passes, and a node
+starts again on its own address (its disk kept, or wiped by the test first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cluster.cluster_etcd import free_port
+from daemonutil import Daemon
+
+from kvstore.client.node import ClientConfig, NodeClient
+
+REPAIR = {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64}
+
+
+class StaticCluster:
+    """``n`` members started by the ``start_daemon`` fixture, each under ``workdir/n<i>``."""
+
+    def __init__(self, start_daemon: Callable[..., Daemon], workdir: Path, n: int = 3) -> None:
+        self._start_daemon = start_daemon
+        self.workdir = workdir
+        self.ports = [free_port() for _ in range(n)]
+        self.addrs = [f"127.0.0.1:{p}" for p in self.ports]
+        self.daemons: list[Daemon] = []
+        for i in range(n):
+            self.daemons.append(self._launch(i))
+
+    def _launch(self, i: int) -> Daemon:
+        return self._start_daemon(
+            workdir=self.workdir / f"n{i}",
+            server={"data_port": self.ports[i]},
+            cluster={"peers": self.addrs},
+            repair=dict(REPAIR),
+        )
+
+    def start(self, i: int) -> Daemon:
+        """Member ``i`` again, on its address and work dir (``daemons[i]`` is the new one)."""
+        self.daemons[i] = self._launch(i)
+        return self.daemons[i]
+
+
+async def copies(addrs: list[str], keys, cfg: ClientConfig) -> list[int]:
+    """How many of ``addrs`` hold each key (a node that does not answer holds none)."""
+    out = [0] * len(keys)
+    for a in addrs:
+        n = NodeClient(a, cfg)
+        try:
+            for i, t in enumerate((await n.lookup(keys, 5.0)).names()):
+                out[i] += t is not None
+        finally:
+            await n.close()
+    return out
