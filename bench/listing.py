@@ -57,6 +57,7 @@ async def main(url, kind, arg):
     done = listed = 0
     keys = json.load(open(arg)) if kind == "lookup" else None
     async with aiohttp.ClientSession(url) as s:
+        print("ready", flush=True)
         async def page(params):
             async with s.get("/v1/blocks", params=params) as r:
                 assert r.status == 200, await r.text()
@@ -189,6 +190,10 @@ async def run(args) -> dict:
                         arg,
                     ]
                     op = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    # started (a niced process on a loaded host imports slowly) and stoppable
+                    ready = await asyncio.wait_for(asyncio.to_thread(op.stdout.readline), 120)
+                    if ready.strip() != "ready":
+                        raise RuntimeError(f"the {phase} operator did not start: {op.stderr.read()[-2000:]}")
                     await asyncio.sleep(0.3)  # its first request is under way
                 began, cpu = time.monotonic(), common.cpu_s(d.proc.pid)
                 times[phase] += await sample(client, key, args.seconds)
