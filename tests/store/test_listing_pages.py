@@ -11,7 +11,8 @@ import json
 import socket
 import time
 
-from kvstore.block import make_header
+from storeutil import make_blocks
+
 from kvstore.daemon.admin_inspect import block_json, row_json
 from kvstore.keys import BlockKey, Namespace
 from kvstore.node.inspection import SCAN_MIN
@@ -23,18 +24,8 @@ RARE = Namespace("listing-pages-rare", "uint8", 4)
 
 
 def _block(ns: Namespace, i: int):
-    tokens = [i & 0xFFFF, i >> 16, 7, 9]
-    payload = i.to_bytes(4, "little") * 4
-    h = make_header(
-        key=ns.block_keys(tokens)[0],
-        parent=ns.id,
-        namespace=ns.id,
-        tokens=tokens,
-        dtype="uint8",
-        shape=[16],
-        payload=payload,
-    )
-    return h, payload
+    """Block ``i`` of ``ns``: one block below the namespace's root, its tokens made of ``i``."""
+    return make_blocks(1, 16, ns=ns, tokens=[i & 0xFFFF, i >> 16, 7, 9], seed=i)[0]
 
 
 def _zero_tailed(ns: Namespace, n: int) -> list:
