@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -211,6 +212,7 @@ async def run(args) -> dict:
         await client.close()
     finally:
         d.stop()
+        shutil.rmtree(wd, ignore_errors=True)  # 100,000 blocks on disk: ~80 MB
     res = {p: {**summary(times[p]), **work[p]} for p in phases}
     alone = res["alone"]["p99_ms"]
     for p in phases:
