@@ -12,6 +12,7 @@ Everything runs on one event loop; nothing here is thread-safe.
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import json
 import logging
@@ -126,6 +127,10 @@ class Daemon:
         self.data = DataServer(self.node, data_sock, self.tokens, self.metrics, cfg, self.rdma)
         data_sock.listen(512)  # only now: the node is open and can serve what connects
         self.data.start()
+        # what exists now (modules, the opened node's tables) lives as long as the daemon:
+        # keep it out of the collector's full passes, which would walk it on the loop (~30 ms
+        # per pass beside a 100k-block node, measured in-process; 6 ms after freezing)
+        gc.freeze()
         self.data_port = data_sock.getsockname()[1]
         self._write_port_file()
         log.info(
