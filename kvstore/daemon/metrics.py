@@ -120,20 +120,6 @@ def _eviction_families(tiers: dict, node: dict):
     yield from (hit_tokens, by_reason, refused, orphans, ns_bytes, tenant_bytes)
 
 
-class _Collected:
-    """Families already collected: ``render`` formats them (in a worker thread: the text of a
-    large scrape is the costly part, and it touches no node state)."""
-
-    def __init__(self, families: list) -> None:
-        self._families = families
-
-    def collect(self):
-        return iter(self._families)
-
-    def render(self) -> bytes:
-        return generate_latest(self)  # type: ignore[arg-type]
-
-
 class DaemonMetrics:
     """All of one daemon's metrics. Not thread-safe beyond what prometheus_client gives."""
 
@@ -184,12 +170,6 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-    def collect(self) -> _Collected:
-        """Every family's samples now (on the loop: the collectors read the node's state),
-        for :meth:`_Collected.render` off it. Bounded in size: per tier, tenants and the top
-        namespaces (kvstore.node.tiers.namespace_ids.NamespaceIds.usage_summary)."""
-        return _Collected(list(self.registry.collect()))
 
     def snapshot(self) -> dict[str, float]:
         """Counter totals for ``/v1/stats`` and the STATS op."""
