@@ -30,7 +30,10 @@ the request's chain ``keys``):
   CUDA after what a broken-off copy enqueued), and the load ends as for any other failure.
 
 Owns the staging slots (connector/staging.py: allocated and touched once, registered with the
-store once) and the copy thread; runs on the engine's event loop.
+store once) and the copy thread; runs on the engine's event loop. One file (~400 lines) on
+purpose: the batch pipeline, the slot hand-back and the copy ordering above are one contract
+whose every path ends in "give the slot back, recompute the rest"; split, the hand-back rules
+would live apart from the paths that must follow them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (SSE streaming),
-/v1/models, /health, /metrics. Bad requests get OpenAI-style 4xx error bodies."""
+/v1/models, /health, /metrics. Bad requests get OpenAI-style 4xx error bodies.
+
+One file (~360 lines) on purpose: it is the whole HTTP surface, routes beside the request
+checks and error bodies they share, read as one contract with the OpenAI API."""
 
 from __future__ import annotations
 

@@ -57,6 +57,9 @@ Contract:
   ``why``) and counted (``ejected_<why>``, ``readmitted_<why>``, ``marked_down``,
   ``marked_up``); :meth:`time_out` gives each node's seconds out of the view.
 Loop-bound, like the node clients. ``close()`` stops probes and the loop-lag monitor.
+One file (~400 lines) on purpose: the estimates, the floor, the two judgements of silence
+and readmission decide together whether a node is in the view; the sample window and the
+probe live apart (healthwindow.py, healthprobe.py).
 """
 
 from __future__ import annotations

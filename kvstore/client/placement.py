@@ -1,5 +1,8 @@
 """Weighted rendezvous (highest-random-weight) placement of block keys over nodes.
 
+One file (~350 lines) on purpose: the scalar order, its numpy twin and the cache of orders
+must agree key for key, and are read and changed together.
+
 Contract: :func:`rank` orders all given nodes for one key, deterministically (xxh3 of the key
 and the node id; no seeds, the same order in every process). The first ``replicas`` nodes of
 the order lie on distinct nodes and, while enough zones exist, on distinct zones; the rest
