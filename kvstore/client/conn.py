@@ -162,7 +162,7 @@ class Conn:
         reply = await self._call(P.ExistsRequest(self._next(), keys))
         return P.ExistsReply.from_wire(reply, len(keys)).codes
 
-    async def get_into(
+    async def get(
         self, keys: Sequence[BlockKey], views: Sequence[memoryview], expect: Sequence[Expect | None]
     ) -> GetResults:
         """GET into ``views``, in frames whose payloads fit the node's ``max_frame``, pipelined:

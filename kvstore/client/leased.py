@@ -1,6 +1,6 @@
 """The descriptor path of :class:`kvstore.client.node.NodeClient`: GET and PUT the RDMA way.
 
-``get_into`` runs LEASE -> read -> RELEASE and ``put`` RESERVE -> write ->
+``get`` runs LEASE -> read -> RELEASE and ``put`` RESERVE -> write ->
 COMMIT. The transport moving the bytes is chosen per call: one-sided RDMA READ/WRITE
 (:func:`kvstore.client.rdma.move`) when the connection has a queue pair and every local buffer
 is registered (``register``), else :class:`rdma.tcp.TcpTransport` (the node copies the leased or
@@ -41,7 +41,7 @@ class DescriptorPath:
         self.counters = counters
         self._run = run
 
-    async def get_into(
+    async def get(
         self,
         keys: Sequence[BlockKey],
         bufs: Sequence[Any],
@@ -51,9 +51,9 @@ class DescriptorPath:
         """GET the RDMA way: LEASE (descriptors), one-sided reads, RELEASE. With RDMA (the
         connection has a queue pair and every buffer is registered) the client pulls the bytes
         from the node's slab with RDMA READ, and blocks outside the slab come with GET inline;
-        otherwise the node copies the leased bytes over TCP. Same results as ``get_into``, or the
+        otherwise the node copies the leased bytes over TCP. Same results as :meth:`Conn.get`, or the
         Status of a failed call (the caller counts either)."""
-        exp = check_read("get_into (descriptor path)", keys, bufs, expect)
+        exp = check_read("read (descriptor path)", keys, bufs, expect)
         views = [byte_view(b) for b in bufs]
 
         async def go(conn: Conn) -> list[GetResult]:
@@ -83,7 +83,7 @@ class DescriptorPath:
             if handles and not conn.closed:
                 await conn.release(handles)
             if inline and not conn.closed:
-                got = await conn.get_into(
+                got = await conn.get(
                     [keys[i] for i in inline], [views[i] for i in inline], [exp[i] for i in inline]
                 )
                 for i, g in zip(inline, got):

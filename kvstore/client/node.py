@@ -109,13 +109,13 @@ class NodeClient(NodeConnections):
     ) -> GetResults:
         views = [byte_view(b) for b in bufs]
         if self.cfg.descriptors == "always" or (self.one_sided and self.rdma.covers(views)):
-            return self._count_gets(await self._leased.get_into(keys, views, exp, deadline_s), len(keys))
+            return self._count_gets(await self._leased.get(keys, views, exp, deadline_s), len(keys))
         parts = [
             self._count_gets(r, j - i)
             for (i, j), r in await self._striped(
                 "GET",
                 [v.nbytes for v in views],
-                lambda c, i, j: c.get_into(keys[i:j], views[i:j], exp[i:j]),
+                lambda c, i, j: c.get(keys[i:j], views[i:j], exp[i:j]),
                 deadline_s,
             )
         ]
