@@ -8,16 +8,11 @@ import subprocess
 import sys
 
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 def test_unreachable_node(cli):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     for cmd in (["ls"], ["stats"], ["show", "ab" * 16], ["verify"], ["pin", "ab" * 16]):
         r = cli(*cmd, "--node", url)
         assert r.code == 2, cmd
@@ -30,7 +25,7 @@ def test_unreachable_node(cli):
 
 def test_one_unreachable_node_among_good_ones_fails_naming_it(cli, start_daemon):
     d = start_daemon(use_disk=False)
-    bad = f"http://127.0.0.1:{_free_port()}"
+    bad = f"http://127.0.0.1:{free_port()}"
     r = cli("ls", "--node", d.admin, "--node", bad)
     assert r.code == 2 and bad in r.err and d.admin not in r.err
 

@@ -24,11 +24,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.cluster_etcd import free_port
 from cluster.cluster_hosts import NS as HOST_NS
 from cluster.cluster_hosts import OPERATOR_TOKEN, TENANT, TENANT_NS, TOKEN
 from cluster.cluster_netns import Host, Net
 from daemonutil import REPO, Daemon, _toml, wait_serving
+from ports import free_port
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig

@@ -3,9 +3,7 @@ host (loopback, or the test bridge's address so namespaced daemons reach it)."""
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import ssl
 import subprocess
 import urllib.request
@@ -13,38 +11,14 @@ from pathlib import Path
 
 from cluster.etcd_tls import TlsFiles
 from polling import until
+from ports import free_port
 
-_FIXED_FLOOR = 20000  # below: well-known and registered services' ports
 ETCD_MISSING = "etcd is not installed (Debian: etcd-server; `make test` installs it when run as root)"
 
 
 def etcd_missing() -> str:
     """The one skip reason of every test that needs etcd ('' when it is installed)."""
     return "" if shutil.which("etcd") else ETCD_MISSING
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, for a process that binds it a moment later (a static
-    member's address must be known before it starts). Picked below the kernel's ephemeral
-    range, which every outgoing connection draws its local port from: on a busy host a port
-    from that range (what binding port 0 gives) was taken by someone's client connection
-    before the daemon bound it ("Address already in use")."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    rnd = random.Random()
-    for _ in range(200 if low > _FIXED_FLOOR + 1000 else 0):
-        port = rnd.randrange(_FIXED_FLOOR, low)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class Etcd:

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import aiohttp
 from cluster.chaos_run import NBYTES, ChaosNode
-from cluster.cluster_etcd import Etcd, free_port
+from cluster.cluster_etcd import Etcd
 from cluster.cluster_hosts import NS as HOST_NS
 from cluster.cluster_hosts import OPERATOR_TOKEN, TENANT, TENANT_NS, TOKEN
 from cluster.cluster_netns import Net
+from ports import free_port
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig

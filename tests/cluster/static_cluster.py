@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster.cluster_etcd import free_port
 from daemonutil import Daemon
+from ports import free_port
 
 from kvstore.client.node import ClientConfig, NodeClient
 

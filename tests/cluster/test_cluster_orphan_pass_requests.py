@@ -18,8 +18,8 @@ import signal
 import urllib.request
 
 import pytest
-from cluster.cluster_etcd import free_port
 from polling import until_async
+from ports import free_port
 from scraping import scrape
 from storeutil import make_blocks
 

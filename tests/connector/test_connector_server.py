@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,10 @@ import urllib.request
 
 import aiohttp
 import pytest
+from ports import free_port
 from scraping import scrape_async
 
 MAX_TOKENS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -45,7 +39,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[int]]):
     """Start a server with ``connector``, send ``prompts`` 8 at a time. Returns
     ([(text, cached_tokens)], the server's /metrics at the end: tests/scraping.py's Scrape)."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--model", model_dir, "--port", str(port),
            "--device", "cpu", "--num-pages", "512", "--no-prefix-cache", "--kv-connector", connector,
            "--served-model-name", "m"]  # fmt: skip

@@ -148,11 +148,7 @@ def test_during_a_slow_start_connects_are_refused_and_readyz_says_503(tmp_path):
     import urllib.request
 
     from daemonutil import REPO
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    from ports import free_port
 
     data_port, admin_port = free_port(), free_port()
     (tmp_path / "node.toml").write_text(
