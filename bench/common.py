@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ for _p in (REPO, REPO / "tests"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from ports import free_port  # noqa: E402 - tests/ports.py, the one helper (stdlib only)
+
 _TICK = os.sysconf("SC_CLK_TCK")
 
 __all__ = [
@@ -44,13 +45,6 @@ __all__ = [
     "start_daemon",
     "write_json",
 ]
-
-
-def free_port() -> int:
-    """A loopback TCP port free at the moment of the call."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_daemon(
