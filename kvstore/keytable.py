@@ -66,6 +66,7 @@ class KeyTable:
         self._val = np.zeros(entries, dtype=np.int32)
         self._alive = np.zeros(entries, dtype=bool)
         self._n = 0  # entries used (live and dead)
+        self.added = 0  # new keys ever inserted: while it stands still, no key joined
         self._live = 0
 
     def __len__(self) -> int:
@@ -193,6 +194,7 @@ class KeyTable:
         k = len(new)
         if not k:
             return
+        self.added += k
         if self._n + k > len(self._hi) or 4 * (self._n + k) > 1 << self._bits:
             self._rebuild(self._live + k)
         first = self._n

@@ -109,11 +109,16 @@ class KeyOrder:
         self.max_age_s = max_age_s
         self._keys = np.empty(0, dtype=_KEY_DTYPE)
         self._taken = -math.inf  # monotonic time the snapshot's keys were read
+        self._added: tuple[int, ...] | None = None  # the tiers' keys_added() when it was read
+        self.builds = 0  # snapshots read (each sorts every key once)
 
     async def build(self, tiers: Sequence) -> np.ndarray:
         """A new snapshot of every tier's keys; it replaces the shared one unless a newer
         one was taken meanwhile."""
         taken = time.monotonic()
+        self.builds += 1
+        added = tuple(t.keys_added() for t in tiers)  # before the keys: a key added later
+        # makes the next listing build again
         slices = LoopSlices()
         parts: list[np.ndarray] = []
         for tier in tiers:  # each tier's keys in one numpy copy (the tier may change at an await)
@@ -121,13 +126,16 @@ class KeyOrder:
             await slices.tick()
         snap = await asyncio.to_thread(_sorted_distinct, parts)
         if taken > self._taken:
-            self._keys, self._taken = snap, taken
+            self._keys, self._taken, self._added = snap, taken, added
         return snap
 
     async def current(self, tiers: Sequence, fresh: bool) -> np.ndarray:
-        """The shared snapshot; a new one when ``fresh`` (a listing's first page), when
-        there is none yet or when it is older than ``max_age_s``."""
-        if fresh or time.monotonic() - self._taken > self.max_age_s:
+        """The shared snapshot; a new one when ``fresh`` (a listing's first page) or when it
+        is older than ``max_age_s``, unless no tier added a key since it was read (then it
+        holds every stored key: a deleted one a page skips). An operator's filtered listings
+        in a loop used to sort every key once each (~16 ms of a core per 100,000)."""
+        stale = fresh or time.monotonic() - self._taken > self.max_age_s
+        if stale and tuple(t.keys_added() for t in tiers) != self._added:
             return await self.build(tiers)
         return self._keys
 

@@ -100,6 +100,30 @@ async def test_a_rare_namespace_is_followed_past_pages_that_find_nothing(node):
     assert keys == sorted(h.key.raw for h, _ in rare[3:])
 
 
+async def test_a_new_listing_sorts_the_keys_again_only_after_a_key_was_added(node):
+    """A listing's first page takes a new key snapshot unless no tier added a key since the
+    last one: an operator's listings in a loop sort nothing, and still see every write."""
+    blocks = [_block(NS, i) for i in range(60)]
+    assert all(r.status.ok for r in await node.writer.put(blocks[:40]))
+    order = node.inspector.order
+    keys, _ = await _follow(node, 100)
+    assert keys == sorted(h.key.raw for h, _ in blocks[:40])
+    builds = order.builds
+    keys, _ = await _follow(node, 7)
+    assert keys == sorted(h.key.raw for h, _ in blocks[:40])
+    assert order.builds == builds, "nothing was added: the same snapshot serves"
+    gone = [h.key for h, _ in blocks[:5]]
+    assert all(await node.delete(gone))
+    keys, _ = await _follow(node, 100)
+    assert keys == sorted(h.key.raw for h, _ in blocks[5:40]), "a deleted block is skipped"
+    assert order.builds == builds
+    # new keys and a deleted one written again: the next listing reads the keys again
+    assert all(r.status.ok for r in await node.writer.put(blocks[40:] + blocks[:1]))
+    keys, _ = await _follow(node, 100)
+    assert keys == sorted(h.key.raw for h, _ in blocks[:1] + blocks[5:])
+    assert order.builds == builds + 1
+
+
 async def test_a_rest_runs_every_step_of_a_request_that_arrived_during_the_slice():
     """A request on the loop takes several turns (its socket's read callback, then each step
     scheduled by the one before: decode, reply): a rest lets all of them run before the next

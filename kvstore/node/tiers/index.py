@@ -333,6 +333,12 @@ class LruIndex:
         """Stored keys, in no particular order."""
         return iter(self._index)
 
+    def keys_added(self) -> int:
+        """How many keys ever joined this tier's probe table (brought to the dict first): the
+        same number twice means no key was added in between (deleted ones a reader skips)."""
+        self._sync_table()
+        return self._table.added
+
     def key_pairs(self) -> np.ndarray:
         """Every stored key as an ``(n, 2)`` uint64 row (kvstore.keytable.key_pairs), from the
         probe table brought to the dict first: no Python per key (a listing's key snapshot of
