@@ -9,7 +9,7 @@ import asyncio
 
 import aiohttp
 import pytest
-from daemonutil import RawPeer, frame
+from daemonutil import RawPeer, frame, rss_bytes
 from polling import until, until_async
 from scraping import scrape, scrape_value_async
 
@@ -46,14 +46,6 @@ def read_all(port: int, n: int) -> bool:
         rows = [line.split() for line in f.readlines()[1:]]
     mine = [r for r in rows if int(r[1].split(":")[1], 16) == port and r[3] == "01"]  # ESTABLISHED
     return len(mine) >= n and all(int(r[4].split(":")[1], 16) == 0 for r in mine)
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_a_connection_that_never_says_hello_is_closed(limited):
