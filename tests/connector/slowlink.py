@@ -38,7 +38,11 @@ class SlowLink:
                 client, _ = self.sock.accept()
             except OSError:
                 continue
-            server = socket.create_connection(self.target, timeout=5)
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:  # the target is gone (a test killed it): the client sees a close
+                client.close()
+                continue
             server.settimeout(None)
             client.settimeout(None)
             self._socks += [client, server]
