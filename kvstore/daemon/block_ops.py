@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvstore import protocol as P
+from kvstore.block import payload_hasher
 from kvstore.daemon.admission import Admission
 from kvstore.daemon.metrics import DaemonMetrics, plain
 from kvstore.daemon.session import Session
@@ -169,28 +170,42 @@ class BlockOps:
                 held_at.append(i)
                 held.append(r)
         got: list = []
+        digests: list[int | None] = []  # by position in got: its payload's checksum as it landed
 
         async def receive(live: list[bool]) -> None:
             # consecutive payloads land as one stream (recvmsg_into into many slots per
-            # syscall); a refused one lands in a scratch buffer, a slot-less one grows alone
+            # syscall), each hashed as its bytes land (still in cache: commit then compares,
+            # no second pass over the batch); a refused one lands in a scratch buffer, a
+            # slot-less one grows alone (hashed by commit)
             slot = {i: r for i, r, alive in zip(held_at, held, live) if alive}
             run: list[memoryview] = []
+            run_held: list[bool] = []  # per view of run: a reservation's payload (else scratch)
             scratch = memoryview(bytearray(min(plen, _DISCARD_CHUNK))) if plen else None
+
+            async def flush() -> None:
+                landed = await ch.recv_views(run, payload_hasher)
+                digests.extend(d for d, mine in zip(landed, run_held) if mine)
+                run.clear()
+                run_held.clear()
+
             for i, x in enumerate(lens):
                 r = slot.get(i)
                 if r is None:
-                    run += _sink(scratch, x)
+                    sink = _sink(scratch, x)
+                    run += sink
+                    run_held += [False] * len(sink)
                 elif r.view.nbytes < x:  # no slot of its own: memory as bytes come
                     if run:
-                        await ch.recv_views(run)
-                        run = []
+                        await flush()
                     self.node.writer.attach_payload(r, await ch.recv_growing(x))
                     got.append(r)
+                    digests.append(None)
                 else:
                     run.append(r.view[:x])
+                    run_held.append(True)
                     got.append(r)
             if run:
-                await ch.recv_views(run)
+                await flush()
 
         try:
             await self.transfers.moving(held, receive)
@@ -205,7 +220,9 @@ class BlockOps:
             # held and got are in request order: a reservation not received stays INVALID
             at = dict(zip(map(id, held), held_at))
             failed = 0
-            for r, pr in zip(got, await self.node.writer.commit(got)):
+            # a receive cut short left some unhashed: commit hashes them all
+            landed = digests if len(digests) == len(got) else None
+            for r, pr in zip(got, await self.node.writer.commit(got, landed)):
                 res[at[id(r)]] = pr
                 failed += pr.status is Status.INVALID
             if failed:

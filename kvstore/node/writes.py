@@ -159,11 +159,16 @@ class Writer:
             return Status.BUSY if foreign else Status.EXISTS
         return None
 
-    async def commit(self, reservations: Sequence[Reservation]) -> list[PutResult]:
+    async def commit(
+        self, reservations: Sequence[Reservation], digests: Sequence[int | None] | None = None
+    ) -> list[PutResult]:
         """Verify each reservation's payload against its header checksum, index it, and
         (write-through) store it on disk in one transaction. INVALID for a reservation that
         is no longer live or whose bytes do not match; durable when synced to disk. A key
-        stored again is alive: its tombstone ends."""
+        stored again is alive: its tombstone ends. ``digests`` (by position, optional): the
+        checksum of each payload's bytes computed as they landed in its reservation's view
+        (:func:`kvstore.block.payload_hasher`), by a caller that owns those bytes since; a
+        None entry (or no ``digests``) is computed here."""
         n = len(reservations)
         results: list[PutResult] = [_INVALID] * n  # expired or already done, unless set below
         to_disk: list[tuple[int, Reservation]] = []
@@ -189,7 +194,8 @@ class Writer:
                 if not pop(r):
                     continue
                 h = r.header
-                if checksum(r.view) != h.checksum:
+                digest = digests[i] if digests is not None else None
+                if (checksum(r.view) if digest is None else digest) != h.checksum:
                     free(r)
                     invalid += 1
                     continue
