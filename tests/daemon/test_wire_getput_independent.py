@@ -72,11 +72,13 @@ def header(key: bytes, ns_id: bytes, payload: bytes) -> bytes:
     )
 
 
-def test_an_independent_client_streams_put_and_get_batches(start_daemon):
+def hello(start_daemon, model: str) -> tuple[Wire, bytes]:
+    """A DRAM-only daemon and a connection to it past HELLO with one uint8 namespace of
+    ``model``: the connection and the namespace's id."""
     d = start_daemon(use_disk=False, dram={"capacity": "64MiB", "slab_size": "2MiB"})
     w = Wire(d.data_port)
     ns = {
-        "model": "indep",
+        "model": model,
         "dtype": "uint8",
         "block_tokens": 4,
         "layout": "",
@@ -85,9 +87,14 @@ def test_an_independent_client_streams_put_and_get_batches(start_daemon):
         "v": 1,
     }
     w.s.sendall(w.frame({"op": "HELLO", "rid": 0, "v": PROTOCOL_VERSION, "token": "", "ns": [ns]}))
-    hello = w.reply()
-    assert hello["ok"], hello
-    [ns_id] = hello["ns"]
+    rep = w.reply()
+    assert rep["ok"], rep
+    [ns_id] = rep["ns"]
+    return w, ns_id
+
+
+def test_an_independent_client_streams_put_and_get_batches(start_daemon):
+    w, ns_id = hello(start_daemon, "indep")
     payloads = [os.urandom(n) for n in (300_000, 1 << 20, 5)]
     keys = [os.urandom(16) for _ in payloads]
     hdrs = [header(k, ns_id, p) for k, p in zip(keys, payloads)]
@@ -132,21 +139,7 @@ def test_the_daemon_sends_what_it_holds_and_the_client_judges_it(start_daemon):
     or token ids the reader had in mind, and the reader compares them itself (docs/protocol.md,
     Frames: every block a client receives is judged by the client). Version 3's ``exp`` is
     refused, naming it, and the connection stays."""
-    d = start_daemon(use_disk=False, dram={"capacity": "64MiB", "slab_size": "2MiB"})
-    w = Wire(d.data_port)
-    ns = {
-        "model": "exp",
-        "dtype": "uint8",
-        "block_tokens": 4,
-        "layout": "",
-        "tp": [1, 0],
-        "hash": "xxh3_128",
-        "v": 1,
-    }
-    w.s.sendall(w.frame({"op": "HELLO", "rid": 0, "v": PROTOCOL_VERSION, "token": "", "ns": [ns]}))
-    hello = w.reply()
-    assert hello["ok"], hello
-    [ns_id] = hello["ns"]
+    w, ns_id = hello(start_daemon, "exp")
     payloads = [os.urandom(4096) for _ in range(4)]
     keys = [os.urandom(16) for _ in payloads]
     hdrs = [header(k, ns_id, p) for k, p in zip(keys, payloads)]
