@@ -32,7 +32,6 @@ AUTH = "auth"  # wrong token / tenant claim, or an op before HELLO: connection c
 UNKNOWN_OP = "unknown_op"  # the connection stays usable
 BAD_REQUEST = "bad_request"  # a field is missing or mistyped; the connection stays usable
 INTERNAL = "internal"  # the node failed; the connection stays usable
-CLOSING = "closing"  # the daemon is shutting down
 TRANSPORT = "transport"  # HELLO: the node requires RDMA and the client offered none; closed
 BUSY = "busy"  # HELLO: the tenant has as many connections open as the node allows; closed
 FATAL_CODES = frozenset({BAD_FRAME, TOO_LARGE, BAD_VERSION, AUTH, TRANSPORT})
