@@ -9,9 +9,9 @@ from kvstore.inspect.output import human_size
 STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evictions",
   "checksum_failures", "bytes_in", "bytes_out", "pinned", "leases_active",
   "repair": null | {"passes", "blocks_checked", "copies_missing", "copies_pushed", "bytes_pushed",
-  "push_failures", "owners_unreachable", "copies_dropped_deleted_elsewhere"},
+  "push_failures", "owners_unreachable", "copies_dropped_deleted_elsewhere", ...},
   "orphans": null | {"passes", "blocks_checked", "orphans_found", "orphans_dropped", "orphans_held",
-  "owners_unreachable", "bytes": {"<tier>": {"<namespace id hex>": bytes}}},
+  "owners_unreachable", ..., "bytes": {"<tier>": {"<namespace id hex>": bytes}}},
   "tiers": {"<tier>": {"capacity_bytes", "used_bytes", "blocks", "hits", "hit_ratio", "evictions",
   "checksum_failures", "policy", "hit_tokens", "share_refusals", "orphan_bytes",
   "namespaces": {"<namespace id hex>": bytes}, "tenants": {"<tenant>": bytes}, "ram_bytes",
@@ -22,9 +22,11 @@ STATS_JSON = """{"nodes": [{"node", "name", "hits", "misses", "hit_ratio", "evic
   index and in-memory headers are charged of the node's node.index_memory, ram_budget_bytes)
   (hits/misses: block reads on the data port; a tier's hit_ratio is its share of all reads;
   hit_ratio is null before the first read)
-  (repair.copies_missing: copies a pass found missing, e.g. of a write acknowledged with fewer
-  than replicas copies; copies_pushed: those it restored; orphans: blocks the orphan pass
-  found with no parent in the cluster, and their payload bytes per tier and namespace)"""
+  (repair, orphans: every tierkv_repair_<name>_total / tierkv_orphans_<name>_total counter of
+  the member's pass, by name (docs/cluster.md); repair.copies_missing: copies a pass found
+  missing, e.g. of a write acknowledged with fewer than replicas copies; copies_pushed: those
+  it restored; orphans: blocks the orphan pass found with no parent in the cluster, and their
+  payload bytes per tier and namespace)"""
 
 
 def register(sub) -> None:
@@ -38,42 +40,23 @@ def register(sub) -> None:
     p.set_defaults(func=runner("kvstore stats", stats))
 
 
-REPAIR_FIELDS = (
-    "passes",
-    "blocks_checked",
-    "copies_missing",
-    "copies_pushed",
-    "bytes_pushed",
-    "push_failures",
-    "owners_unreachable",
-    "copies_dropped_deleted_elsewhere",
-)
+def _pass_totals(daemon: dict, kind: str) -> dict | None:
+    """A cluster member's totals of its ``kind`` pass (kvstore/member/: every
+    ``tierkv_<kind>_<name>_total`` counter without labels, by name), None elsewhere."""
+    pre = f"tierkv_{kind}_"
+    out = {n[len(pre) : -6]: int(v) for n, v in daemon.items() if n.startswith(pre) and n.endswith("_total")}
+    return out or None
 
 
-def _repair(daemon: dict) -> dict | None:
-    """A cluster member's anti-entropy totals (kvstore/member/repair.py), None elsewhere."""
-    if f"tierkv_repair_{REPAIR_FIELDS[0]}_total" not in daemon:
-        return None
-    return {f: int(daemon.get(f"tierkv_repair_{f}_total", 0)) for f in REPAIR_FIELDS}
-
-
-ORPHAN_FIELDS = (
-    "passes",
-    "blocks_checked",
-    "orphans_found",
-    "orphans_dropped",
-    "orphans_held",
-    "owners_unreachable",
-)
 _ORPHAN_BYTES = "tierkv_orphans_found_bytes_total{"
 
 
 def _orphans(daemon: dict) -> dict | None:
-    """A cluster member's orphan-pass totals (kvstore/member/orphans.py), None elsewhere;
-    ``bytes``: orphans' payload bytes found, per tier and namespace hex."""
-    if f"tierkv_orphans_{ORPHAN_FIELDS[0]}_total" not in daemon:
+    """The orphan pass's totals and ``bytes``: orphans' payload bytes found, per tier and
+    namespace hex."""
+    out = _pass_totals(daemon, "orphans")
+    if out is None:
         return None
-    out: dict = {f: int(daemon.get(f"tierkv_orphans_{f}_total", 0)) for f in ORPHAN_FIELDS}
     per: dict[str, dict[str, int]] = {}
     for name, v in daemon.items():
         if name.startswith(_ORPHAN_BYTES):
@@ -128,7 +111,7 @@ def summarize(url: str, raw: dict) -> dict:
         "bytes_out": int(daemon.get("tierkv_bytes_out_total", 0)),
         "pinned": node.get("pinned", 0),
         "leases_active": node.get("leases_active", 0),
-        "repair": _repair(daemon),
+        "repair": _pass_totals(daemon, "repair"),
         "orphans": _orphans(daemon),
         "tiers": tiers,
         "raw": raw,
