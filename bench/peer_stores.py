@@ -6,6 +6,7 @@ holds a whole prefix to fetch and stores one; the driver times them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -58,12 +59,26 @@ def raw_server(size: int) -> None:
         threading.Thread(target=serve, args=(c,), daemon=True).start()
 
 
+def raw_part(s: socket.socket, op: bytes, mv: memoryview, off: int) -> int:
+    """Fetch (``op`` b"G") or store (b"P") the raw server's bytes ``[off, off + len(mv))``."""
+    s.sendall(_REQ.pack(op, off, mv.nbytes))
+    if op == b"G":
+        got = 0
+        while got < mv.nbytes:
+            got += s.recv_into(mv[got:])
+    else:
+        s.sendall(mv)
+        s.recv(1)
+    return 0
+
+
 class Raw:
     def __init__(self, size: int, conns: int) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--raw-server", str(size)], stdout=subprocess.PIPE
         )
         port = int(self.proc.stdout.readline())
+        self.addr = f"127.0.0.1:{port}"
         self.socks = []
         for _ in range(conns):
             s = socket.create_connection(("127.0.0.1", port))
@@ -71,22 +86,12 @@ class Raw:
             self.socks.append(s)
         self.pid = self.proc.pid
 
-    def _part(self, s: socket.socket, op: bytes, mv: memoryview, off: int) -> None:
-        s.sendall(_REQ.pack(op, off, mv.nbytes))
-        if op == b"G":
-            got = 0
-            while got < mv.nbytes:
-                got += s.recv_into(mv[got:])
-        else:
-            s.sendall(mv)
-            s.recv(1)
-
     def run(self, op: bytes, flat: np.ndarray) -> None:
         mv = memoryview(flat).cast("B")
         k = len(self.socks)
         step = -(-mv.nbytes // k)
         ts = [
-            threading.Thread(target=self._part, args=(s, op, mv[i * step : (i + 1) * step], i * step))
+            threading.Thread(target=raw_part, args=(s, op, mv[i * step : (i + 1) * step], i * step))
             for i, s in enumerate(self.socks)
         ]
         for t in ts:
@@ -128,23 +133,39 @@ def _headers(src: np.ndarray, seed: int):
 
 
 class Tierkv:
+    """A ``kvstore serve`` daemon under ``tmp`` holding the prefix ``src`` (room for it three
+    times: its copy, the one a store writes, and the client processes' own), or, with
+    ``addr``, clients of a daemon already there. ``seeds``: the first token of the fetched and
+    the stored prefix (other seeds, other keys)."""
+
     def __init__(
-        self, tmp: Path, size: int, count: int, src: np.ndarray, streams: list[int], policy: str = ""
+        self,
+        tmp: Path | None,
+        size: int,
+        count: int,
+        src: np.ndarray,
+        streams: list[int],
+        policy: str = "",
+        seeds: tuple[int, int] = (1, 2),
+        addr: str | None = None,
     ) -> None:
-        slab = max(size, 2 * MiB)
-        cap = 2 * size * count + 8 * slab
-        self.daemon = common.start_daemon(
-            tmp,
-            dram={"capacity": f"{cap // MiB}MiB", "slab_size": f"{slab // MiB}MiB", "prefault": True},
-            server={"max_frame": f"{max(64, 2 * slab // MiB + 1)}MiB"},
-            **({"eviction": {"policy": policy}} if policy else {}),
-        )
-        self.addr = self.daemon.addr
-        self.pid = self.daemon.proc.pid
+        self.daemon = None
+        if addr is None:
+            slab = max(size, 2 * MiB)
+            cap = 3 * size * count + 8 * slab
+            self.daemon = common.start_daemon(
+                tmp,
+                dram={"capacity": f"{cap // MiB}MiB", "slab_size": f"{slab // MiB}MiB", "prefault": True},
+                server={"max_frame": f"{max(64, 2 * slab // MiB + 1)}MiB"},
+                **({"eviction": {"policy": policy}} if policy else {}),
+            )
+            addr = self.daemon.addr
+        self.addr = addr
+        self.pid = self.daemon.proc.pid if self.daemon else None
         self.src = src
-        self.ns, self.fetch_hdrs = _headers(src, 1)
+        self.ns, self.fetch_hdrs = _headers(src, seeds[0])
         self.fetch_keys = [h.key for h in self.fetch_hdrs]
-        _, self.store_hdrs = _headers(src, 2)
+        _, self.store_hdrs = _headers(src, seeds[1])
         self.streams = streams
         self.clients: dict[int, object] = {}
 
@@ -175,7 +196,87 @@ class Tierkv:
     async def close(self) -> None:
         for c in self.clients.values():
             await c.close()
-        self.daemon.stop()
+        if self.daemon:
+            self.daemon.stop()
+
+
+# ------------------------------------------------------------------ k client processes
+
+
+def _client_proc(kind: str, addr: str, size: int, count: int, i: int, k: int, barrier, pipe) -> None:
+    """One of ``k`` client processes: blocks ``[i*count/k, (i+1)*count/k)`` of the prefix over
+    a connection of its own (raw: its range of the raw server's bytes; tierkv: its own blocks,
+    stored before it says ready). Each command waits at ``barrier`` for the others, then
+    answers (seconds, CPU seconds, failures)."""
+    n = count // k
+    if kind == "raw":
+        host, port = addr.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        mv = memoryview(np.ones(n * size, np.uint8)).cast("B")
+        run = {
+            "fetch": lambda: raw_part(sock, b"G", mv, i * n * size),
+            "store": lambda: raw_part(sock, b"P", mv, i * n * size),
+            "after": lambda: 0,
+        }
+    else:
+        import asyncio
+
+        src = np.random.default_rng(size + i).integers(0, 256, (n, size), dtype=np.uint8)
+        dst = np.ones_like(src)
+        kv = Tierkv(None, size, n, src, [1], seeds=(1000 * i + 1, 1000 * i + 2), addr=addr)
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(kv.start())
+        run = {
+            "fetch": lambda: loop.run_until_complete(kv.fetch(1, dst)),
+            "store": lambda: loop.run_until_complete(kv.store(1, dst)),
+            "after": lambda: loop.run_until_complete(kv.after_store(1)),
+        }
+    pipe.send("ready")
+    while (cmd := pipe.recv()) != "quit":
+        barrier.wait()
+        c0, t0 = time.process_time(), time.perf_counter()
+        bad = run[cmd]() or 0
+        pipe.send((time.perf_counter() - t0, time.process_time() - c0, bad))
+
+
+class Procs:
+    """``k`` client processes (:func:`_client_proc`) of ``kind`` ("raw" or "tierkv") against the
+    server at ``addr``, each with ``count / k`` blocks; every op starts in all of them at once
+    and takes as long as the slowest."""
+
+    def __init__(self, kind: str, addr: str, size: int, count: int, k: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # the parent runs an event loop and threads: no fork
+        barrier = ctx.Barrier(k)
+        self.pipes, self.procs = [], []
+        for i in range(k):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(
+                target=_client_proc, args=(kind, addr, size, count, i, k, barrier, theirs), daemon=True
+            )
+            p.start()
+            self.pipes.append(mine)
+            self.procs.append(p)
+        for pipe in self.pipes:
+            if not pipe.poll(300) or pipe.recv() != "ready":
+                raise RuntimeError(f"a {kind} client process did not start")
+
+    def run(self, cmd: str) -> tuple[float, float, int]:
+        """(seconds of the slowest, CPU seconds of all, failures of all) of ``cmd``."""
+        for pipe in self.pipes:
+            pipe.send(cmd)
+        got = [pipe.recv() for pipe in self.pipes]
+        return max(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got)
+
+    def close(self) -> None:
+        for pipe, p in zip(self.pipes, self.procs):
+            with contextlib.suppress(OSError):
+                pipe.send("quit")
+            p.join(10)
+            if p.is_alive():
+                p.kill()
 
 
 # ------------------------------------------------------------------ redis

@@ -8,6 +8,9 @@ prefix once:
   raw-1 / raw-4    blocking sendall -> recv_into, 1 or 4 connections (the limit for any TCP store)
   tierkv-1 / -4    ``kvstore serve`` (DRAM only), NodeClient get_into / put with streams=1 or 4
                    (every payload checksum-verified by the client)
+  raw-Kp/tierkv-Kp with ``--clients K`` (default 8): K client processes at once, each with a
+                   connection of its own and count/K blocks of its own (many engine workers on
+                   one storage node); GB/s is all their bytes over the slowest one's time
   tierkv:P-1       with ``--policies P,...``: one more daemon per eviction policy P, measured
                    interleaved with the rest (the eviction order's per-op cost; each ratio
                    is to tierkv-1, which runs the default policy)
@@ -41,7 +44,7 @@ from pathlib import Path
 import common
 import numpy as np
 from common import cpu_s
-from peer_stores import Mooncake, Raw, Redis, Tierkv, mooncake_absent
+from peer_stores import Mooncake, Procs, Raw, Redis, Tierkv, mooncake_absent
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -65,8 +68,21 @@ async def _atimed(coro_fn, server_pid: int) -> tuple[float, float, float, int]:
     return dt, cpu, cpu_s(server_pid) - srv0, bad
 
 
+def _procs_timed(procs: Procs, cmd: str, server_pid: int) -> tuple[float, float, float, int]:
+    """(seconds of the slowest client, client CPU s of all, server CPU s, failures) of ``cmd``."""
+    srv0 = cpu_s(server_pid)
+    secs, cpu, bad = procs.run(cmd)
+    return secs, cpu, cpu_s(server_pid) - srv0, bad
+
+
 async def bench_size(
-    size: int, count: int, rounds: int, peers: set[str], policies: list[str], notes: list[str]
+    size: int,
+    count: int,
+    rounds: int,
+    peers: set[str],
+    policies: list[str],
+    clients: list[int],
+    notes: list[str],
 ) -> list[dict]:
     nbytes = size * count
     src = np.random.default_rng(size).integers(0, 256, (count, size), dtype=np.uint8)
@@ -77,8 +93,9 @@ async def bench_size(
     kvs: list[Tierkv] = []
     with tempfile.TemporaryDirectory() as td:
         try:
+            raws: dict[int, Raw] = {}
             for k in (1, 4):
-                raw = Raw(nbytes, k)
+                raw = raws[k] = Raw(nbytes, k)
                 closers.append(raw.close)
                 runners[f"raw-{k}"] = (
                     lambda raw=raw: _timed(lambda: raw.run(b"G", dst), raw.pid),
@@ -96,6 +113,15 @@ async def bench_size(
                         lambda s=s, kv=kv: _atimed(lambda: kv.fetch(s, dst), kv.pid),
                         lambda s=s, kv=kv: _atimed(lambda: kv.store(s, dst), kv.pid),
                         lambda s=s, kv=kv: kv.after_store(s),
+                    )
+            for k in clients:  # k client processes, each its own connection and count/k blocks
+                for name, server in (("raw", raws[1]), ("tierkv", kvs[0])):
+                    procs = Procs(name, server.addr, size, count, k)
+                    closers.append(procs.close)
+                    runners[f"{name}-{k}p"] = (
+                        lambda p=procs, pid=server.pid: _procs_timed(p, "fetch", pid),
+                        lambda p=procs, pid=server.pid: _procs_timed(p, "store", pid),
+                        (lambda p=procs: p.run("after")) if name == "tierkv" else None,
                     )
             if "redis" in peers:
                 rd = Redis(src)
@@ -157,13 +183,9 @@ async def bench_size(
         )
     base = {(r["op"], r["peer"]): r["gbps"] for r in rows}
     for r in rows:
-        ref = (
-            "raw-4"
-            if r["peer"].endswith("-4")
-            else "tierkv-1"
-            if r["peer"].startswith("tierkv:")
-            else "raw-1"
-        )
+        peer = r["peer"]
+        ref = "tierkv-1" if peer.startswith("tierkv:") else "raw-" + peer.rsplit("-", 1)[1]
+        ref = ref if (r["op"], ref) in base else "raw-1"  # redis, mooncake
         r["vs_raw"] = r["gbps"] / base[(r["op"], ref)]
         r["raw_ref"] = ref
     return rows
@@ -171,12 +193,13 @@ async def bench_size(
 
 def table(rows: list[dict]) -> str:
     """One row per block size, op and peer: GB/s, its ratio to its reference (raw-1, raw-4 for
-    4 streams, tierkv-1 for a policy), CPU s per GB of client and server beside the raw's."""
+    4 streams, raw-Kp for K client processes, tierkv-1 for a policy), CPU s per GB of client
+    and server beside the raw's."""
     by = {(r["block_kib"], r["op"], r["peer"]): r for r in rows}
 
     def row(r: dict) -> tuple:
         kib = r["block_kib"]
-        raw = by[(kib, r["op"], "raw-4" if r["raw_ref"] == "raw-4" else "raw-1")]
+        raw = by[(kib, r["op"], r["raw_ref"] if r["raw_ref"].startswith("raw") else "raw-1")]
         cpu = [f"{r[k]:.2f} ({raw[k]:.2f})" for k in ("client_cpu_s_per_gb", "server_cpu_s_per_gb")]
         blocks = f"{r['blocks']} x {kib // 1024} MiB" if kib >= 1024 else f"{r['blocks']} x {kib} KiB"
         return (
@@ -222,8 +245,9 @@ async def amain(args) -> int:
     rows = []
     sizes = [s for s in SIZES if str(s[0] // KiB) in args.sizes.split(",")] if args.sizes else SIZES
     policies = [p for p in args.policies.split(",") if p]
+    clients = [int(k) for k in args.clients.split(",") if k and int(k) > 1]
     for size, count in sizes:
-        rows += await bench_size(size, count, args.rounds, peers, policies, notes)
+        rows += await bench_size(size, count, args.rounds, peers, policies, clients, notes)
     load = {"before": load_before, "after": common.loadavg()}
     doc = {
         "python": sys.version.split()[0],
@@ -249,6 +273,9 @@ def main() -> int:
     ap.add_argument("--peers", default="redis,mooncake", help="besides raw and tierkv")
     ap.add_argument("--sizes", default="", help="block sizes in KiB to run (default all: 2048,32768,256)")
     ap.add_argument("--policies", default="", help="eviction policies, one more daemon each (tierkv:P-1)")
+    ap.add_argument(
+        "--clients", default="8", help="client process counts besides 1 (raw-Kp, tierkv-Kp); '' for none"
+    )
     return asyncio.run(amain(ap.parse_args()))
 
 
