@@ -2,9 +2,9 @@
 in its own file (``engine/attention_<name>.py``) and imports only ``engine/attention_meta.py``
 (and the kernel it runs); nothing imports back here, so the imports run one way.
 
-Every backend has ``name`` and ``forward(q, k, v, k_cache, v_cache, meta) -> out``: it stores
-the step's new K/V (``[T, kv_heads, head_dim]``) into their slots and returns the attention
-of ``q [T, heads, head_dim]`` over each sequence's pages (layout: ``engine/attention_meta.py``).
+Every backend is an ``attention_meta.PagedAttention``: ``forward(q, k, v, k_cache, v_cache, meta)``
+stores the step's new K/V (``[T, kv_heads, head_dim]``) into their slots and returns the
+attention of ``q [T, heads, head_dim]`` over each sequence's pages (layout: attention_meta.py).
 """
 
 from __future__ import annotations

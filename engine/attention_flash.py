@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention_meta import AttnMetadata, store_kv
+from engine.attention_meta import AttnMetadata, PagedAttention
 from engine.attention_triton import TritonAttention
 from engine.attention_triton import create as create_triton
 from engine.errors import ConfigError
 
 
-class FlashAttention:
+class FlashAttention(PagedAttention):
     name = "flash_attn"
 
     def __init__(self, varlen, fallback: TritonAttention) -> None:
@@ -30,23 +30,11 @@ class FlashAttention:
         )
         self.scale = fallback.scale
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttnMetadata,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
-        per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]. Pages in another dtype
-        than the query's (fp8: flash-attn 2 has no fp8 KV path) go to the Triton kernel."""
+    def attend(self, q, k, v, k_cache, v_cache, meta: AttnMetadata, k_scale, v_scale) -> torch.Tensor:
+        """Pages in another dtype than the query's (fp8: flash-attn 2 has no fp8 KV path) go to
+        the Triton kernel."""
         if meta.page_size % 256 or k_cache.dtype != q.dtype or k_scale is not None:
-            return self._fallback.forward(q, k, v, k_cache, v_cache, meta, k_scale, v_scale)
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            return self._fallback.attend(q, k, v, k_cache, v_cache, meta, k_scale, v_scale)
         cu_k = meta.plans.get(self.name)
         if cu_k is None:  # once per step, shared by every layer
             cu_k = torch.zeros(len(meta.context_lens) + 1, dtype=torch.int32, device=q.device)

@@ -126,3 +126,34 @@ def seq_slots(meta: AttnMetadata, i: int, n: int) -> torch.Tensor:
     ps = meta.page_size
     pages = meta.block_tables[i, : (n + ps - 1) // ps].to(torch.int64)
     return (pages[:, None] * ps + torch.arange(ps, device=pages.device)[None, :]).reshape(-1)[:n]
+
+
+class PagedAttention:
+    """What every backend shares: ``forward`` stores the step's new K/V into their slots and
+    returns the backend's :meth:`attend` over the pages."""
+
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+        k_scale: torch.Tensor | None = None,
+        v_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
+        per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]."""
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return self.attend(q, k, v, k_cache, v_cache, meta, k_scale, v_scale)
+
+    def attend(self, q, k, v, k_cache, v_cache, meta: AttnMetadata, k_scale, v_scale) -> torch.Tensor:
+        """:meth:`forward`'s attention, once ``k`` and ``v`` are in the pages."""
+        raise NotImplementedError

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from engine.attention_meta import AttnMetadata, seq_slots, store_kv
+from engine.attention_meta import AttnMetadata, PagedAttention, seq_slots
 
 _CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -37,7 +37,7 @@ class _Pages:
         return x.to(self.dtype) if self.converts else x
 
 
-class TorchAttention:
+class TorchAttention(PagedAttention):
     """Plain torch attention (see the module docstring)."""
 
     name = "torch"
@@ -46,20 +46,7 @@ class TorchAttention:
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttnMetadata,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
-        per-KV-head scales of fp8 caches. Returns [T, heads, head_dim]."""
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+    def attend(self, q, k, v, k_cache, v_cache, meta: AttnMetadata, k_scale, v_scale) -> torch.Tensor:
         kf = _Pages(k_cache, q.dtype, self.num_kv_heads, self.head_dim)
         vf = _Pages(v_cache, q.dtype, self.num_kv_heads, self.head_dim)
         if k_scale is not None:

@@ -12,13 +12,13 @@ import os
 
 import torch
 
-from engine.attention_meta import AttnMetadata, store_kv
+from engine.attention_meta import AttnMetadata, PagedAttention
 from engine.errors import ConfigError
 from engine.triton_paged import PagedAttentionKernel
 from engine.triton_plan import PagedKernelConfig
 
 
-class TritonAttention:
+class TritonAttention(PagedAttention):
     name = "triton"
 
     def __init__(
@@ -28,21 +28,9 @@ class TritonAttention:
         self.kernel = PagedAttentionKernel(num_heads, num_kv_heads, head_dim, cfg or PagedKernelConfig())
         self.scale = self.kernel.scale
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttnMetadata,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """q: [T, heads, head_dim]; k, v: [T, kv_heads, head_dim]; ``k_scale``, ``v_scale``:
-        per-KV-head scales of fp8 caches (the kernel applies them; pages of any dtype are cast
-        to the dot products' type as they are loaded). Returns [T, heads, head_dim]."""
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+    def attend(self, q, k, v, k_cache, v_cache, meta: AttnMetadata, k_scale, v_scale) -> torch.Tensor:
+        """The kernel applies fp8 scales; pages of any dtype are cast to the dot products' type
+        as they are loaded."""
         q = q.contiguous()
         return self.kernel(q, k_cache, v_cache, meta, torch.empty_like(q), k_scale, v_scale)
 

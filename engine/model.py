@@ -80,10 +80,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        if scales and scales[0] is not None:
-            o = backend.forward(q, k, v, k_cache, v_cache, meta, *scales)
-        else:
-            o = backend.forward(q, k, v, k_cache, v_cache, meta)
+        o = backend.forward(q, k, v, k_cache, v_cache, meta, *scales)  # no scales: (None, None) or none
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
