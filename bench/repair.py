@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
 from common import pct  # noqa: E402
+from storeutil import make_blocks  # noqa: E402 - tests/storeutil.py (common puts tests/ on the path)
 
-from kvstore.block import make_header  # noqa: E402
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
 from kvstore.client.read import get_into  # noqa: E402
@@ -54,26 +54,6 @@ def start(wd: Path, port: int, peers: list[str], rate: str) -> common.Daemon:
         cluster={"peers": peers},
         repair={"replicas": 2, "interval_s": 1.0, "settle_s": 0.2, "max_bytes_per_s": rate},
     )
-
-
-def make_blocks(n: int, nbytes: int, seed: int):
-    rnd = random.Random(seed)
-    out, parent = [], NS.id
-    tokens = [rnd.randrange(50000) for _ in range(n * NS.block_tokens)]
-    for i, k in enumerate(NS.block_keys(tokens)):
-        payload = rnd.randbytes(nbytes)
-        h = make_header(
-            key=k,
-            parent=parent,
-            namespace=NS.id,
-            tokens=tokens[i * 16 : (i + 1) * 16],
-            dtype="uint8",
-            shape=[nbytes],
-            payload=payload,
-        )
-        out.append((h, payload))
-        parent = k
-    return out
 
 
 async def copies(addrs: list[str], keys) -> list[int]:
@@ -111,7 +91,7 @@ async def run(tmp: Path, n: int, nbytes: int, rate: str) -> dict:
         if await probe.stats(2.0) is None:
             raise SystemExit("the daemons refuse peer sessions (HELLO tenant '*'): repair cannot push")
         await probe.close()
-        blocks = make_blocks(n, nbytes, 1)
+        blocks = make_blocks(n, nbytes, seed=1, ns=NS)
         keys = [h.key for h, _ in blocks]
         c = ClusterClient.static(addrs, CFG, ClusterConfig(replicas=2))
         await c.start(5.0)
