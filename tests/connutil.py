@@ -1,15 +1,27 @@
-"""Helpers for connector tests: engines with a connector, runs, KV of a prompt's pages."""
+"""Helpers for connector tests: prompts, engines with a connector, runs, KV of a prompt's pages."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import torch
 
-from engine.async_engine import AsyncEngine
+from connector.backends import Backend
+from connector.config import parse_connector_url
+from connector.store_connector import StoreConnector
+from engine.async_engine import AsyncEngine, connector_context
 from engine.config import EngineConfig
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def random_prompt(n: int, seed: int) -> list[int]:
+    """``n`` token ids inside the tiny models' vocabulary; the same ``seed``, the same ids."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, 250, (n,), generator=g).tolist()
 
 
 def engine_config(**kw) -> EngineConfig:
@@ -20,6 +32,52 @@ def engine_config(**kw) -> EngineConfig:
 
 def make_engine(model_dir: str, url: str, **kw) -> AsyncEngine:
     return AsyncEngine.from_model(model_dir, engine_config(**kw), url)
+
+
+@contextlib.asynccontextmanager
+async def open_engine(model_dir: str, url: str, **kw) -> AsyncIterator[AsyncEngine]:
+    """:func:`make_engine`'s engine (not started: ``start()`` or its first request opens the
+    store), stopped however the block ends."""
+    aeng = make_engine(model_dir, url, **kw)
+    try:
+        yield aeng
+    finally:
+        await aeng.stop()
+
+
+@contextlib.asynccontextmanager
+async def sharing_store(model_dir: str, url: str, owner: AsyncEngine, **kw) -> AsyncIterator[AsyncEngine]:
+    """A second engine (``engine_config(**kw)``) whose connector, configured by ``url``, uses
+    ``owner``'s open store: a fresh HBM cache over the same store. Stopped however the block
+    ends, leaving the store to ``owner``, which closes it."""
+    eng = LLMEngine(model_dir, engine_config(**kw))
+    backend = owner.connector.backend
+    aeng = AsyncEngine(eng, StoreConnector(connector_context(eng), parse_connector_url(url), backend=backend))
+    try:
+        yield aeng
+    finally:
+        aeng.connector.backend = Backend()  # the shared one is closed with its owner
+        await aeng.stop()
+
+
+async def store_cold(model_dir: str, url: str, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Run ``prompt`` on a fresh engine with the connector at ``url`` (nothing cached yet:
+    asserted) and flush until every block is saved (asserted): its tokens and the KV of its
+    full blocks."""
+    async with open_engine(model_dir, url) as aeng:
+        toks, cached = await run(aeng, prompt)
+        assert cached == 0
+        res = await aeng.connector.flush(30)
+        assert res, res
+        return toks, prompt_kv(
+            aeng, prompt, len(prompt) // aeng.engine.config.page_size * aeng.engine.config.page_size
+        )
+
+
+async def run_fresh(model_dir: str, url: str, prompt: list[int], **kw) -> tuple[list[int], int]:
+    """(tokens, cached_tokens) of ``prompt`` on a fresh engine (:func:`make_engine`'s), stopped after."""
+    async with open_engine(model_dir, url, **kw) as aeng:
+        return await run(aeng, prompt)
 
 
 async def run(aeng: AsyncEngine, prompt: list[int], params: SamplingParams = GREEDY):

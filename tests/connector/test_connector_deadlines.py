@@ -3,57 +3,51 @@ set-up (issue 11): a real daemon behind a real slow link (tests/connector/slowli
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 import torch
-from connutil import make_engine, prompt_kv, reference, run
+from connutil import make_engine, open_engine, prompt_kv, random_prompt, reference, run, store_cold
 
 from engine.async_engine import AsyncEngine
 from engine.errors import ConfigError
 from tests.connector.slowlink import SlowLink
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
-
-
-async def _store(model_dir: str, addr: str, prompt: list[int]) -> torch.Tensor:
-    """Run ``prompt`` cold against the daemon at ``addr`` and wait until its blocks are stored;
-    returns the KV of its full blocks."""
-    a = make_engine(model_dir, f"kvstore://{addr}?lookup_deadline_s=5&policy=always")
+@contextlib.asynccontextmanager
+async def _hit_through(link: SlowLink, model_dir: str, query: str, **kw) -> AsyncIterator[AsyncEngine]:
+    """An engine (``make_engine``'s, with ``kw``) whose connector reaches the daemon through
+    ``link`` with the options in ``query``: stopped, then the link closed, however the block
+    ends."""
     try:
-        _, cached = await run(a, prompt)
-        assert cached == 0
-        res = await a.connector.flush(30)
-        assert res.complete and res.dropped == 0 and res.failed == 0, res
-        return prompt_kv(a, prompt, len(prompt) // 16 * 16)
+        async with open_engine(model_dir, f"kvstore://{link.addr}?{query}", **kw) as b:
+            yield b
     finally:
-        await a.stop()
+        link.close()
+
+
+def _direct(node) -> str:
+    """The connector URL of ``node`` without a slow link between."""
+    return f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
 
 
 async def test_a_lookup_slower_than_half_a_second_hits_under_a_2s_deadline(tiny_model, start_daemon):
     # issue 11: the engine cut every lookup at a fixed 0.5 s, whatever lookup_deadline_s said
     d = tiny_model()
     node = start_daemon()
-    prompt = _prompt(150, 11)
+    prompt = random_prompt(150, 11)
     ref = reference(d, prompt)
-    await _store(d, node.addr, prompt)
+    await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=0.8)  # every round trip takes >= 0.8 s
-    b = make_engine(
-        d,
-        f"kvstore://{link.addr}?lookup_deadline_s=2&load_deadline_s=20&policy=always",
-        enable_prefix_cache=False,
-    )
-    try:
-        toks, cached = await run(b, prompt)
-        assert toks == ref and cached == 144
+    async with _hit_through(
+        link, d, "lookup_deadline_s=2&load_deadline_s=20&policy=always", enable_prefix_cache=False
+    ) as b:
+        assert await run(b, prompt) == (ref, 144)
         assert (
             b.connector.metrics.value("tierkv_connector_recompute_fallbacks_total", cause="lookup_timeout")
             == 0
         )
-    finally:
-        await b.stop()
-        link.close()
 
 
 async def test_the_first_request_after_start_pays_no_connection_setup(tiny_model, start_daemon):
@@ -62,32 +56,22 @@ async def test_the_first_request_after_start_pays_no_connection_setup(tiny_model
     # 1 s. The 1.9 s deadline leaves no room for set-up on the request path.
     d = tiny_model()
     node = start_daemon()
-    prompt = _prompt(150, 12)
+    prompt = random_prompt(150, 12)
     ref = reference(d, prompt)
-    await _store(d, node.addr, prompt)
+    await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=1.0)
-    b = make_engine(
-        d,
-        f"kvstore://{link.addr}?lookup_deadline_s=1.9&load_deadline_s=20&policy=always",
-        enable_prefix_cache=False,
-    )
-    try:
+    async with _hit_through(
+        link, d, "lookup_deadline_s=1.9&load_deadline_s=20&policy=always", enable_prefix_cache=False
+    ) as b:
         await b.start()
-        toks, cached = await run(b, prompt)
-        assert toks == ref and cached == 144
-    finally:
-        await b.stop()
-        link.close()
+        assert await run(b, prompt) == (ref, 144)
 
 
 async def test_local_store_is_opened_at_start(tiny_model, tmp_path):
-    a = make_engine(tiny_model(), f"local://{tmp_path}/s")
-    try:
+    async with open_engine(tiny_model(), f"local://{tmp_path}/s") as a:
         assert a.connector.backend.node is None
         await a.start()
         assert a.connector.backend.node is not None  # not on the first request's lookup
-    finally:
-        await a.stop()
 
 
 def test_an_engine_cap_below_the_connectors_deadline_is_refused(tiny_model, tmp_path):
@@ -103,28 +87,26 @@ async def test_saves_that_outlive_an_internal_timeout_are_reported_not_silent(ti
     # 1.2 s round trip, flush() must account for every block and claim none it did not store.
     d = tiny_model()
     node = start_daemon()
-    prompt = _prompt(150, 13)  # 9 full blocks
+    prompt = random_prompt(150, 13)  # 9 full blocks
     link = SlowLink(node.addr, delay_s=1.2)
-    a = make_engine(d, f"kvstore://{link.addr}?save_deadline_s=20&lookup_deadline_s=5&load_deadline_s=20")
     try:
-        await run(a, prompt)
-        res = await a.connector.flush(60)
+        async with open_engine(
+            d, f"kvstore://{link.addr}?save_deadline_s=20&lookup_deadline_s=5&load_deadline_s=20"
+        ) as a:
+            await run(a, prompt)
+            res = await a.connector.flush(60)
     finally:
-        await a.stop()
         link.close()
     assert res.complete, res
     assert res.saved + res.dropped + res.failed == 9, res
     assert bool(res) == (res.saved == 9)
-    direct = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5")
-    try:
+    async with open_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5") as direct:
         await direct.start()
         keys = direct.connector.ns.block_keys(prompt)
         present = (await direct.connector.backend.lookup(keys, 5)).names()
         # never claims a block it did not store (a write whose reply came after the client's
         # own write deadline may have landed although it is reported failed: conservative)
         assert sum(t is not None for t in present) >= res.saved, (present, res)
-    finally:
-        await direct.stop()
 
 
 async def test_a_link_too_slow_for_one_whole_batch_loads_a_prefix(tiny_model, start_daemon):
@@ -134,22 +116,16 @@ async def test_a_link_too_slow_for_one_whole_batch_loads_a_prefix(tiny_model, st
     # what the link was measured to move) load a prefix: the tokens and KV are the cold run's.
     d = tiny_model()
     node = start_daemon()
-    prompt = _prompt(400, 14)
+    prompt = random_prompt(400, 14)
     ref = reference(d, prompt)
-    cold_kv = await _store(d, node.addr, prompt)
+    _, cold_kv = await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=0.0, rate_bps=48 << 10)
-    b = make_engine(
-        d,
-        f"kvstore://{link.addr}?lookup_deadline_s=5&load_deadline_s=2&load_floor_bandwidth=16KiB"
-        "&policy=always",
-    )
-    try:
+    async with _hit_through(
+        link, d, "lookup_deadline_s=5&load_deadline_s=2&load_floor_bandwidth=16KiB&policy=always"
+    ) as b:
         await b.start()
         toks, cached = await run(b, prompt)
         assert toks == ref
         assert cached > 0 and cached % 16 == 0, cached
         # the loaded blocks are the stored ones bit for bit ([layers, K/V, tokens, heads, dim])
         assert torch.equal(prompt_kv(b, prompt, cached), cold_kv[:, :, :cached])
-    finally:
-        await b.stop()
-        link.close()

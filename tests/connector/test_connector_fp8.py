@@ -12,17 +12,10 @@ import subprocess
 import sys
 
 import torch
-from connutil import make_engine, prompt_kv, run
-
-from connector.backends import Backend
+from connutil import open_engine, prompt_kv, random_prompt, run, sharing_store
 
 CHILD = pathlib.Path(__file__).with_name("engine_child.py")
 FP8 = {"kv_cache_dtype": "fp8_e4m3"}
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
 
 
 def _bf16_block_bytes(aeng, block_tokens: int) -> int:
@@ -32,10 +25,9 @@ def _bf16_block_bytes(aeng, block_tokens: int) -> int:
 
 async def test_local_fp8_hits_dram_then_disk_exact(tiny_model, tmp_path):
     d = tiny_model()
-    prompt = _prompt(150, 1)  # 9 blocks of 16 and a tail
+    prompt = random_prompt(150, 1)  # 9 blocks of 16 and a tail
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, **FP8)
-    try:
+    async with open_engine(d, url, **FP8) as a:
         cold, cached = await run(a, prompt)
         assert cached == 0
         cold_kv = prompt_kv(a, prompt, 144)
@@ -46,36 +38,25 @@ async def test_local_fp8_hits_dram_then_disk_exact(tiny_model, tmp_path):
         block = m.value("tierkv_connector_block_bytes", kv_dtype="float8_e4m3fn")
         assert block == _bf16_block_bytes(a, 16) // 2 + 4 * mc.num_layers * 2 * mc.num_kv_heads
         assert m.value("tierkv_connector_bytes_saved_total") == 9 * block
-    finally:
-        await a.stop()
     # a fresh fp8 engine over the same store after a restart: every block from disk
-    c = make_engine(d, url, **FP8)
-    try:
+    async with open_engine(d, url, **FP8) as c:
         toks, cached = await run(c, prompt)
         assert toks == cold and cached == 144
         assert torch.equal(prompt_kv(c, prompt, 144).view(torch.uint8), cold_kv.view(torch.uint8))
         assert c.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="disk") == 144
         # the same store from an engine in the model's own dtype: another namespace, no hit
-        b = make_engine(d, url)
-        b.connector.backend = c.connector.backend
-        try:
+        async with sharing_store(d, url, c) as b:
             _, cached_b = await run(b, prompt)
             assert cached_b == 0
-        finally:
-            b.connector.backend = Backend()  # the shared one is closed with c
-            await b.stop()
         c.check_integrity()
-    finally:
-        await c.stop()
 
 
 async def test_remote_fp8_hit_second_process_and_show(tiny_model, start_daemon, capsys):
     d = tiny_model()
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    prompt = _prompt(150, 2)
-    a = make_engine(d, url, **FP8, enable_prefix_cache=False)
-    try:
+    prompt = random_prompt(150, 2)
+    async with open_engine(d, url, **FP8, enable_prefix_cache=False) as a:
         cold, cached = await run(a, prompt)
         assert cached == 0
         assert await a.connector.flush()
@@ -83,18 +64,13 @@ async def test_remote_fp8_hit_second_process_and_show(tiny_model, start_daemon, 
         ns_id = a.connector.ns.id.hex
         block = int(a.connector.metrics.value("tierkv_connector_block_bytes", kv_dtype="float8_e4m3fn"))
         bf16 = _bf16_block_bytes(a, 16)
-    finally:
-        await a.stop()
     # a fresh in-process engine: bitwise pages, same tokens
-    b = make_engine(d, url, **FP8)
-    try:
+    async with open_engine(d, url, **FP8) as b:
         toks, cached = await run(b, prompt)
         assert toks == cold and cached == 144
         assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
         assert b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 9 * block
         b.check_integrity()
-    finally:
-        await b.stop()
     # another process with the same flag: its calibration gives the same scales, so it hits
     out = subprocess.run(
         [sys.executable, str(CHILD), d, url, json.dumps(prompt), json.dumps(FP8)],
@@ -124,15 +100,12 @@ async def test_remote_fp8_hit_second_process_and_show(tiny_model, start_daemon, 
 async def test_bf16_kv_on_an_fp32_model_hits_exactly(tiny_model, tmp_path):
     """Any stored dtype other than the compute dtype goes the same way (no scales)."""
     d = tiny_model()
-    prompt = _prompt(70, 3)
+    prompt = random_prompt(70, 3)
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, kv_cache_dtype="bf16", enable_prefix_cache=False)
-    try:
+    async with open_engine(d, url, kv_cache_dtype="bf16", enable_prefix_cache=False) as a:
         cold, _ = await run(a, prompt)
         assert await a.connector.flush()
         toks, cached = await run(a, prompt)
         assert toks == cold and cached == 64
         m = a.connector.metrics
         assert m.value("tierkv_connector_block_bytes", kv_dtype="bfloat16") == _bf16_block_bytes(a, 16)
-    finally:
-        await a.stop()

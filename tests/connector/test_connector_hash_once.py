@@ -6,8 +6,7 @@ and load and save take the lookup's. Every key derivation (``Namespace.key_batch
 from __future__ import annotations
 
 import pytest
-import torch
-from connutil import make_engine, reference, run
+from connutil import open_engine, random_prompt, reference, run
 
 from kvstore.keys import Namespace
 
@@ -31,11 +30,6 @@ def hashes(monkeypatch):
     return calls
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
-
-
 @pytest.mark.parametrize("block_tokens", [16, 32])
 async def test_one_hash_per_request_and_namespace_through_lookup_load_and_save(
     tiny_model, start_daemon, hashes, block_tokens
@@ -46,12 +40,11 @@ async def test_one_hash_per_request_and_namespace_through_lookup_load_and_save(
     (lookup, load, save of blocks known stored) on a second engine over the same daemon;
     150 + 8 tokens fill no new page, so nothing past the prompt is hashed."""
     d = tiny_model()
-    prompt = _prompt(150, 31)
+    prompt = random_prompt(150, 31)
     ref = reference(d, prompt)
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&block_tokens={block_tokens}"
-    a, b = make_engine(d, url), make_engine(d, url)
-    try:
+    async with open_engine(d, url) as a, open_engine(d, url) as b:
         await a.start()
         await b.start()  # warm-ups hash their own prompts: before counting
         engine_ns, store_ns = a.engine.bm.namespace.id, a.connector.ns.id
@@ -71,21 +64,17 @@ async def test_one_hash_per_request_and_namespace_through_lookup_load_and_save(
         assert hashes == once
         a.check_integrity()
         b.check_integrity()
-    finally:
-        await b.stop()
-        await a.stop()
 
 
 async def test_an_engine_without_a_prefix_cache_leaves_the_one_hash_to_the_connector(
     tiny_model, start_daemon, hashes
 ):
     d = tiny_model()
-    prompt = _prompt(150, 32)
+    prompt = random_prompt(150, 32)
     ref = reference(d, prompt)
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, enable_prefix_cache=False)
-    try:
+    async with open_engine(d, url, enable_prefix_cache=False) as a:
         await a.start()
         ns = a.connector.ns.id
         for cached in (0, 144):  # cold, then a hit from the store (the engine caches nothing)
@@ -93,5 +82,3 @@ async def test_an_engine_without_a_prefix_cache_leaves_the_one_hash_to_the_conne
             assert await run(a, prompt) == (ref, cached)
             assert await a.connector.flush()
             assert hashes == [("key_batch", ns, 150)]
-    finally:
-        await a.stop()

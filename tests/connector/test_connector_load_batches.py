@@ -11,14 +11,9 @@ import threading
 
 import aiohttp
 import torch
-from connutil import make_engine, prompt_kv, reference, run
+from connutil import open_engine, prompt_kv, random_prompt, reference, run, store_cold
 
 from engine.kv_connector import ConnectorRequest
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
 
 
 async def _gets(daemon) -> float:
@@ -36,27 +31,18 @@ async def test_a_remote_hit_is_one_get_into_slots_allocated_at_start(tiny_model,
     d = tiny_model()
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    prompt = _prompt(400, 5)
+    prompt = random_prompt(400, 5)
     ref = reference(d, prompt)
-    a = make_engine(d, url)
-    try:
-        toks, cached = await run(a, prompt)
-        assert toks == ref and cached == 0
-        assert await a.connector.flush()
-        cold_kv = prompt_kv(a, prompt, 384)
-    finally:
-        await a.stop()
-    b = make_engine(d, url)
-    try:
+    toks, cold_kv = await store_cold(d, url, prompt)
+    assert toks == ref
+    async with open_engine(d, url) as b:
         await b.start()
         before = await _gets(node)
         toks, cached = await run(b, prompt)
         assert toks == ref and cached == 384
         assert await _gets(node) - before == 1
-        assert torch.equal(prompt_kv(b, prompt, 384), cold_kv)
+        assert torch.equal(prompt_kv(b, prompt, 384), cold_kv[:, :, :384])
         assert b.connector.loader.staging.fresh == 0
-    finally:
-        await b.stop()
 
 
 async def test_many_batches_copied_while_read_give_the_cold_output(tiny_model, start_daemon):
@@ -66,17 +52,11 @@ async def test_many_batches_copied_while_read_give_the_cold_output(tiny_model, s
     d = tiny_model()
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=2&load_parallel=2"
-    prompt = _prompt(420, 6)
+    prompt = random_prompt(420, 6)
     ref = reference(d, prompt)
-    a = make_engine(d, url)
-    try:
-        assert (await run(a, prompt))[0] == ref
-        assert await a.connector.flush()
-        cold_kv = prompt_kv(a, prompt, 416)
-    finally:
-        await a.stop()
-    b = make_engine(d, url)
-    try:
+    toks, cold_kv = await store_cold(d, url, prompt)
+    assert toks == ref
+    async with open_engine(d, url) as b:
         toks, cached = await run(b, prompt)
         assert toks == ref and cached == 416
         assert torch.equal(prompt_kv(b, prompt, 416), cold_kv)
@@ -85,8 +65,6 @@ async def test_many_batches_copied_while_read_give_the_cold_output(tiny_model, s
         assert (
             b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 26 * b.connector.block_bytes
         )
-    finally:
-        await b.stop()
 
 
 async def test_a_load_cancelled_during_its_copy_waits_for_the_copy(tiny_model, tmp_path):
@@ -95,9 +73,8 @@ async def test_a_load_cancelled_during_its_copy_waits_for_the_copy(tiny_model, t
     stays lent; once the copy ran, the cancellation goes through and the slot is back."""
     d = tiny_model()
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    prompt = _prompt(160, 7)
-    a = make_engine(d, url)
-    try:
+    prompt = random_prompt(160, 7)
+    async with open_engine(d, url) as a:
         await run(a, prompt)
         assert await a.connector.flush()
         conn, eng = a.connector, a.engine
@@ -123,5 +100,3 @@ async def test_a_load_cancelled_during_its_copy_waits_for_the_copy(tiny_model, t
         await asyncio.sleep(0.01)
         assert loader.staging.idle == idle
         eng.bm.release(pages)
-    finally:
-        await a.stop()

@@ -9,15 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import torch
-from connutil import make_engine, run
+from connutil import open_engine, random_prompt, run
 
 from engine.kv_connector import ConnectorRequest
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
 
 
 @contextlib.asynccontextmanager
@@ -25,14 +19,11 @@ async def _stored(d, tmp_path, seed: int, extra: str = ""):
     """An engine on an in-process store (batches of 2 blocks, ``extra`` more URL options)
     that has run and flushed a 160-token prompt (10 full blocks): (engine, prompt)."""
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&load_batch_blocks=2{extra}"
-    prompt = _prompt(160, seed)
-    a = make_engine(d, url)
-    try:
+    prompt = random_prompt(160, seed)
+    async with open_engine(d, url) as a:
         await run(a, prompt)
         assert await a.connector.flush()
         yield a, prompt
-    finally:
-        await a.stop()
 
 
 async def test_a_load_whose_copy_cannot_start_gives_its_slot_and_leases_back(tiny_model, tmp_path):

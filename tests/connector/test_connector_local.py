@@ -7,83 +7,52 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from connutil import engine_config, make_engine, prompt_kv, reference, run
-
-from connector.backends import Backend
-from connector.config import parse_connector_url
-from connector.store_connector import StoreConnector
-from engine.async_engine import AsyncEngine
-from engine.kv_connector import ConnectorContext
-from engine.llm import LLMEngine
-
-
-def _engine_sharing(model_dir: str, url: str, backend) -> AsyncEngine:
-    eng = LLMEngine(model_dir, engine_config())
-    ctx = ConnectorContext(eng.config.page_size, eng.kv, eng.namespace, eng.model_dir, "cpu", eng.transfer)
-    return AsyncEngine(eng, StoreConnector(ctx, parse_connector_url(url), backend=backend))
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
+from connutil import make_engine, open_engine, prompt_kv, random_prompt, reference, run, sharing_store
 
 
 async def test_dram_then_disk_hits_are_exact(tiny_model, tmp_path):
     d = tiny_model()
-    prompt = _prompt(150, 1)  # 9 full blocks of 16 and a 6-token tail
+    prompt = random_prompt(150, 1)  # 9 full blocks of 16 and a 6-token tail
     ref = reference(d, prompt)
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url)
-    try:
-        toks, cached = await run(a, prompt)
-        assert toks == ref and cached == 0
+    async with open_engine(d, url) as a:  # its stop closes the connector: the node flushes and closes
+        assert await run(a, prompt) == (ref, 0)
         cold_kv = prompt_kv(a, prompt, 144)
         assert await a.connector.flush()
         assert a.connector.metrics.value("tierkv_connector_saved_blocks_total") == 9
         # a fresh engine, same store: the hit must come from the store's DRAM
-        b = _engine_sharing(d, url, a.connector.backend)
-        try:
-            toks_b, cached_b = await run(b, prompt)
-            assert toks_b == ref
-            assert cached_b == 144
+        async with sharing_store(d, url, a) as b:
+            assert await run(b, prompt) == (ref, 144)
             assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
             assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 144
             b.check_integrity()
-        finally:
-            b.connector.backend = Backend()  # the shared one is closed with a
-            await b.stop()
-    finally:
-        await a.stop()  # closes the connector: the node flushes and closes
 
     # the store restarts (a new node over the same LMDB): blocks come from disk
-    c = make_engine(d, url)
-    try:
-        toks_c, cached_c = await run(c, prompt)
-        assert toks_c == ref and cached_c == 144
+    async with open_engine(d, url) as c:
+        assert await run(c, prompt) == (ref, 144)
         assert torch.equal(prompt_kv(c, prompt, 144), cold_kv)
         assert c.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="disk") == 144
         c.check_integrity()
-    finally:
-        await c.stop()
 
 
 async def test_partial_prefix_and_tails(tiny_model, tmp_path):
     """Prompts sharing only part of a cached prefix load only the shared blocks."""
     d = tiny_model()
-    base = _prompt(100, 2)
+    base = random_prompt(100, 2)
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, enable_prefix_cache=False)  # every hit must come from the store
-    try:
+    async with open_engine(d, url, enable_prefix_cache=False) as a:  # every hit must come from the store
         await run(a, base)
         await a.connector.flush()
-        for p, want in [(base[:40] + _prompt(30, 3), 32), (base + [7, 7, 7], 96), (_prompt(50, 4), 0)]:
+        for p, want in [
+            (base[:40] + random_prompt(30, 3), 32),
+            (base + [7, 7, 7], 96),
+            (random_prompt(50, 4), 0),
+        ]:
             toks, cached = await run(a, p)
             assert toks == reference(d, p)
             assert cached == want
             await a.connector.flush()
         a.check_integrity()
-    finally:
-        await a.stop()
 
 
 async def test_policy_never_and_bad_url(tiny_model, tmp_path):
@@ -92,15 +61,12 @@ async def test_policy_never_and_bad_url(tiny_model, tmp_path):
     from engine.errors import ConnectorError
 
     d = tiny_model()
-    prompt = _prompt(64, 5)
-    a = make_engine(d, f"local://{tmp_path}/s?policy=never", enable_prefix_cache=False)
-    try:
+    prompt = random_prompt(64, 5)
+    async with open_engine(d, f"local://{tmp_path}/s?policy=never", enable_prefix_cache=False) as a:
         await run(a, prompt)
         await a.connector.flush()
         toks, cached = await run(a, prompt)
         assert cached == 0 and toks == reference(d, prompt)
-    finally:
-        await a.stop()
     for bad, word in [
         ("local://", "missing PATH"),
         (f"local://{tmp_path}?policy=sometimes", "policy"),
@@ -117,10 +83,9 @@ async def test_policy_never_and_bad_url(tiny_model, tmp_path):
 async def test_concurrent_requests_share_prefixes(tiny_model, tmp_path):
     d = tiny_model()
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, enable_prefix_cache=False)
-    shared = _prompt(64, 6)
-    prompts = [shared + _prompt(5 + 7 * i, 10 + i) for i in range(6)]
-    try:
+    shared = random_prompt(64, 6)
+    prompts = [shared + random_prompt(5 + 7 * i, 10 + i) for i in range(6)]
+    async with open_engine(d, url, enable_prefix_cache=False) as a:
         await run(a, shared)
         await a.connector.flush()
         results = await asyncio.gather(*(run(a, p) for p in prompts))
@@ -128,19 +93,16 @@ async def test_concurrent_requests_share_prefixes(tiny_model, tmp_path):
             assert toks == reference(d, p)
             assert cached == 64
         a.check_integrity()
-    finally:
-        await a.stop()
 
 
 async def test_save_waits_for_room_in_a_small_queue(tiny_model, tmp_path):
     """A queue bounded to (less than) one block still stores a long prompt, block by block."""
     d = tiny_model()
-    prompt = _prompt(150, 8)
-    a = make_engine(d, f"local://{tmp_path}/s?save_queue_bytes=1&policy=always&lookup_deadline_s=5")
-    try:
+    prompt = random_prompt(150, 8)
+    async with open_engine(
+        d, f"local://{tmp_path}/s?save_queue_bytes=1&policy=always&lookup_deadline_s=5"
+    ) as a:
         await run(a, prompt)
         assert await a.connector.flush()
         assert a.connector.metrics.value("tierkv_connector_saved_blocks_total") == 9
         assert a.connector.metrics.value("tierkv_connector_dropped_saves_total", cause="queue_full") == 0
-    finally:
-        await a.stop()

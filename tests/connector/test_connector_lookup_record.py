@@ -5,23 +5,17 @@ which take their keys and tiers from it. Real engine, real in-process store."""
 from __future__ import annotations
 
 import torch
-from connutil import make_engine, prompt_kv, reference, run
+from connutil import open_engine, prompt_kv, random_prompt, reference, run
 
 from connector.prompt_lookup import PromptLookup
 from engine.kv_connector import ConnectorLookup, ConnectorRequest
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
-
-
 async def test_load_and_save_use_the_lookups_keys_and_tiers(tiny_model, tmp_path):
     d = tiny_model()
-    prompt, other = _prompt(150, 21), _prompt(150, 22)  # 9 full blocks of 16 each
+    prompt, other = random_prompt(150, 21), random_prompt(150, 22)  # 9 full blocks of 16 each
     ref = reference(d, prompt)
-    a = make_engine(d, f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always")
-    try:
+    async with open_engine(d, f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always") as a:
         toks, _ = await run(a, prompt)
         assert toks == ref
         cold_kv = prompt_kv(a, prompt, 144)
@@ -56,8 +50,6 @@ async def test_load_and_save_use_the_lookups_keys_and_tiers(tiny_model, tmp_path
         assert conn.keys_for(req, 9) == conn.ns.key_batch(prompt[:144])
         assert conn.keys_for(req, 2) == rec.keys[:2]
         a.check_integrity()
-    finally:
-        await a.stop()
 
 
 async def test_the_engine_hands_the_record_back_for_a_hit(tiny_model, start_daemon):
@@ -66,12 +58,11 @@ async def test_the_engine_hands_the_record_back_for_a_hit(tiny_model, start_daem
     ("remote:dram": the lookup's name for a daemon's DRAM; a load without the record knows
     only the block's own "dram"), and its output equals the cold run's."""
     d = tiny_model()
-    prompt = _prompt(150, 23)
+    prompt = random_prompt(150, 23)
     ref = reference(d, prompt)
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url, enable_prefix_cache=False)  # every hit must come from the store
-    try:
+    async with open_engine(d, url, enable_prefix_cache=False) as a:  # every hit must come from the store
         assert (await run(a, prompt))[0] == ref
         assert await a.connector.flush()
         toks, cached = await run(a, prompt)
@@ -80,5 +71,3 @@ async def test_the_engine_hands_the_record_back_for_a_hit(tiny_model, start_daem
         assert metric("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
         assert metric("tierkv_connector_hit_tokens_total", tier="dram") == 0
         a.check_integrity()
-    finally:
-        await a.stop()

@@ -15,45 +15,25 @@ import time
 
 import pytest
 import torch
-from connutil import make_engine, prompt_kv, reference, run
+from connutil import open_engine, prompt_kv, random_prompt, reference, run, run_fresh, store_cold
 
 CHILD = pathlib.Path(__file__).with_name("engine_child.py")
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
-
-
-async def _store(model_dir: str, url: str, prompt: list[int]):
-    """Run ``prompt`` once with a connector (cold) and wait for its blocks to be stored."""
-    a = make_engine(model_dir, url)
-    try:
-        toks, cached = await run(a, prompt)
-        assert cached == 0
-        assert await a.connector.flush()
-        return toks, prompt_kv(a, prompt, len(prompt) // 16 * 16)
-    finally:
-        await a.stop()
 
 
 async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
     d = tiny_model()
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    prompt = _prompt(150, 1)
+    prompt = random_prompt(150, 1)
     ref = reference(d, prompt)
-    toks, cold_kv = await _store(d, url, prompt)
+    toks, cold_kv = await store_cold(d, url, prompt)
     assert toks == ref
     # in-process fresh engine: bitwise KV
-    b = make_engine(d, url)
-    try:
+    async with open_engine(d, url) as b:
         toks_b, cached_b = await run(b, prompt)
         assert toks_b == ref and cached_b == 144
         assert torch.equal(prompt_kv(b, prompt, 144), cold_kv)
         assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
-    finally:
-        await b.stop()
     # another process: the hit crosses process boundaries
     out = subprocess.run(
         [sys.executable, str(CHILD), d, url, json.dumps(prompt)], capture_output=True, text=True, timeout=120
@@ -68,17 +48,16 @@ async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
     d = tiny_model()
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=1&load_parallel=1"
-    prompt = _prompt(400, 2)  # 25 blocks: 25 sequential GETs
+    prompt = random_prompt(400, 2)  # 25 blocks: 25 sequential GETs
     ref = reference(d, prompt)
-    await _store(d, url, prompt)
-    b = make_engine(d, url, enable_prefix_cache=False)
+    await store_cold(d, url, prompt)
 
     async def killer():
         while b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 0:
             await asyncio.sleep(0.0005)
         node.kill9()
 
-    try:
+    async with open_engine(d, url, enable_prefix_cache=False) as b:
         k = asyncio.ensure_future(killer())
         t0 = time.monotonic()
         toks, cached = await run(b, prompt)
@@ -95,17 +74,15 @@ async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
         toks2, cached2 = await run(b, prompt)
         assert toks2 == ref and cached2 == 0
         b.check_integrity()
-    finally:
-        await b.stop()
 
 
 async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp_path):
     d = tiny_model()
     wd = tmp_path / "n"
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
-    prompt = _prompt(150, 3)
+    prompt = random_prompt(150, 3)
     ref = reference(d, prompt)
-    _, cold_kv = await _store(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
+    _, cold_kv = await store_cold(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
     assert node.stop() == 0
     # flip a byte inside block 4's payload in the daemon's LMDB file
     needle = cold_kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
@@ -116,8 +93,9 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
         f.seek(off + 100)
         f.write(bytes([data[off + 100] ^ 0xFF]))
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
-    b = make_engine(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", enable_prefix_cache=False)
-    try:
+    async with open_engine(
+        d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", enable_prefix_cache=False
+    ) as b:
         toks, cached = await run(b, prompt)
         assert toks == ref
         assert cached == 64, "blocks before the corrupt one load; it and the rest are recomputed"
@@ -126,8 +104,6 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
             for c in ("corrupt", "miss")
         }
         assert sum(causes.values()) >= 1, causes  # the daemon drops the bad copy: corrupt, then a miss
-    finally:
-        await b.stop()
 
 
 class _SilentServer:
@@ -164,21 +140,20 @@ class _SilentServer:
 async def test_daemon_that_never_answers(tiny_model):
     d = tiny_model()
     srv = _SilentServer()
-    prompt = _prompt(100, 4)
+    prompt = random_prompt(100, 4)
     ref = reference(d, prompt)
-    b = make_engine(d, f"kvstore://{srv.addr}?save_deadline_s=0.5&load_deadline_s=0.5")
     try:
-        t0 = time.monotonic()
-        toks, cached = await run(b, prompt)
-        elapsed = time.monotonic() - t0
-        assert toks == ref and cached == 0
-        assert elapsed < 10, elapsed
-        res = await b.connector.flush(10)
-        assert res.complete and res.saved == 0 and res.failed + res.dropped == 6, res  # told, not silent
-        assert not res
-        assert b.connector.metrics.value("tierkv_connector_saved_blocks_total") == 0
+        async with open_engine(d, f"kvstore://{srv.addr}?save_deadline_s=0.5&load_deadline_s=0.5") as b:
+            t0 = time.monotonic()
+            toks, cached = await run(b, prompt)
+            elapsed = time.monotonic() - t0
+            assert toks == ref and cached == 0
+            assert elapsed < 10, elapsed
+            res = await b.connector.flush(10)
+            assert res.complete and res.saved == 0 and res.failed + res.dropped == 6, res  # told, not silent
+            assert not res
+            assert b.connector.metrics.value("tierkv_connector_saved_blocks_total") == 0
     finally:
-        await b.stop()
         srv.close()
 
 
@@ -187,24 +162,14 @@ async def test_wrong_token_is_a_miss_not_an_error(tiny_model, start_daemon, tmp_
     tokens = tmp_path / "tokens"
     tokens.write_text("s3cret-token-a tenant-a\n")
     node = start_daemon(auth={"token_file": str(tokens)})
-    prompt = _prompt(100, 5)
+    prompt = random_prompt(100, 5)
     ref = reference(d, prompt)
     good = f"kvstore://{node.addr}?token=s3cret-token-a&tenant=tenant-a&lookup_deadline_s=5&policy=always"
-    await _store(d, good, prompt)
-    b = make_engine(
-        d, f"kvstore://{node.addr}?token=wrong-token-b&tenant=tenant-a", enable_prefix_cache=False
-    )
-    try:
-        toks, cached = await run(b, prompt)
-        assert toks == ref and cached == 0
-    finally:
-        await b.stop()
-    c = make_engine(d, good, enable_prefix_cache=False)
-    try:
-        toks, cached = await run(c, prompt)
-        assert toks == ref and cached == 96
-    finally:
-        await c.stop()
+    await store_cold(d, good, prompt)
+    assert await run_fresh(
+        d, f"kvstore://{node.addr}?token=wrong-token-b&tenant=tenant-a", prompt, enable_prefix_cache=False
+    ) == (ref, 0)
+    assert await run_fresh(d, good, prompt, enable_prefix_cache=False) == (ref, 96)
 
 
 async def test_tenants_key_with_the_secret_salt_the_daemon_hands_out(tiny_model, start_daemon, tmp_path):
@@ -218,29 +183,15 @@ async def test_tenants_key_with_the_secret_salt_the_daemon_hands_out(tiny_model,
     secret.write_text("a-long-random-cluster-secret-0123456789abcdef\n")
     secret.chmod(0o600)
     node = start_daemon(auth={"token_file": str(tokens), "salt_secret_file": str(secret)})
-    prompt = _prompt(100, 6)
+    prompt = random_prompt(100, 6)
     ref = reference(d, prompt)
     url_a = f"kvstore://{node.addr}?token=secret-token-a&tenant=tenant-a&lookup_deadline_s=5&policy=always"
-    a = make_engine(d, url_a, enable_prefix_cache=False)
-    try:
-        toks, cached = await run(a, prompt)
-        assert toks == ref and cached == 0
+    async with open_engine(d, url_a, enable_prefix_cache=False) as a:
+        assert await run(a, prompt) == (ref, 0)
         flushed = await a.connector.flush()
         assert flushed and flushed.saved == 6, flushed
         guess = a.connector.base_ns.with_tenant("tenant-a")
         assert a.connector.ns != guess  # the salt is the daemon's secret, not the tenant's name
-    finally:
-        await a.stop()
-    b = make_engine(d, url_a, enable_prefix_cache=False)
-    try:
-        toks, cached = await run(b, prompt)
-        assert toks == ref and cached == 96
-    finally:
-        await b.stop()
+    assert await run_fresh(d, url_a, prompt, enable_prefix_cache=False) == (ref, 96)
     url_b = f"kvstore://{node.addr}?token=secret-token-b&tenant=tenant-b&lookup_deadline_s=5&policy=always"
-    c = make_engine(d, url_b, enable_prefix_cache=False)
-    try:
-        toks, cached = await run(c, prompt)
-        assert toks == ref and cached == 0
-    finally:
-        await c.stop()
+    assert await run_fresh(d, url_b, prompt, enable_prefix_cache=False) == (ref, 0)

@@ -9,17 +9,12 @@ import asyncio
 
 import pytest
 import torch
-from connutil import engine_config, make_engine, prompt_kv, run
+from connutil import open_engine, prompt_kv, random_prompt, run, sharing_store, store_cold
 
-from connector.backends import Backend
-from connector.config import parse_connector_url
-from connector.store_connector import StoreConnector
 from engine import kv_transfer
-from engine.async_engine import AsyncEngine, connector_context
 from engine.kv_cache import KVCache
 from engine.kv_connector import ConnectorRequest
 from engine.kv_transfer import KVTransfer
-from engine.llm import LLMEngine
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = [
@@ -86,37 +81,24 @@ def test_bad_block_list_copies_nothing():
     assert t.step_barrier() is None  # CPU: nothing is ever pending
 
 
-def _engine_sharing(model_dir: str, url: str, backend, **kw) -> AsyncEngine:
-    eng = LLMEngine(model_dir, engine_config(**kw))
-    return AsyncEngine(eng, StoreConnector(connector_context(eng), parse_connector_url(url), backend=backend))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layer_groups", [1, 2])
 async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layer_groups):
     d = tiny_model()
-    g = torch.Generator().manual_seed(5)
-    prompt = torch.randint(6, 250, (150,), generator=g).tolist()  # 9 blocks of 16 + 6
+    prompt = random_prompt(150, 5)  # 9 blocks of 16 + 6
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
-    a = make_engine(d, url, device=device)
-    try:
+    async with open_engine(d, url, device=device) as a:
         cold, cached = await run(a, prompt)
         assert cached == 0
         cold_kv = prompt_kv(a, prompt, 144)
         assert await a.connector.flush()
-        b = _engine_sharing(d, url, a.connector.backend, device=device)
-        try:
+        async with sharing_store(d, url, a, device=device) as b:
             assert b.connector.layer_groups == layer_groups
             assert b.engine.transfer.cuda is (device == "cuda")
             hit, cached_b = await run(b, prompt)
             assert cached_b == 144 and hit == cold
             assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
             b.check_integrity()
-        finally:
-            b.connector.backend = Backend()  # the shared one is closed with a
-            await b.stop()
-    finally:
-        await a.stop()
 
 
 async def test_flush_waits_for_saves_still_copying(tiny_model, tmp_path):
@@ -124,10 +106,9 @@ async def test_flush_waits_for_saves_still_copying(tiny_model, tmp_path):
     it wait for room after each) returns only once every block of it is stored."""
     d = tiny_model()
     url = f"local://{tmp_path}/store?lookup_deadline_s=5&policy=always&save_queue_bytes=1"
-    a = make_engine(d, url, num_pages=128)
-    try:
+    async with open_engine(d, url, num_pages=128) as a:
         eng = a.engine
-        prompt = torch.randint(6, 250, (40 * 16,), generator=torch.Generator().manual_seed(9)).tolist()
+        prompt = random_prompt(40 * 16, 9)
         eng.generate([prompt], eng_params())  # computes the pages; the prefix cache keeps them
         pages = eng.bm.match_prefix(prompt, 40)
         assert len(pages) == 40
@@ -137,8 +118,6 @@ async def test_flush_waits_for_saves_still_copying(tiny_model, tmp_path):
         assert await a.connector.flush(30)
         assert saving.done()
         assert await a.connector.lookup(prompt) == 40 * 16
-    finally:
-        await a.stop()
 
 
 def eng_params():
@@ -152,18 +131,10 @@ async def test_daemon_hit_is_exact_in_layer_groups(tiny_model, start_daemon, lay
     # issue 11 item 5: kvstore:// loads copy in layer groups too, not only local:// ones
     d = tiny_model()
     node = start_daemon()
-    g = torch.Generator().manual_seed(6)
-    prompt = torch.randint(6, 250, (150,), generator=g).tolist()  # 9 blocks of 16 + 6
+    prompt = random_prompt(150, 6)  # 9 blocks of 16 + 6
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
-    a = make_engine(d, url)
-    try:
-        cold, _ = await run(a, prompt)
-        cold_kv = prompt_kv(a, prompt, 144)
-        assert await a.connector.flush()
-    finally:
-        await a.stop()
-    b = make_engine(d, url)
-    try:
+    cold, cold_kv = await store_cold(d, url, prompt)
+    async with open_engine(d, url) as b:
         hit, cached = await run(b, prompt)
         assert cached == 144 and hit == cold
         assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
@@ -171,5 +142,3 @@ async def test_daemon_hit_is_exact_in_layer_groups(tiny_model, start_daemon, lay
         assert groups[min(layer_groups, b.engine.kv.num_layers)] == 3  # 3 GET batches of <= 4 blocks
         assert sum(groups.values()) == 3
         b.check_integrity()
-    finally:
-        await b.stop()
