@@ -39,6 +39,7 @@ sys.path.append(str(REPO / "tests"))  # tests/daemonutil.py imports its neighbou
 import common  # noqa: E402
 import numpy as np  # noqa: E402
 from common import free_port  # noqa: E402
+from daemonutil import stop_process  # noqa: E402
 from trace_sim import BLOCK_TOKENS, Request, simulate  # noqa: E402
 from vllm_bench import CONNECTOR, KV_SPACE_GIB, load_avg, model_dir, tierkv_daemon, vllm_env  # noqa: E402
 
@@ -170,12 +171,7 @@ async def run_config(name: str, model: str, reqs: list[dict], a, work: Path, dae
         res = await replay(url, reqs, a.speedup, a.concurrency, a.max_tokens)
         wall = time.monotonic() - t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 60)
     total = sum(len(r["ids"]) for r in reqs)
     hit = sum(x["cached"] for x in res)
     ttfts = [x["ttft_s"] for x in res]

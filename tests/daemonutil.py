@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
@@ -23,6 +22,19 @@ from kvstore.results import Status
 
 REPO = Path(__file__).resolve().parents[1]
 _LEN = struct.Struct(">I")
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM ``proc`` (if it runs), SIGKILL it if it has not exited within ``timeout_s``;
+    its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 class Daemon:
@@ -48,14 +60,7 @@ class Daemon:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def kill9(self) -> None:
         self.proc.kill()

@@ -15,6 +15,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from daemonutil import stop_process
 from ports import free_port
 from scraping import scrape_async
 
@@ -82,11 +83,7 @@ async def _serve_and_query(model_dir: str, connector: str, prompts: list[list[in
             results = await asyncio.gather(*(one(p) for p in prompts))
             return results, await scrape_async(base)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10)
 
 
 @pytest.mark.heavy
