@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import numpy as np
 
@@ -198,37 +198,38 @@ class WriteReply(_FlagsReply):
     """True where the descriptor's bytes were written."""
 
 
+_Entry = TypeVar("_Entry", LeaseEntry, ReserveEntry)
+
+
 @dataclass(frozen=True)
-class LeaseReply:
+class _EntriesReply(Generic[_Entry]):
+    """One record per key (``ENTRY``, a short positional list of ``WIDTH`` items at most)."""
+
+    ENTRY: ClassVar[type[LeaseEntry] | type[ReserveEntry]]
+    WIDTH: ClassVar[int]
     rid: int
-    entries: tuple[LeaseEntry, ...]
+    entries: tuple[_Entry, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any], n: int) -> LeaseReply:
-        res = _items(h, "res", n, 4)
-        return cls(
-            _u64(h.get("rid"), "rid"), tuple(LeaseEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res))
-        )
+    def from_wire(cls, h: dict[str, Any], n: int) -> Self:
+        res = _items(h, "res", n, cls.WIDTH)
+        entries = tuple(cls.ENTRY.from_wire(x, f"res[{i}]") for i, x in enumerate(res))
+        return cls(_u64(h.get("rid"), "rid"), entries)
 
 
-@dataclass(frozen=True)
-class ReserveReply:
-    rid: int
-    entries: tuple[ReserveEntry, ...]
+class LeaseReply(_EntriesReply[LeaseEntry]):
+    """``entries``: a :class:`LeaseEntry` per key."""
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"rid": self.rid, "ok": True, "res": [e.to_wire() for e in self.entries]}
+    ENTRY, WIDTH = LeaseEntry, 4
 
-    @classmethod
-    def from_wire(cls, h: dict[str, Any], n: int) -> ReserveReply:
-        res = _items(h, "res", n, 2)
-        return cls(
-            _u64(h.get("rid"), "rid"),
-            tuple(ReserveEntry.from_wire(x, f"res[{i}]") for i, x in enumerate(res)),
-        )
+
+class ReserveReply(_EntriesReply[ReserveEntry]):
+    """``entries``: a :class:`ReserveEntry` per key."""
+
+    ENTRY, WIDTH = ReserveEntry, 2
 
 
 @dataclass(frozen=True)
