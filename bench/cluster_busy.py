@@ -37,9 +37,7 @@ from common import pct  # noqa: E402
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig  # noqa: E402
-from kvstore.client.read import get_into  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
-from kvstore.results import Status  # noqa: E402
 
 NS = Namespace("bench-busy", "uint8", 4)
 NBYTES = 32 * 1024
@@ -63,7 +61,7 @@ class Tally:
 
 
 async def worker(c: ClusterClient, w: int, phase: int, t_end: float, tally: Tally, replicas: int) -> None:
-    from storeutil import make_blocks
+    from storeutil import make_blocks, read_back
 
     stored: list = []
     seed = 0
@@ -75,17 +73,11 @@ async def worker(c: ClusterClient, w: int, phase: int, t_end: float, tally: Tall
         stored.append(prompt)
         for p in (stored[-1], stored[seed // 2], stored[seed // 3]):
             t0 = time.perf_counter()
-            keys = [h.key for h, _ in p]
-            n = (await c.lookup(keys, LOOKUP_DEADLINE_S)).hit_blocks
-            bufs = [bytearray(NBYTES) for _ in keys]
-            res = await get_into(c, keys[:n], bufs[:n], None, 1.0)
+            hits, wrong = await read_back(c, p, LOOKUP_DEADLINE_S, 1.0)
             tally.lat_ms.append((time.perf_counter() - t0) * 1e3)
-            for r, b, (_, x) in zip(res, bufs, p):
-                if r.status is not Status.HIT:
-                    break
-                tally.wrong += bytes(b) != x
-                tally.hits += 1
-            tally.wanted += len(keys)
+            tally.hits += hits
+            tally.wrong += wrong
+            tally.wanted += len(p)
 
 
 async def loop_lag(stop: asyncio.Event, out: list[float]) -> None:

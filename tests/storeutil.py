@@ -64,6 +64,25 @@ def make_blocks(
     return out
 
 
+async def read_back(c, blocks, lookup_deadline_s: float, deadline_s: float) -> tuple[int, int]:
+    """Look up the longest stored prefix of ``blocks`` (header, payload pairs) through the
+    client ``c`` and read it: (blocks read, up to the first that is not a HIT; of them, those
+    whose bytes differ from the payload written)."""
+    from kvstore.client.read import get_into
+    from kvstore.results import Status
+
+    keys = [h.key for h, _ in blocks]
+    n = (await c.lookup(keys, lookup_deadline_s)).hit_blocks
+    bufs = [bytearray(h.payload_len) for h, _ in blocks[:n]]
+    hits = wrong = 0
+    for r, b, (_, x) in zip(await get_into(c, keys[:n], bufs, None, deadline_s), bufs, blocks):
+        if r.status is not Status.HIT:
+            break
+        wrong += bytes(b) != x
+        hits += 1
+    return hits, wrong
+
+
 def flip_byte_in_file(path: str, needle: bytes) -> int:
     """Flip one byte inside the first occurrence of ``needle`` in ``path``; returns its offset."""
     with open(path, "r+b") as f:

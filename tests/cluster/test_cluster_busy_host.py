@@ -18,13 +18,11 @@ import time
 
 import pytest
 from cluster.slowproxy import SlowProxy
-from storeutil import make_blocks
+from storeutil import make_blocks, read_back
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig
-from kvstore.client.read import get_into
 from kvstore.keys import Namespace
-from kvstore.results import Status
 
 pytestmark = pytest.mark.heavy
 NS = Namespace("busy-host", "uint8", 4)
@@ -70,16 +68,10 @@ async def worker(c: ClusterClient, w: int, t_end: float, tally: Tally) -> None:
         tally.copies += rep.copies
         stored.append(prompt)
         for p in (stored[-1], stored[seed // 2], stored[seed // 3]):
-            keys = [h.key for h, _ in p]
-            n = (await c.lookup(keys, LOOKUP_DEADLINE_S)).hit_blocks
-            bufs = [bytearray(NBYTES) for _ in keys]
-            res = await get_into(c, keys[:n], bufs[:n], None, 1.0)
-            for r, b, (_, x) in zip(res, bufs, p):
-                if r.status is not Status.HIT:
-                    break
-                tally.wrong += bytes(b) != x
-                tally.hits += 1
-            tally.wanted += len(keys)
+            hits, wrong = await read_back(c, p, LOOKUP_DEADLINE_S, 1.0)
+            tally.hits += hits
+            tally.wrong += wrong
+            tally.wanted += len(p)
 
 
 async def test_busy_client_loop_and_a_slightly_slow_node_keep_the_view_writes_and_hits(start_daemon):
