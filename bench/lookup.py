@@ -38,37 +38,14 @@ from pathlib import Path
 import common
 import msgpack
 from common import cpu_s, pct
+from storeutil import make_blocks  # tests/storeutil.py (common puts tests/ on the path)
 
 import kvstore.client
 from kvstore import protocol as P
-from kvstore.client import make_header
 from kvstore.keys import KeyBatch, Namespace
 
 PROMPT_TOKENS = 128 * 1024
 BLOCK_TOKENS = 16
-
-
-def blocks_of(ns: Namespace, tokens: list[int]):
-    bt, out, parent = ns.block_tokens, [], ns.id
-    payload = bytes(1024)
-    for i, k in enumerate(ns.block_keys(tokens)):
-        toks = tokens[i * bt : (i + 1) * bt]
-        out.append(
-            (
-                make_header(
-                    key=k,
-                    parent=parent,
-                    namespace=ns.id,
-                    tokens=toks,
-                    dtype="uint8",
-                    shape=[1024],
-                    payload=payload,
-                ),
-                payload,
-            )
-        )
-        parent = k
-    return out
 
 
 def open_cluster(addrs, ns, **options):
@@ -165,7 +142,7 @@ async def run(addrs, pids, iters: int, profile: bool, tag: str) -> list[dict]:
     rows = []
     tokens = [(i * 7919) % 50000 for i in range(PROMPT_TOKENS)]
     ns = Namespace(f"bench-lookup-{tag}", "uint8", BLOCK_TOKENS)
-    blocks = blocks_of(ns, tokens)
+    blocks = make_blocks(PROMPT_TOKENS // BLOCK_TOKENS, 1024, ns=ns, tokens=tokens)
     keys = ns.key_batch(tokens)
     absent = Namespace(f"bench-lookup-absent-{tag}", "uint8", BLOCK_TOKENS)
     nowhere = absent.key_batch(tokens)  # the same prompt under a namespace never stored

@@ -21,8 +21,8 @@ import tracemalloc
 
 import common
 import numpy as np
+from storeutil import make_blocks  # tests/storeutil.py (common puts tests/ on the path)
 
-from kvstore.block import make_header
 from kvstore.config import load_store_config
 from kvstore.keys import Namespace
 from kvstore.node.store import NodeStore
@@ -31,31 +31,6 @@ from kvstore.node.tiers.memory import MemoryTier
 from kvstore.node.tiers.slab import SlabAllocator
 
 MiB = 1 << 20
-
-
-def _blocks(n, nbytes, seed):
-    ns = Namespace(f"bench-{seed}", "bfloat16", 16)
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, 32000, n * 16).tolist()
-    out, parent = [], ns.id
-    for i, k in enumerate(ns.block_keys(tokens)):
-        p = rng.integers(0, 255, nbytes, dtype=np.uint8).tobytes()
-        out.append(
-            (
-                make_header(
-                    key=k,
-                    parent=parent,
-                    namespace=ns.id,
-                    tokens=tokens[i * 16 : i * 16 + 16],
-                    dtype="uint8",
-                    shape=[nbytes],
-                    payload=p,
-                ),
-                p,
-            )
-        )
-        parent = k
-    return out
 
 
 def _best(fn, reps):
@@ -99,7 +74,7 @@ async def _abest(fn, reps):
 
 async def bench_size(nbytes: int, total: int, root: str, reps: int, sync: bool) -> list[dict]:
     n = max(4, total // nbytes)
-    blocks = _blocks(n, nbytes, seed=nbytes)
+    blocks = make_blocks(n, nbytes, seed=nbytes, ns=Namespace(f"bench-{nbytes}", "bfloat16", 16))
     gb = n * nbytes / 1e9
     rows = []
     srcs = [np.frombuffer(p, dtype=np.uint8) for _, p in blocks]
