@@ -1,20 +1,24 @@
-"""GPU benchmark for a lent device (not run in CI): a Llama-3.1-8B-shaped model with random
+"""The engine alone on a lent GPU (not run in CI): a Llama-3.1-8B-shaped model with random
 bf16 weights created on the GPU. Cold prefill at 2K / 8K / 32K tokens with achieved TFLOP/s
-beside a measured bf16 matmul peak, and decode tokens/s at batch 1 and 32. Prints a table;
-``--json PATH`` writes the numbers. Also the model shapes and engine helpers
-bench/gpu_serving.py builds its engines with (``llama31_8b``, ``tiny_config``, ``build``, ``ttft``).
+beside a measured bf16 matmul peak (its floor: the FLOPs at that peak), decode tokens/s at
+batch 1 and 32 beside one read of the weights per step at the measured device copy bandwidth
+(``x_floor``: a step's time over that), and transformers on the same weights. Prints a table;
+``--json PATH`` writes the numbers. ``--tiny``: the same on CPU with a tiny model and short
+prompts, without transformers (a smoke check; its numbers mean nothing). Also the model shapes
+bench/ttft.py builds random engines of (``llama31_8b``, ``tiny_config``).
 
     python bench/gpu_engine.py --json gpu.json [--backend auto|torch|triton|flash_attn]
+    python bench/gpu_engine.py --tiny --json /tmp/x.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
+import common
 import torch
-from serving_floors import matmul_peak_tflops
+from serving_floors import device_copy_bytes_per_s, matmul_peak_tflops
 
 
 def llama31_8b():
@@ -38,43 +42,6 @@ def tiny_config():
     )  # fmt: skip
 
 
-def build(mc, cfg, url: str | None, backend=None, prefix_cache: bool = True):
-    """An AsyncEngine over random weights of shape ``mc`` (seed 0), its connector on ``url``
-    (``backend``: a store shared with another engine). Random weights have no folder to
-    fingerprint: the engine's prefix cache and the connector get a fixed namespace name."""
-    from connector.config import parse_connector_url
-    from connector.store_connector import StoreConnector
-    from engine.async_engine import AsyncEngine
-    from engine.kv_connector import ConnectorContext
-    from engine.llm import LLMEngine
-
-    eng = LLMEngine.from_random(mc, cfg, seed=0)
-    name = f"random-{mc.hidden_size}x{mc.num_layers}-seed0"
-
-    def ns(bt: int):  # the engine's namespace (KV dtype, layout) under that name
-        return eng.namespace(bt, fingerprint=name)
-
-    if prefix_cache:
-        eng.bm.namespace = ns(cfg.page_size)
-    conn = None
-    if url:
-        ctx = ConnectorContext(cfg.page_size, eng.kv, ns, "", cfg.device, eng.transfer)
-        conn = StoreConnector(ctx, parse_connector_url(url), backend=backend)
-    return AsyncEngine(eng, conn)
-
-
-async def ttft(aeng, prompt: list[int]) -> tuple[float, int, int]:
-    """Seconds to the first token of ``prompt`` (one token generated), cached tokens, the token."""
-    from engine.sequence import SamplingParams
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    async for out in aeng.generate(prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)):
-        return time.perf_counter() - t0, out.cached_tokens, out.token_id
-    raise RuntimeError("no output")
-
-
 def decode_run(
     eng, mc, batch: int, prompt_len: int, new_tokens: int, g: torch.Generator
 ) -> tuple[float, int]:
@@ -87,14 +54,23 @@ def decode_run(
     seqs = [eng.add_request(p, sp) for p in prompts]
     while any(s.num_computed < s.num_prompt for s in seqs):
         eng.step()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    _sync()
     t0, steps = time.perf_counter(), eng.steps
     while eng.has_work():
         eng.step()
+    _sync()
+    return time.perf_counter() - t0, eng.steps - steps
+
+
+def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - t0, eng.steps - steps
+
+
+def weight_bytes(mc, elem: int) -> int:
+    """Bytes of the model's weights at ``elem`` bytes a parameter (one decode step reads them once)."""
+    h, kv, i = mc.hidden_size, mc.num_kv_heads * mc.head_dim, mc.intermediate_size
+    return (mc.num_layers * (h * h * 2 + 2 * h * kv + 3 * h * i) + mc.vocab_size * h) * elem
 
 
 def prefill_flops(mc, n: int) -> float:
@@ -145,50 +121,67 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--kv-cache", default="24GiB")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model on CPU: check the script runs")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench/gpu_engine.py needs a CUDA device")
+    if args.tiny:
+        args.prefill, args.batches, args.decode_prompt, args.decode_tokens = [256], [1, 4], 16, 8
+        args.kv_cache, args.no_transformers = "256MiB", True
+    elif not torch.cuda.is_available():
+        raise SystemExit("bench/gpu_engine.py needs a CUDA device (--tiny: a smoke run on CPU)")
 
     from engine.config import EngineConfig
     from engine.llm import LLMEngine
     from engine.sequence import SamplingParams
     from kvstore.config import parse_size
 
-    mc = llama31_8b()
+    device, mc = ("cpu", tiny_config()) if args.tiny else ("cuda", llama31_8b())
     max_len = max(args.prefill) + 16
     cfg = EngineConfig(
-        device="cuda", dtype="bfloat16", kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"), max_num_batched_tokens=max_len,
+        device=device, dtype="bfloat16", kv_cache_bytes=parse_size(args.kv_cache, "--kv-cache"), max_num_batched_tokens=max_len,
         max_num_seqs=max(args.batches), max_model_len=max_len + args.decode_tokens, attention_backend=args.backend,
     )  # fmt: skip
     eng = LLMEngine.from_random(mc, cfg)
-    peak = matmul_peak_tflops("cuda", torch.bfloat16)
+    peak = matmul_peak_tflops(device, torch.bfloat16)
+    step_floor = weight_bytes(mc, 2) / device_copy_bytes_per_s(device)  # one weight read
     g = torch.Generator().manual_seed(0)
     rows = []
     one = SamplingParams(max_tokens=1, temperature=0)
-    eng.generate([torch.randint(0, mc.vocab_size, (512,), generator=g).tolist()], one)  # warm up
+    eng.generate(
+        [torch.randint(0, mc.vocab_size, (min(512, max_len),), generator=g).tolist()], one
+    )  # warm up
     for n in args.prefill:
         prompt = torch.randint(0, mc.vocab_size, (n,), generator=g).tolist()
         eng.generate([prompt], one)  # warm-up at this shape
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         eng.generate([prompt], one)  # no prefix cache (random engine): cold every time
-        torch.cuda.synchronize()
+        _sync()
         dt = time.perf_counter() - t0
         tf = prefill_flops(mc, n) / dt / 1e12
-        rows.append(
-            {"metric": f"prefill {n}", "tokens_per_s": n / dt, "tflops": tf, "pct_peak": 100 * tf / peak}
-        )
+        rows.append(dict(metric=f"prefill {n}", tokens_per_s=n / dt, tflops=tf, x_floor=peak / tf))
     for b in args.batches:
-        dt, _ = decode_run(eng, mc, b, args.decode_prompt, args.decode_tokens, g)
-        rows.append({"metric": f"decode batch {b}", "tokens_per_s": b * (args.decode_tokens - 1) / dt})
+        dt, steps = decode_run(eng, mc, b, args.decode_prompt, args.decode_tokens, g)
+        x = dt / max(1, steps) / step_floor
+        rows.append(
+            dict(metric=f"decode batch {b}", tokens_per_s=b * (args.decode_tokens - 1) / dt, x_floor=x)
+        )
     eng.check_integrity()
     if not args.no_transformers:
         try:
             compare_transformers(args, mc, eng, rows, g)
         except Exception as exc:  # the baseline is optional: report why it is missing
             print(f"transformers comparison failed: {exc!r}")
-    print_table(args, eng, peak, rows)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"{'tiny' if args.tiny else 'Llama-3.1-8B'} shape, random bf16, backend {eng.backend.name}, {name}")
+    print(
+        f"bf16 matmul peak: {peak:.1f} TFLOP/s; decode step floor {step_floor * 1000:.2f} ms; load {common.loadavg()}"
+    )
+    head = ["metric", "tokens/s", "TFLOP/s", "x floor", "transformers tok/s", "ratio"]
+    keys = ["metric", "tokens_per_s", "tflops", "x_floor", "transformers_tokens_per_s", "ratio"]
+    print(common.md_table(head, [[r.get(k) for k in keys] for r in rows]))
+    doc = dict(device=name, backend=eng.backend.name, peak_tflops=peak, step_floor_s=step_floor, rows=rows)
+    common.write_json(args.json, doc)
 
 
 def compare_transformers(args, mc, eng, rows: list[dict], g: torch.Generator) -> None:
@@ -222,33 +215,6 @@ def compare_transformers(args, mc, eng, rows: list[dict], g: torch.Generator) ->
             r["transformers_tokens_per_s"] = n * k / (time.perf_counter() - t0)
         r["ratio"] = r["tokens_per_s"] / r["transformers_tokens_per_s"]
     del hf
-
-
-def print_table(args, eng, peak: float, rows: list[dict]) -> None:
-    print(f"Llama-3.1-8B shape, random bf16, backend {eng.backend.name}, {torch.cuda.get_device_name()}")
-    print(f"bf16 matmul peak (8192^3): {peak:.1f} TFLOP/s")
-    print(
-        f"| {'metric':<18} | {'tokens/s':>10} | {'TFLOP/s':>8} | {'% peak':>7} | {'transformers tok/s':>18} | {'ratio':>6} |"
-    )
-    print(f"|{'-' * 20}|{'-' * 12}|{'-' * 10}|{'-' * 9}|{'-' * 20}|{'-' * 8}|")
-    for r in rows:
-        tf = f"{r['tflops']:.1f}" if "tflops" in r else "-"
-        pct = f"{r['pct_peak']:.0f}%" if "pct_peak" in r else "-"
-        ht = f"{r['transformers_tokens_per_s']:.1f}" if "transformers_tokens_per_s" in r else "-"
-        ra = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        print(f"| {r['metric']:<18} | {r['tokens_per_s']:>10.1f} | {tf:>8} | {pct:>7} | {ht:>18} | {ra:>6} |")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "device": torch.cuda.get_device_name(),
-                    "backend": eng.backend.name,
-                    "peak_tflops": peak,
-                    "rows": rows,
-                },
-                f,
-                indent=2,
-            )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # One prepared run on a lent GPU (docs/benchmarks.md, "GPU"), at most 8 minutes: the CUDA
-# tests, then the serving cases of issue 11 (bench/gpu_serving.py: the TTFT matrix of KV dtype
-# bf16 / fp8 x tier: cold, hbm_hit, remote_hit against a daemon it starts on loopback,
-# auto_remote_hit, dram_hit, disk_hit, and the same with _fp8; then decode_b1, decode_b32,
-# prefill_32k, each beside a floor measured in the same run) written to OUTDIR/gpu_serving.json
-# with each case's engine timeline in OUTDIR/gpu_timeline.json, then the paged attention kernel
-# against gather+SDPA (bench/paged_attention.py, OUTDIR/paged_attention.json). Every step has its own time
-# limit, so one hang costs only its own step; a step that fails does not stop the next.
+# tests; the TTFT matrix (bench/ttft.py --device cuda: KV dtype bf16 / fp8 x cold, engine
+# cache, local DRAM / disk, a daemon it starts on loopback with policy always / auto / one
+# layer group per layer; 32K tokens of a Llama-3.1-8B-shaped model, random weights, 256-token
+# blocks) to OUTDIR/ttft.json; the engine alone (bench/gpu_engine.py: prefill 32K, decode batch
+# 1 and 32 beside their floors) to OUTDIR/gpu_engine.json; the paged attention kernel against
+# gather+SDPA (bench/paged_attention.py) to OUTDIR/paged_attention.json. Every step has its own
+# time limit, so one hang costs only its own step; a step that fails does not stop the next.
 # Wheels of packages the GPU image lacks (lmdb, pytest-asyncio, ...) are installed from .whl/
 # when that folder exists.
 #
 #   bash bench/gpu_run.sh OUTDIR [--tiny]
 #
-# --tiny: the same steps on CPU with a tiny model and short prompts (a smoke check that the
-# script runs end to end; its numbers mean nothing and are not to be committed).
+# --tiny: the TTFT and engine steps on CPU with a tiny model and short prompts (a smoke check
+# that the script runs end to end; its numbers mean nothing and are not to be committed).
 set -u
 out=${1:?usage: bench/gpu_run.sh OUTDIR [--tiny]}
 tiny=${2:-}
@@ -39,13 +39,18 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to OUTDIR/
   $py -c "import triton; print('triton', triton.__version__)" 2>&1 || true
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
+ttft="$py bench/ttft.py --kv-dtypes bf16,fp8_e4m3 --json $out/ttft.json"
 if [ "$tiny" = "--tiny" ]; then
-    step serving 300 $py bench/gpu_serving.py --tiny --json "$out/gpu_serving.json"
+    step ttft 300 $ttft --device cpu --random tiny --lengths 1024 --reps 2 --url-opts block_tokens=64
+    step engine 120 $py bench/gpu_engine.py --tiny --json "$out/gpu_engine.json"
 else
     step cuda_tests 110 $py -m pytest -q -p no:cacheprovider -m "not heavy" \
         tests/engine/test_engine_cuda.py tests/engine/test_paged_attention*.py tests/engine/test_fp8*.py \
         tests/store/test_hbm.py tests/connector/test_connector_transfer.py
-    step serving 330 $py bench/gpu_serving.py --json "$out/gpu_serving.json"
+    step ttft 270 $ttft --device cuda --random llama31_8b --lengths 32768 --reps 2 --kv-cache 12GiB \
+        --chunk 8192 --url-opts "block_tokens=256&load_parallel=4"
+    step engine 60 $py bench/gpu_engine.py --prefill 32768 --no-transformers --kv-cache 12GiB \
+        --json "$out/gpu_engine.json"
     step paged_attention 40 $py bench/paged_attention.py --json "$out/paged_attention.json"
 fi
 exit $status
