@@ -43,17 +43,10 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
-
-def _error(
-    status: int,
-    message: str,
-    param: str | None = None,
-    code: str | None = None,
-    kind: str = "invalid_request_error",
-):
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status
-    )
+    def response(self) -> JSONResponse:
+        """The OpenAI-style error body, with ``status``."""
+        err = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": err}, status_code=self.status)
 
 
 class Metrics:
@@ -187,7 +180,7 @@ def create_app(aeng: AsyncEngine, model_name: str) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return _error(exc.status, exc.message, exc.param, exc.code, exc.kind)
+        return exc.response()
 
     async def _body(request: Request) -> dict:
         try:
