@@ -21,6 +21,7 @@ from pathlib import Path
 import common
 import numpy as np
 from common import REPO
+from daemonutil import stop_process
 
 MiB = 1 << 20
 PEERS_PY = REPO / ".peers" / "bin" / "python"
@@ -331,8 +332,7 @@ class Redis:
 
     def close(self) -> None:
         self.r.flushall()
-        self.proc.terminate()
-        self.proc.wait(10)
+        stop_process(self.proc, 10)
 
 
 # ------------------------------------------------------------------ mooncake (its own venv, netns)
