@@ -34,6 +34,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import common  # noqa: E402
 from common import pct  # noqa: E402
+from slow_node import sample_view  # noqa: E402
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
 from kvstore.client.node import ClientConfig  # noqa: E402
@@ -87,17 +88,6 @@ async def loop_lag(stop: asyncio.Event, out: list[float]) -> None:
         out.append(max(0.0, time.monotonic() - t0 - 0.01))
 
 
-async def sample(
-    c: ClusterClient, addrs: list[str], stop: asyncio.Event, inview: dict[str, int], n: list[int]
-):
-    while not stop.is_set():
-        live = set(c.live_addrs())
-        for a in addrs:
-            inview[a] += a in live
-        n[0] += 1
-        await asyncio.sleep(0.02)
-
-
 async def phase(addrs: list[str], name: str, number: int, seconds: float, workers: int) -> dict:
     replicas = 2
     cfg = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=1.0, probe_interval_s=0.1)
@@ -108,7 +98,7 @@ async def phase(addrs: list[str], name: str, number: int, seconds: float, worker
     samples = [0]
     lags: list[float] = []
     tasks = [
-        asyncio.create_task(sample(c, addrs, stop, inview, samples)),
+        asyncio.create_task(sample_view(c, stop, inview, samples)),
         asyncio.create_task(loop_lag(stop, lags)),
     ]
     tally = Tally()
