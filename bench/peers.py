@@ -184,7 +184,7 @@ async def bench_size(
     base = {(r["op"], r["peer"]): r["gbps"] for r in rows}
     for r in rows:
         peer = r["peer"]
-        ref = "tierkv-1" if peer.startswith("tierkv:") else "raw-" + peer.rsplit("-", 1)[1]
+        ref = "tierkv-1" if peer.startswith("tierkv:") else "raw-" + peer.rpartition("-")[2]
         ref = ref if (r["op"], ref) in base else "raw-1"  # redis, mooncake
         r["vs_raw"] = r["gbps"] / base[(r["op"], ref)]
         r["raw_ref"] = ref
