@@ -43,8 +43,10 @@ def register(sub) -> None:
 def _pass_totals(daemon: dict, kind: str) -> dict | None:
     """A cluster member's totals of its ``kind`` pass (kvstore/member/: every
     ``tierkv_<kind>_<name>_total`` counter without labels, by name), None elsewhere."""
-    pre = f"tierkv_{kind}_"
-    out = {n[len(pre) : -6]: int(v) for n, v in daemon.items() if n.startswith(pre) and n.endswith("_total")}
+    pre, end = f"tierkv_{kind}_", "_total"
+    out = {
+        n[len(pre) : -len(end)]: int(v) for n, v in daemon.items() if n.startswith(pre) and n.endswith(end)
+    }
     return out or None
 
 
