@@ -61,15 +61,15 @@ async def sharing_store(model_dir: str, url: str, owner: AsyncEngine, **kw) -> A
 
 
 async def store_cold(model_dir: str, url: str, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    """Run ``prompt`` on a fresh engine with the connector at ``url`` (nothing cached yet:
-    asserted) and flush until every block is saved (asserted): its tokens and the KV of its
-    full blocks."""
+    """Run ``prompt`` on a fresh engine with the connector at ``url`` (nothing cached yet, the
+    tokens the no-cache :func:`reference`'s: asserted) and flush until every block is saved
+    (asserted): the reference tokens and the KV of its full blocks."""
+    ref = reference(model_dir, prompt)
     async with open_engine(model_dir, url) as aeng:
-        toks, cached = await run(aeng, prompt)
-        assert cached == 0
+        assert await run(aeng, prompt) == (ref, 0)
         res = await aeng.connector.flush(30)
         assert res, res
-        return toks, prompt_kv(
+        return ref, prompt_kv(
             aeng, prompt, len(prompt) // aeng.engine.config.page_size * aeng.engine.config.page_size
         )
 
@@ -92,6 +92,17 @@ async def run(aeng: AsyncEngine, prompt: list[int], params: SamplingParams = GRE
 def reference(model_dir: str, prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:
     eng = LLMEngine(model_dir, engine_config(enable_prefix_cache=False))
     return eng.generate([prompt], params)[0].output_tokens
+
+
+async def assert_loads(
+    aeng: AsyncEngine, prompt: list[int], ref: list[int], cold_kv: torch.Tensor, cached: int
+) -> None:
+    """``prompt`` on ``aeng`` gives the tokens ``ref`` with ``cached`` tokens from the store, and
+    their KV is bit for bit the cold run's (``cold_kv``: [layers, K/V, tokens, heads, dim])."""
+    assert await run(aeng, prompt) == (ref, cached)
+    assert torch.equal(prompt_kv(aeng, prompt, cached), cold_kv[:, :, :cached]), (
+        "loaded KV must be bitwise equal"
+    )
 
 
 def prompt_kv(aeng: AsyncEngine, prompt: list[int], n_tokens: int) -> torch.Tensor:

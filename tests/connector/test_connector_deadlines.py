@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import torch
-from connutil import make_engine, open_engine, prompt_kv, random_prompt, reference, run, store_cold
+from connutil import make_engine, open_engine, prompt_kv, random_prompt, run, store_cold
 
 from engine.async_engine import AsyncEngine
 from engine.errors import ConfigError
@@ -37,8 +37,7 @@ async def test_a_lookup_slower_than_half_a_second_hits_under_a_2s_deadline(tiny_
     d = tiny_model()
     node = start_daemon()
     prompt = random_prompt(150, 11)
-    ref = reference(d, prompt)
-    await store_cold(d, _direct(node), prompt)
+    ref, _ = await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=0.8)  # every round trip takes >= 0.8 s
     async with _hit_through(
         link, d, "lookup_deadline_s=2&load_deadline_s=20&policy=always", enable_prefix_cache=False
@@ -57,8 +56,7 @@ async def test_the_first_request_after_start_pays_no_connection_setup(tiny_model
     d = tiny_model()
     node = start_daemon()
     prompt = random_prompt(150, 12)
-    ref = reference(d, prompt)
-    await store_cold(d, _direct(node), prompt)
+    ref, _ = await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=1.0)
     async with _hit_through(
         link, d, "lookup_deadline_s=1.9&load_deadline_s=20&policy=always", enable_prefix_cache=False
@@ -117,8 +115,7 @@ async def test_a_link_too_slow_for_one_whole_batch_loads_a_prefix(tiny_model, st
     d = tiny_model()
     node = start_daemon()
     prompt = random_prompt(400, 14)
-    ref = reference(d, prompt)
-    _, cold_kv = await store_cold(d, _direct(node), prompt)
+    ref, cold_kv = await store_cold(d, _direct(node), prompt)
     link = SlowLink(node.addr, delay_s=0.0, rate_bps=48 << 10)
     async with _hit_through(
         link, d, "lookup_deadline_s=5&load_deadline_s=2&load_floor_bandwidth=16KiB&policy=always"

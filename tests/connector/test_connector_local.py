@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
-import torch
-from connutil import make_engine, open_engine, prompt_kv, random_prompt, reference, run, sharing_store
+from connutil import (
+    assert_loads,
+    make_engine,
+    open_engine,
+    prompt_kv,
+    random_prompt,
+    reference,
+    run,
+    sharing_store,
+)
 
 
 async def test_dram_then_disk_hits_are_exact(tiny_model, tmp_path):
@@ -22,15 +30,13 @@ async def test_dram_then_disk_hits_are_exact(tiny_model, tmp_path):
         assert a.connector.metrics.value("tierkv_connector_saved_blocks_total") == 9
         # a fresh engine, same store: the hit must come from the store's DRAM
         async with sharing_store(d, url, a) as b:
-            assert await run(b, prompt) == (ref, 144)
-            assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
+            await assert_loads(b, prompt, ref, cold_kv, 144)
             assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="dram") == 144
             b.check_integrity()
 
     # the store restarts (a new node over the same LMDB): blocks come from disk
     async with open_engine(d, url) as c:
-        assert await run(c, prompt) == (ref, 144)
-        assert torch.equal(prompt_kv(c, prompt, 144), cold_kv)
+        await assert_loads(c, prompt, ref, cold_kv, 144)
         assert c.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="disk") == 144
         c.check_integrity()
 

@@ -15,7 +15,15 @@ import time
 
 import pytest
 import torch
-from connutil import open_engine, prompt_kv, random_prompt, reference, run, run_fresh, store_cold
+from connutil import (
+    assert_loads,
+    open_engine,
+    random_prompt,
+    reference,
+    run,
+    run_fresh,
+    store_cold,
+)
 
 CHILD = pathlib.Path(__file__).with_name("engine_child.py")
 
@@ -25,14 +33,10 @@ async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
     prompt = random_prompt(150, 1)
-    ref = reference(d, prompt)
-    toks, cold_kv = await store_cold(d, url, prompt)
-    assert toks == ref
+    ref, cold_kv = await store_cold(d, url, prompt)
     # in-process fresh engine: bitwise KV
     async with open_engine(d, url) as b:
-        toks_b, cached_b = await run(b, prompt)
-        assert toks_b == ref and cached_b == 144
-        assert torch.equal(prompt_kv(b, prompt, 144), cold_kv)
+        await assert_loads(b, prompt, ref, cold_kv, 144)
         assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
     # another process: the hit crosses process boundaries
     out = subprocess.run(
@@ -49,8 +53,7 @@ async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
     node = start_daemon()
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=1&load_parallel=1"
     prompt = random_prompt(400, 2)  # 25 blocks: 25 sequential GETs
-    ref = reference(d, prompt)
-    await store_cold(d, url, prompt)
+    ref, _ = await store_cold(d, url, prompt)
 
     async def killer():
         while b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 0:
@@ -81,8 +84,7 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
     wd = tmp_path / "n"
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
     prompt = random_prompt(150, 3)
-    ref = reference(d, prompt)
-    _, cold_kv = await store_cold(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
+    ref, cold_kv = await store_cold(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
     assert node.stop() == 0
     # flip a byte inside block 4's payload in the daemon's LMDB file
     needle = cold_kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
@@ -163,9 +165,8 @@ async def test_wrong_token_is_a_miss_not_an_error(tiny_model, start_daemon, tmp_
     tokens.write_text("s3cret-token-a tenant-a\n")
     node = start_daemon(auth={"token_file": str(tokens)})
     prompt = random_prompt(100, 5)
-    ref = reference(d, prompt)
     good = f"kvstore://{node.addr}?token=s3cret-token-a&tenant=tenant-a&lookup_deadline_s=5&policy=always"
-    await store_cold(d, good, prompt)
+    ref, _ = await store_cold(d, good, prompt)
     assert await run_fresh(
         d, f"kvstore://{node.addr}?token=wrong-token-b&tenant=tenant-a", prompt, enable_prefix_cache=False
     ) == (ref, 0)

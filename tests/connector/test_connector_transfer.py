@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 import torch
-from connutil import open_engine, prompt_kv, random_prompt, run, sharing_store, store_cold
+from connutil import assert_loads, open_engine, prompt_kv, random_prompt, run, sharing_store, store_cold
 
 from engine import kv_transfer
 from engine.kv_cache import KVCache
@@ -95,9 +95,7 @@ async def test_store_hit_is_exact_either_way(tiny_model, tmp_path, device, layer
         async with sharing_store(d, url, a, device=device) as b:
             assert b.connector.layer_groups == layer_groups
             assert b.engine.transfer.cuda is (device == "cuda")
-            hit, cached_b = await run(b, prompt)
-            assert cached_b == 144 and hit == cold
-            assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
+            await assert_loads(b, prompt, cold, cold_kv, 144)
             b.check_integrity()
 
 
@@ -135,9 +133,7 @@ async def test_daemon_hit_is_exact_in_layer_groups(tiny_model, start_daemon, lay
     url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
     cold, cold_kv = await store_cold(d, url, prompt)
     async with open_engine(d, url) as b:
-        hit, cached = await run(b, prompt)
-        assert cached == 144 and hit == cold
-        assert torch.equal(prompt_kv(b, prompt, 144), cold_kv), "loaded KV must be bitwise equal"
+        await assert_loads(b, prompt, cold, cold_kv, 144)
         groups = b.engine.transfer.scatter_groups
         assert groups[min(layer_groups, b.engine.kv.num_layers)] == 3  # 3 GET batches of <= 4 blocks
         assert sum(groups.values()) == 3
