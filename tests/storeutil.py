@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import AsyncIterator
+from typing import Protocol, TypeVar
 
-from kvstore.block import make_header
+from kvstore.block import BlockHeader, make_header
 from kvstore.config import load_store_config
 from kvstore.keys import Namespace
 
@@ -129,3 +132,32 @@ async def settle(node, deadline_s: float = 60.0) -> None:
     never a measurement."""
     left = await node._finishing.drain(deadline_s)
     assert left == 0, f"{left} finishing tasks still running after {deadline_s:g} s"
+
+
+class Checkable(Protocol):
+    """An open node or tier: its own invariants asserted by ``check()``, ended by ``close()``."""
+
+    def check(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+CheckableT = TypeVar("CheckableT", bound=Checkable)
+
+
+@contextlib.asynccontextmanager
+async def checked(node: CheckableT) -> AsyncIterator[CheckableT]:
+    """``node`` (an open ``NodeStore`` or tier) for the block: its invariants checked
+    (``node.check()``) when the block ends normally, the node closed however it ends."""
+    try:
+        yield node
+        node.check()
+    finally:
+        await node.close()
+
+
+def remade(h: BlockHeader, payload: bytes, **fields) -> BlockHeader:
+    """A header like ``h`` (its key, parent, namespace and tokens, each replaced by ``fields``)
+    for ``payload`` (uint8, its length): a forged, planted or rewritten block."""
+    base = {"key": h.key, "parent": h.parent, "namespace": h.namespace, "tokens": h.token_bytes}
+    return make_header(**{**base, **fields}, dtype="uint8", shape=[len(payload)], payload=payload)

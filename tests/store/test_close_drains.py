@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.node.store import NodeStore
 from kvstore.node.tiers.tasks import Finishing, to_the_end
@@ -59,13 +59,10 @@ async def test_close_waits_for_cancelled_puts_to_disk(cfg_factory, caplog):
     # one put writes while the others wait for the disk's writer: all cancelled, all finish
     puts = [asyncio.create_task(node.writer.put([b])) for b in blocks]
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in blocks])
-    again = await _close_and_reopen(node, cfg, caplog)
-    try:
+    async with checked(await _close_and_reopen(node, cfg, caplog)) as again:
         st = again.inspector.stats()["tiers"]["disk"]
         assert st["blocks"] == 3 and st["payload_bytes"] == 3 * 32 * MiB
         assert await _reads_back(again, blocks) == [True] * 3
-    finally:
-        await again.close()
 
 
 async def test_close_waits_for_the_deletes_that_follow_cancelled_write_throughs(cfg_factory, caplog):
@@ -77,13 +74,10 @@ async def test_close_waits_for_the_deletes_that_follow_cancelled_write_throughs(
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in gone])
     # deleted while their disk writes run: hidden now, each disk copy dropped once written
     assert await node.delete([h.key for h, _ in gone]) == [True] * 3
-    again = await _close_and_reopen(node, cfg, caplog)
-    try:
+    async with checked(await _close_and_reopen(node, cfg, caplog)) as again:
         found = tiers_of(again, [h.key for h, _ in [kept, *gone]])
         assert found == ["disk", None, None, None], "a deleted block is back"
         assert await _reads_back(again, [kept]) == [True]
-    finally:
-        await again.close()
 
 
 async def test_close_waits_for_a_cancelled_delete_and_the_puts_behind_it(cfg_factory, caplog):
@@ -96,12 +90,9 @@ async def test_close_waits_for_a_cancelled_delete_and_the_puts_behind_it(cfg_fac
     await _cancel_when_held(puts, node, [h.key.raw for h, _ in new])
     delete.cancel()
     await asyncio.gather(delete, return_exceptions=True)
-    again = await _close_and_reopen(node, cfg, caplog)
-    try:
+    async with checked(await _close_and_reopen(node, cfg, caplog)) as again:
         assert tiers_of(again, [old[0].key]) == [None]
         assert await _reads_back(again, new) == [True] * 3
-    finally:
-        await again.close()
 
 
 async def test_the_wait_is_bounded_and_counts_what_is_left():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, on_disk_only, settle, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, settle, tiers_of
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
@@ -25,8 +25,7 @@ def _big_cfg(cfg_factory, **kw):
 async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory):
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(8, nbytes=8 * MiB)
-    node = await on_disk_only(cfg, blocks)
-    try:
+    async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
             buf = bytearray(len(p))
             get = asyncio.create_task(node.reader.get_into([h.key], [buf]))
@@ -37,9 +36,6 @@ async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory
                 assert bytes(buf) == p
             assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
         assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_factory):
@@ -48,8 +44,7 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
     commit would find the key taken)."""
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(8, nbytes=8 * MiB)
-    node = await on_disk_only(cfg, blocks)
-    try:
+    async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
             get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
@@ -60,15 +55,11 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
             await get
             [pr] = await node.writer.commit([res])
             assert pr.status is Status.STORED
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
     cfg = _big_cfg(cfg_factory)
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         for h, p in make_blocks(4, nbytes=8 * MiB, seed=3):
             put = asyncio.create_task(node.writer.put([(h, p)]))
             while tiers_of(node, [h.key]) == [None]:  # committed to DRAM, disk write under way
@@ -79,8 +70,6 @@ async def test_a_write_through_racing_a_delete_leaves_no_disk_copy(cfg_factory):
             assert tiers_of(node, [h.key]) == [None], "the disk write brought it back"
         node.check()
         assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
-    finally:
-        await node.close()
 
 
 async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factory):
@@ -88,8 +77,7 @@ async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factor
     copy must not outlive the delete."""
     # per-block LRU: the chain's oldest block is the one copied down (prefix-aware: its tail)
     cfg = _big_cfg(cfg_factory, dram__capacity="16MiB", disk__write_mode="write-back", eviction__policy="lru")
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         blocks = make_blocks(6, nbytes=8 * MiB, seed=4)
         await node.writer.put(blocks[:2])  # DRAM full, nothing on disk
         for (old, _), new in zip(blocks, blocks[2:]):
@@ -99,9 +87,6 @@ async def test_a_demotion_to_disk_racing_a_delete_leaves_no_disk_copy(cfg_factor
             assert await node.delete([old.key]) == [True]
             await put
             assert tiers_of(node, [old.key]) == [None], "the demotion brought it back"
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(cfg_factory):
@@ -113,18 +98,14 @@ async def test_a_write_back_block_deleted_while_leased_is_not_flushed_at_close(c
     [lease] = await node.leaser.lease([key])
     assert await node.delete([key]) == [True]
     await node.close()  # the lease is still out: the block is deleted but still in DRAM
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         assert tiers_of(node, [key, blocks[1][0].key]) == [None, "disk"], "a deleted block was flushed"
-    finally:
-        await node.close()
 
 
 async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(2, nbytes=1 * MiB, seed=5)
-    node = await on_disk_only(cfg, blocks)
-    try:
+    async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, _ in blocks:
             delete = asyncio.create_task(node.delete([h.key]))
             await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed
@@ -133,8 +114,6 @@ async def test_a_pin_racing_a_delete_does_not_outlive_it(cfg_factory):
             assert tiers_of(node, [h.key]) == [None]
             node.check()  # no pin on a block that is gone
         assert node.inspector.stats()["node"]["pinned"] == 0
-    finally:
-        await node.close()
 
 
 async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
@@ -142,8 +121,7 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
     pinned meanwhile and drops what a racing read promoted meanwhile."""
     cfg = _big_cfg(cfg_factory)
     blocks = make_blocks(4, nbytes=8 * MiB, seed=6)
-    node = await on_disk_only(cfg, blocks)
-    try:
+    async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
             get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
@@ -155,5 +133,3 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
             await settle(node)  # the disk delete goes on after the cancel: await its end
             assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
             node.check()  # no pin on a block that is gone
-    finally:
-        await node.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, settle, tiers_of
+from storeutil import checked, make_blocks, settle, tiers_of
 
 from kvstore.node.store import NodeStore
 
@@ -25,8 +25,7 @@ async def _cancelled_after(call, passes: int) -> None:
 
 
 async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity=0, disk__capacity="1GiB"))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(dram__capacity=0, disk__capacity="1GiB"))) as node:
         blocks = make_blocks(10, nbytes=16 * MiB)
         for i, (h, p) in enumerate(blocks):
             await _cancelled_after(node.writer.put([(h, p)]), i % 4 + 1)
@@ -41,5 +40,3 @@ async def test_cancelled_puts_and_deletes_leave_the_disk_index_true(cfg_factory)
         stored = tiers_of(node, [h.key for h, _ in blocks])
         assert st["blocks"] == sum(t is not None for t in stored)
         assert st["payload_bytes"] == 16 * MiB * st["blocks"]
-    finally:
-        await node.close()

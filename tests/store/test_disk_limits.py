@@ -6,9 +6,8 @@ unreadable at the next open although it had been reported stored."""
 
 from __future__ import annotations
 
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, remade, tiers_of
 
-from kvstore.block import make_header
 from kvstore.node.store import NodeStore
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.index import MAX_HEADER_LEN
@@ -18,14 +17,10 @@ KiB = 1 << 10
 
 
 async def test_a_header_too_long_for_the_index_is_refused(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity=0))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(dram__capacity=0))) as node:
         [(h, p)] = make_blocks(1, nbytes=64 * KiB)
         tokens = list(range(MAX_HEADER_LEN // 4 + 1000))  # int32 ids: over MAX_HEADER_LEN bytes
-        long = make_header(
-            key=h.key, parent=h.parent, namespace=h.namespace, tokens=tokens,
-            dtype="uint8", shape=[len(p)], payload=p,
-        )  # fmt: skip
+        long = remade(h, p, tokens=tokens)
         assert len(long.encode()) > MAX_HEADER_LEN
         [pr] = await node.writer.put([(long, p)])
         assert pr.status is Status.NO_SPACE
@@ -35,9 +30,6 @@ async def test_a_header_too_long_for_the_index_is_refused(cfg_factory):
         assert await node.delete([h.key]) == [True]
         st = node.inspector.stats()["tiers"]["disk"]
         assert st["used_bytes"] == 0 and st["payload_bytes"] == 0 and st["blocks"] == 0
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_key_twice_in_one_disk_put_is_stored_and_counted_once(tmp_path):

@@ -7,7 +7,7 @@ Real LMDB in a temporary directory, block counts only, no timing."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks
+from storeutil import checked, make_blocks
 
 from kvstore.node.tiers.disk import DiskTier
 from kvstore.node.tiers.order import POLICIES, make_order
@@ -56,16 +56,12 @@ async def test_one_put_evicts_a_cold_chain_whole_before_blocks_read_again(tmp_pa
     """Before the plan counted its victims as gone, the prefix orders yielded the cold chain's
     tail only (its one leaf), then the hot blocks: a put of 8 evicted 7 hot-or-cold blocks
     in the wrong order and kept an unreadable chain."""
-    disk = await _disk_of(tmp_path, policy, 12, _block_bytes())
-    try:
+    async with checked(await _disk_of(tmp_path, policy, 12, _block_bytes())) as disk:
         hot, cold = await _setup(disk)
         new = make_blocks(8, nbytes=16 * KiB, seed=8)
         assert await disk.put(_triples(new)) == [True] * 8
         assert [h.key.raw in disk for h, _ in hot] == [True] * 4, "a block read again went first"
         assert [h.key.raw in disk for h, _ in cold] == [False] * 8
-        disk.check()
-    finally:
-        await disk.close()
 
 
 @pytest.mark.parametrize("policy", PREFIX_POLICIES)
@@ -73,8 +69,9 @@ async def test_a_held_victim_keeps_its_whole_prefix(tmp_path, policy):
     """The cold chain's tail is held: none of its ancestors may go in the same plan (a parent
     never before its stored children); the put takes what else there is and stores less."""
     held: set[bytes] = set()
-    disk = await _disk_of(tmp_path, policy, 12, _block_bytes(), protected=lambda k: k in held)
-    try:
+    async with checked(
+        await _disk_of(tmp_path, policy, 12, _block_bytes(), protected=lambda k: k in held)
+    ) as disk:
         hot, cold = await _setup(disk)
         held.add(cold[-1][0].key.raw)
         new = make_blocks(8, nbytes=16 * KiB, seed=9)
@@ -82,9 +79,6 @@ async def test_a_held_victim_keeps_its_whole_prefix(tmp_path, policy):
         assert len(stored) == 8 and sum(stored) == 4, stored  # the four hot blocks made room
         assert [h.key.raw in disk for h, _ in cold] == [True] * 8
         assert [h.key.raw in disk for h, _ in hot] == [False] * 4
-        disk.check()
-    finally:
-        await disk.close()
 
 
 @pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc", "prefix-marginal"])

@@ -6,7 +6,7 @@ stay put. Block counts only, no timing."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.config import ConfigError
 from kvstore.keys import Namespace
@@ -44,8 +44,7 @@ def _is_prefix(flags: list[bool]) -> bool:
 async def test_a_chain_is_evicted_from_its_tail(cfg_factory, policy):
     """Chain A (20 blocks), then chain B (20): 8 must go. Prefix-aware policies keep a prefix
     of A; per-block LRU drops A's head and keeps a tail that can never hit."""
-    node = await NodeStore.open(_dram_only(cfg_factory, policy))
-    try:
+    async with checked(await NodeStore.open(_dram_only(cfg_factory, policy))) as node:
         a = make_blocks(20, nbytes=BLOCK, seed=1)
         b = make_blocks(20, nbytes=BLOCK, seed=2)
         await _put_in_batches(node, a)
@@ -57,17 +56,13 @@ async def test_a_chain_is_evicted_from_its_tail(cfg_factory, policy):
         else:
             assert _is_prefix(held_a) and sum(held_a) == 12, held_a
             assert all(held_b)
-        node.check()
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("policy", PREFIX_POLICIES)
 async def test_a_block_whose_parent_was_evicted_goes_first(cfg_factory, policy):
     """A chain longer than the tier: its tail keeps evicting its own parent, so each new
     tail block is an orphan here. The next write evicts the orphan, not the chain's prefix."""
-    node = await NodeStore.open(_dram_only(cfg_factory, policy))
-    try:
+    async with checked(await NodeStore.open(_dram_only(cfg_factory, policy))) as node:
         a = make_blocks(40, nbytes=BLOCK, seed=3)
         await _put_in_batches(node, a, batch=1)
         held = await _stored(node, a)
@@ -77,8 +72,6 @@ async def test_a_block_whose_parent_was_evicted_goes_first(cfg_factory, policy):
         await _put_in_batches(node, [other])
         assert await _stored(node, a) == [True] * 31 + [False] * 9, "the orphan goes first"
         assert node.inspector.stats()["tiers"]["dram"]["orphans_stored"] >= 1
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("policy", ["prefix-2q", "prefix-arc", "prefix-marginal"])
@@ -86,8 +79,7 @@ async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
     """A 6-block prefix read back twice, then a one-off scan of 60 blocks never read: the
     scan-resistant policies keep the prefix; per-block LRU (checked alongside) loses it."""
     for pol, kept in ((policy, True), ("lru", False)):
-        node = await NodeStore.open(_dram_only(cfg_factory, pol))
-        try:
+        async with checked(await NodeStore.open(_dram_only(cfg_factory, pol))) as node:
             hot = make_blocks(6, nbytes=BLOCK, seed=5)
             await _put_in_batches(node, hot)
             bufs = [bytearray(BLOCK) for _ in hot]
@@ -97,8 +89,6 @@ async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
             for seed in range(60):  # one-block prompts, each its own chain
                 await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=1000 + seed))
             assert all(await _stored(node, hot)) is kept, pol
-        finally:
-            await node.close()
 
 
 @pytest.mark.parametrize("policy", PREFIX_POLICIES)
@@ -106,8 +96,7 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
     """DRAM (32 blocks) over a disk, write-back so that eviction is what moves blocks down:
     DRAM keeps a prefix of A; the tail it let go is on disk, nothing is lost."""
     cfg = cfg_factory(eviction__policy=policy, disk__write_mode="write-back")
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         a = make_blocks(20, nbytes=BLOCK, seed=6)
         b = make_blocks(20, nbytes=BLOCK, seed=7)
         await _put_in_batches(node, a)
@@ -117,8 +106,6 @@ async def test_demotion_to_disk_takes_the_same_order(cfg_factory, policy):
         assert _is_prefix(in_dram) and sum(in_dram) == 12, tiers
         assert len(tiers) == len(a) and all(t == "disk" for t in tiers[12:]), tiers
         assert node.state.counters["demotions"] == 8
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("policy", PREFIX_POLICIES)
@@ -128,8 +115,7 @@ async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_d
     through, has its parent in DRAM: it can still hit, so the disk must not store it as an
     orphan (first to go); only the node's top tier knows a parent is gone."""
     cfg = cfg_factory(eviction__policy=policy, disk__capacity=int(16.5 * BLOCK))
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         a = make_blocks(11, nbytes=BLOCK, seed=12)
         await _put_in_batches(node, a[:10])
         got = await node.reader.get_into([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
@@ -141,16 +127,13 @@ async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_d
         await _put_in_batches(node, a[10:])
         assert node.inspector.stats()["tiers"]["disk"]["orphans_stored"] == 0
         assert node.inspector.stats()["tiers"]["dram"]["orphans_stored"] == 0
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 async def test_leased_and_pinned_blocks_are_never_evicted(cfg_factory, policy):
     """A leased leaf and a pinned leaf (each the first victim of any policy) stay, whole,
     while three times the tier is written after them."""
-    node = await NodeStore.open(_dram_only(cfg_factory, policy))
-    try:
+    async with checked(await NodeStore.open(_dram_only(cfg_factory, policy))) as node:
         leased, pinned = make_blocks(1, nbytes=BLOCK, seed=8), make_blocks(1, nbytes=BLOCK, seed=9)
         await _put_in_batches(node, leased + pinned)
         [lease] = await node.leaser.lease([leased[0][0].key], ttl_s=300)
@@ -160,9 +143,6 @@ async def test_leased_and_pinned_blocks_are_never_evicted(cfg_factory, policy):
         assert await _stored(node, leased + pinned) == [True, True]
         assert bytes(lease.view) == leased[0][1]
         node.state.release([lease])
-        node.check()
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -171,8 +151,7 @@ async def test_a_block_in_flight_stays_past_its_lease_ttl(cfg_factory, policy):
     evicted or reused however much is written, until end_transfer."""
     import asyncio
 
-    node = await NodeStore.open(_dram_only(cfg_factory, policy))
-    try:
+    async with checked(await NodeStore.open(_dram_only(cfg_factory, policy))) as node:
         blk = make_blocks(1, nbytes=BLOCK, seed=10)
         await _put_in_batches(node, blk)
         [lease] = await node.leaser.lease([blk[0][0].key], ttl_s=0.05)
@@ -184,8 +163,6 @@ async def test_a_block_in_flight_stays_past_its_lease_ttl(cfg_factory, policy):
         assert await _stored(node, blk) == [True]
         node.state.end_transfer([lease])
         node.state.release([lease])
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("share", [0.0, 0.25])
@@ -195,8 +172,9 @@ async def test_one_tenants_scan_keeps_off_another_tenants_share(cfg_factory, sha
     B's scan flushes them."""
     base = Namespace("test-model", "float16", 4)
     ns_a, ns_b = base.with_tenant("tenant-a"), base.with_tenant("tenant-b")
-    node = await NodeStore.open(_dram_only(cfg_factory, "lru", eviction__tenant_share=share))
-    try:
+    async with checked(
+        await NodeStore.open(_dram_only(cfg_factory, "lru", eviction__tenant_share=share))
+    ) as node:
         a = make_blocks(6, nbytes=BLOCK, seed=11, ns=ns_a)
         await _put_in_batches(node, a)
         for seed in range(100):
@@ -204,16 +182,15 @@ async def test_one_tenants_scan_keeps_off_another_tenants_share(cfg_factory, sha
         assert all(await _stored(node, a)) is (share > 0)
         dram = node.inspector.stats()["tiers"]["dram"]
         assert (dram["share_refusals"] > 0) is (share > 0)
-    finally:
-        await node.close()
 
 
 async def test_a_newcomer_takes_room_from_tenants_richer_than_itself(cfg_factory):
     """Shares never lock a tier: with every namespace under its share, a new tenant still
     gets room (from those that hold more than it does)."""
     base = Namespace("test-model", "float16", 4)
-    node = await NodeStore.open(_dram_only(cfg_factory, "lru", eviction__tenant_share=0.5))
-    try:
+    async with checked(
+        await NodeStore.open(_dram_only(cfg_factory, "lru", eviction__tenant_share=0.5))
+    ) as node:
         for t in range(4):  # four tenants of 8 blocks: each a quarter, under the 0.5 share
             await _put_in_batches(
                 node, make_blocks(8, nbytes=BLOCK, seed=5000 + t, ns=base.with_tenant(f"t{t}"))
@@ -221,8 +198,6 @@ async def test_a_newcomer_takes_room_from_tenants_richer_than_itself(cfg_factory
         new = make_blocks(4, nbytes=BLOCK, seed=5100, ns=base.with_tenant("newcomer"))
         await _put_in_batches(node, new)
         assert all(await _stored(node, new))
-    finally:
-        await node.close()
 
 
 def test_an_unknown_policy_is_refused_by_name(cfg_factory):

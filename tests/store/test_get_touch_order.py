@@ -10,7 +10,7 @@ checks them together."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.keys import KeyBatch
 from kvstore.node.store import NodeStore
@@ -48,26 +48,23 @@ async def _where_after_one_more_block(node: NodeStore, split: list) -> list[str 
 async def test_a_gets_deepest_block_goes_before_its_head(cfg_factory, policy):
     """One GET reads blocks 0 and 2, then the fillers are read, then a new block needs room:
     block 2 goes, block 0 stays."""
-    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
+    ) as node:
         split, fillers = await _store_a_split_chain(node)
         await _get(node, split)
         await _get(node, fillers)
         assert await _where_after_one_more_block(node, split) == ["dram", None]
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_packed_get_touches_deepest_first_too(cfg_factory):
     """The daemon's streamed GET leases a batch as one packed lease: the same order."""
-    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
+    ) as node:
         split, fillers = await _store_a_split_chain(node)
         p = await node.leaser.lease_packed(KeyBatch.of([h.key for h, _ in split]))
         assert len(p.keys) == 2
         node.state.release([p])
         await _get(node, fillers)
         assert await _where_after_one_more_block(node, split) == ["dram", None]
-    finally:
-        await node.close()

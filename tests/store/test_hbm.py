@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.errors import TierError
 from kvstore.node.store import NodeStore
@@ -28,8 +28,9 @@ async def test_hbm_without_cuda_is_a_clear_error(cfg_factory):
 @pytest.mark.cuda
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (none on this machine)")
 async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
-    node = await NodeStore.open(cfg_factory(hbm__capacity="2MiB", hbm__slab_size="1MiB"))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(hbm__capacity="2MiB", hbm__slab_size="1MiB"))
+    ) as node:
         assert [t.name for t in node.tiers] == ["hbm", "dram", "disk"]
         blocks = make_blocks(12)
         for b in blocks:
@@ -40,6 +41,3 @@ async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
         got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
         assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-        node.check()
-    finally:
-        await node.close()

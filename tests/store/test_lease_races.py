@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import random
 
-from storeutil import make_blocks
+from storeutil import checked, make_blocks, remade
 
-from kvstore.block import checksum, make_header
+from kvstore.block import checksum
 from kvstore.node.store import NodeStore
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -20,11 +20,7 @@ KiB, MiB = 1 << 10, 1 << 20
 def _rewrite(h, nbytes: int, seed: int):
     """The same key as ``h`` with a new payload of ``nbytes``: (header, payload)."""
     p = random.Random(seed).randbytes(nbytes)
-    h2 = make_header(
-        key=h.key, parent=h.parent, namespace=h.namespace, tokens=h.token_bytes,
-        dtype="uint8", shape=[nbytes], payload=p,
-    )  # fmt: skip
-    return h2, p
+    return remade(h, p), p
 
 
 async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten(cfg_factory):
@@ -34,8 +30,7 @@ async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten
     node = await NodeStore.open(cfg)
     await node.writer.put(big + rounds)
     await node.close()
-    node = await NodeStore.open(cfg)  # DRAM empty: every block on disk only
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:  # DRAM empty: every block on disk only
         for n, (h, _) in enumerate(rounds):
             h2, p2 = _rewrite(h, 256 * KiB, seed=100 + n)
             filler = make_blocks(2, nbytes=1 * MiB, seed=200 + n)  # fills DRAM (whatever it held)
@@ -62,5 +57,3 @@ async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten
             assert rep["corrupt"] == [], rep
             got = await node.inspector.describe(h.key)
             assert got is not None and got[0] == h2, "the new copy stays"
-    finally:
-        await node.close()

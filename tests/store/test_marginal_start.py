@@ -7,6 +7,7 @@ node with the config's: the two defaults are one number. Block counts only."""
 from __future__ import annotations
 
 import pytest
+from storeutil import checked
 
 from kvstore.config import ConfigError, EvictionSection
 from kvstore.node.store import NodeStore
@@ -40,12 +41,11 @@ async def test_every_tier_of_a_node_starts_at_the_configured_share(start, cfg_fa
     above a write-through disk keeps recency, tests/store/test_upper_tiers.py): both tiers'
     orders start at ``eviction.marginal_start``."""
     kw = {} if start is None else {"eviction__marginal_start": start}
-    node = await NodeStore.open(
-        cfg_factory(eviction__policy="prefix-marginal", eviction__upper_tiers="policy", **kw)
-    )
-    try:
+    async with checked(
+        await NodeStore.open(
+            cfg_factory(eviction__policy="prefix-marginal", eviction__upper_tiers="policy", **kw)
+        )
+    ) as node:
         shares = [t.eviction_stats()["probation_share"] for t in node.tiers]
         assert len(shares) == 2, shares
         assert shares == [0.2 if start is None else start] * 2, shares
-    finally:
-        await node.close()

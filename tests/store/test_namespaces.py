@@ -5,7 +5,7 @@ absent, deleted and corrupt blocks. Asserted through visible_tiers itself (seen_
 
 from __future__ import annotations
 
-from storeutil import make_blocks, on_disk_only, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, tiers_of
 
 from kvstore.block import BlockHeader
 from kvstore.keys import KeyBatch, Namespace
@@ -53,12 +53,9 @@ async def test_dram_and_disk_blocks_report_their_headers_namespace(cfg_factory):
     finally:
         await node.close()
     # reopened without DRAM: every block is on disk only, its namespace read at open
-    node = await NodeStore.open(cfg_factory(disk__sync=True, dram__capacity=0))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(disk__sync=True, dram__capacity=0))) as node:
         assert tiers_of(node, keys) == ["disk"] * len(blocks) + [None]
         assert await seen_namespaces(node, keys, decoded) == decoded + [None]
-    finally:
-        await node.close()
 
 
 async def test_deleted_and_leased_then_deleted_blocks_have_no_namespace(node):
@@ -97,12 +94,9 @@ async def test_corrupt_disk_header_is_dropped_at_open_and_has_no_namespace(cfg_f
         assert off >= 0, "header not found in the LMDB file"
         f.seek(off)
         f.write(b"\x01")  # the map marker becomes an int: the header no longer parses
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         got = await seen_namespaces(node, [h.key for h, _ in blocks], [h.namespace.raw for h, _ in blocks])
         assert got == [blocks[0][0].namespace.raw, None, blocks[2][0].namespace.raw]
-    finally:
-        await node.close()
 
 
 def test_namespace_ids_are_counted_and_reused():

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import make_blocks, on_disk_only, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, remade, tiers_of
 
-from kvstore.block import make_header
 from kvstore.node.store import NodeStore
 from kvstore.results import Expect, Status
 
@@ -68,10 +67,11 @@ async def test_mismatch_and_small_buffer(node):
 async def test_lru_eviction_moves_down_then_drops(cfg_factory):
     # 4 MiB DRAM of 1 MiB slabs holds 16 blocks of 256 KiB (headers beside the index); disk ~24
     # per-block LRU (a chain's head goes first); prefix-aware orders: test_eviction_policy.py
-    node = await NodeStore.open(
-        cfg_factory(dram__capacity="4MiB", disk__capacity="6MiB", eviction__policy="lru")
-    )
-    try:
+    async with checked(
+        await NodeStore.open(
+            cfg_factory(dram__capacity="4MiB", disk__capacity="6MiB", eviction__policy="lru")
+        )
+    ) as node:
         blocks = make_blocks(40)
         for h, p in blocks:  # one at a time: a clear LRU order
             assert (await node.writer.put([(h, p)]))[0].status is Status.STORED
@@ -89,14 +89,10 @@ async def test_lru_eviction_moves_down_then_drops(cfg_factory):
         await node.reader.get_into([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
         await node.writer.put(make_blocks(3, seed=9))
         assert (tiers_of(node, [blocks[oldest_dram][0].key]))[0] == "dram"
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False))) as node:
         blocks = make_blocks(4)
         await node.writer.put(blocks)  # 256 KiB payloads: 4 fill the payload slab, headers take the other
         leases = await node.leaser.lease([blocks[0][0].key])
@@ -115,16 +111,13 @@ async def test_lease_blocks_eviction_and_overwrite(cfg_factory):
         node.state.release(leases)
         node.check()
         assert node.inspector.stats()["node"]["leases_active"] == 0
-    finally:
-        await node.close()
 
 
 async def test_all_pinned_means_no_space(cfg_factory):
     # per-block LRU: unpinned, the chain's head may go (a prefix-aware order keeps a parent)
-    node = await NodeStore.open(
-        cfg_factory(dram__capacity="2MiB", disk__enabled=False, eviction__policy="lru")
-    )
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__enabled=False, eviction__policy="lru"))
+    ) as node:
         blocks = make_blocks(8)  # 2 MiB of 256 KiB payloads (headers live beside the index)
         await node.writer.put(blocks)
         assert node.state.pin(_keys(blocks)) == [True] * 8
@@ -135,13 +128,10 @@ async def test_all_pinned_means_no_space(cfg_factory):
         res = await node.writer.put(make_blocks(1, seed=5))
         assert res[0].status is Status.STORED
         assert tiers_of(node, _keys(blocks)) == [None] + ["dram"] * 7
-    finally:
-        await node.close()
 
 
 async def test_lease_expires(cfg_factory):
-    node = await NodeStore.open(cfg_factory(node__lease_ttl_s=0.05))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(node__lease_ttl_s=0.05))) as node:
         blocks = make_blocks(1)
         await node.writer.put(blocks)
         await node.leaser.lease(_keys(blocks))
@@ -150,8 +140,6 @@ async def test_lease_expires(cfg_factory):
         await node.leaser.lease([])  # any call sweeps
         assert not node.state.leases.held(blocks[0][0].key.raw)
         assert node.inspector.stats()["node"]["leases_expired"] == 1
-    finally:
-        await node.close()
 
 
 async def test_two_phase_write(node):
@@ -184,20 +172,18 @@ async def test_restart_keeps_blocks(cfg_factory, mode):
     res = await node.writer.put(blocks)
     assert [r.durable for r in res] == [mode == "write-through"] * len(blocks)
     await node.close()  # write-back flushes here
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         assert tiers_of(node, _keys(blocks)) == ["disk"] * 8
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT] * 8
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
         assert tiers_of(node, _keys(blocks)) == ["dram"] * 8, "disk hits are promoted"
-    finally:
-        await node.close()
 
 
 async def test_write_back_reaches_disk_on_eviction(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__write_mode="write-back"))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(dram__capacity="2MiB", disk__write_mode="write-back"))
+    ) as node:
         blocks = make_blocks(14)  # DRAM holds 8
         for b in blocks:
             await node.writer.put([b])
@@ -206,32 +192,25 @@ async def test_write_back_reaches_disk_on_eviction(cfg_factory):
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-    finally:
-        await node.close()
 
 
 async def test_corrupt_disk_block_is_a_miss_and_dropped(cfg_factory):
     blocks = make_blocks(3, nbytes=64 * KiB)
-    node = await on_disk_only(
-        cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[1][1][:4096]
-    )
-    try:
+    async with checked(
+        await on_disk_only(cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[1][1][:4096])
+    ) as node:
         got, bufs = await _read_all(node, blocks)
         assert [g.status for g in got] == [Status.HIT, Status.CORRUPT, Status.HIT]
         assert tiers_of(node, _keys(blocks)) == ["disk", None, "disk"], "bad copy dropped"
         assert node.inspector.stats()["node"]["checksum_failures"] == 1
         assert node.inspector.stats()["tiers"]["disk"]["checksum_failures"] == 1
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_verify_and_repair(cfg_factory):
     blocks = make_blocks(4, nbytes=64 * KiB)
-    node = await on_disk_only(
-        cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[2][1][:4096]
-    )
-    try:
+    async with checked(
+        await on_disk_only(cfg_factory(dram__capacity=0, disk__sync=True), blocks, flip=blocks[2][1][:4096])
+    ) as node:
         rep = await node.inspector.verify()
         assert (
             rep["checked"] == 4 and rep["corrupt"] == [f"{blocks[2][0].key.hex}@disk"] and rep["dropped"] == 0
@@ -240,8 +219,6 @@ async def test_verify_and_repair(cfg_factory):
         rep = await node.inspector.verify(repair=True)
         assert rep["dropped"] == 1
         assert (tiers_of(node, [blocks[2][0].key]))[0] is None
-    finally:
-        await node.close()
 
 
 async def test_listing_and_describe(node):
@@ -290,15 +267,7 @@ async def test_concurrent_writers_and_readers(node):
 async def test_header_of_other_block_under_key_is_mismatch(node):
     """A stale or colliding entry: the key is stored, but for other tokens."""
     ((h, p),) = make_blocks(1)
-    forged = make_header(
-        key=h.key,
-        parent=h.parent,
-        namespace=h.namespace,
-        tokens=[9, 9, 9, 9],
-        dtype="uint8",
-        shape=[len(p)],
-        payload=p,
-    )
+    forged = remade(h, p, tokens=[9, 9, 9, 9])
     await node.writer.put([(forged, p)])
     res = await node.reader.get_into([h.key], [bytearray(len(p))], [Expect(h.parent, h.token_bytes)])
     assert res[0].status is Status.MISMATCH

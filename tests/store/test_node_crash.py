@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from storeutil import make_blocks, make_cfg
+from storeutil import checked, make_blocks, make_cfg
 
 from kvstore.node.store import NodeStore
 from kvstore.results import Expect, Status
@@ -45,10 +45,11 @@ async def test_kill_9_mid_storm_keeps_every_durable_ack(tmp_path, kill_after):
     assert len(acked) >= kill_after, proc.stderr.read()
     assert len(acked) < n, "the storm finished before the kill; nothing was in flight"
 
-    node = await NodeStore.open(
-        make_cfg(tmp_path, disk__sync=True, dram__capacity="4MiB", disk__capacity="256MiB")
-    )
-    try:
+    async with checked(
+        await NodeStore.open(
+            make_cfg(tmp_path, disk__sync=True, dram__capacity="4MiB", disk__capacity="256MiB")
+        )
+    ) as node:
         blocks = {h.key.hex: (h, p) for h, p in make_blocks(n, nbytes=128 * 1024, seed=42)}
         # every acknowledged block is there and intact
         for hexkey in acked:
@@ -61,6 +62,3 @@ async def test_kill_9_mid_storm_keeps_every_durable_ack(tmp_path, kill_after):
         report = await node.inspector.verify()
         assert report["corrupt"] == []
         assert report["checked"] >= len(acked)
-        node.check()
-    finally:
-        await node.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, on_disk_only, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, tiers_of
 
 from kvstore.node.eviction import Evictor
 from kvstore.node.state import NodeState
@@ -103,8 +103,7 @@ async def test_disk_eviction_spares_protected_keys(tmp_path):
 
 async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
     blocks = make_blocks(2)
-    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
-    try:
+    async with checked(await on_disk_only(cfg_factory(disk__sync=True), blocks)) as node:
         assert tiers_of(node, [blocks[0][0].key]) == ["disk"]
         [lease] = await node.leaser.lease([blocks[0][0].key])
         assert lease.tier == "dram" and lease.offset is not None, "leased from its new DRAM slot"
@@ -113,15 +112,11 @@ async def test_leased_disk_block_moves_into_its_dram_slot(cfg_factory):
         assert st["promotions"] == 1 and st["hits_disk"] == 1 and st["get_hit"] == 1
         assert tiers_of(node, [blocks[0][0].key]) == ["dram"]
         node.state.release([lease])
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_block_deleted_while_its_lease_reads_disk_is_not_resurrected(cfg_factory):
     blocks = make_blocks(6)
-    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
-    try:
+    async with checked(await on_disk_only(cfg_factory(disk__sync=True), blocks)) as node:
         for h, p in blocks:
             lease, deleted = await asyncio.gather(node.leaser.lease([h.key]), node.delete([h.key]))
             assert deleted == [True]
@@ -131,8 +126,6 @@ async def test_a_block_deleted_while_its_lease_reads_disk_is_not_resurrected(cfg
             assert tiers_of(node, [h.key]) == [None], "a deleted block came back"
         node.check()
         assert node.inspector.stats()["tiers"]["dram"]["blocks"] == 0
-    finally:
-        await node.close()
 
 
 async def test_verify_finds_and_repairs_a_bad_dram_copy(node):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from storeutil import make_blocks, on_disk_only, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, tiers_of
 
 from kvstore.keys import KeyBatch
 from kvstore.node.store import NodeStore
@@ -49,8 +49,7 @@ async def test_check_fails_on_each_broken_invariant(node):
 
 async def test_the_copying_read_is_lease_copy_release(cfg_factory):
     blocks = make_blocks(3)
-    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
-    try:
+    async with checked(await on_disk_only(cfg_factory(disk__sync=True), blocks)) as node:
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
         got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
         assert [g.status for g in got] == [Status.HIT] * 3
@@ -61,9 +60,6 @@ async def test_the_copying_read_is_lease_copy_release(cfg_factory):
         assert [g.tier for g in got] == ["dram"] * 3, "promoted by the first read"
         small = await node.reader.get_into([blocks[0][0].key], [bytearray(10)])
         assert small[0].status is Status.BUF_TOO_SMALL
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_packed_lease_holds_the_batch_and_ends_as_one(node):
@@ -85,8 +81,7 @@ async def test_a_packed_lease_holds_the_batch_and_ends_as_one(node):
 
 
 async def test_a_packed_lease_in_transfer_never_expires(cfg_factory):
-    node = await NodeStore.open(cfg_factory(node__lease_ttl_s=0.05))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(node__lease_ttl_s=0.05))) as node:
         blocks = make_blocks(2)
         await node.writer.put(blocks)
         p = await node.leaser.lease_packed(_batch(blocks))
@@ -100,9 +95,6 @@ async def test_a_packed_lease_in_transfer_never_expires(cfg_factory):
         assert not node.state.is_live(p) and not node.state.leases.holds
         assert node.inspector.stats()["node"]["leases_expired"] == 1
         assert node.state.begin_transfer([p]) == [False], "a lapsed lease is never moved"
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_block_deleted_under_a_packed_lease_is_freed_at_its_release(node):
@@ -121,8 +113,7 @@ async def test_a_block_deleted_under_a_packed_lease_is_freed_at_its_release(node
 
 async def test_a_packed_lease_leaves_out_other_tenants_and_reads_past_the_budget(cfg_factory):
     cfg = cfg_factory(dram__capacity=0, disk__sync=True)
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         blocks = make_blocks(3)
         await node.writer.put(blocks)
         mine = blocks[0][0].namespace.raw
@@ -137,15 +128,11 @@ async def test_a_packed_lease_leaves_out_other_tenants_and_reads_past_the_budget
         node.check()
         node.state.release([p])
         assert not node.state.leases.holds
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_packed_lease_cancelled_during_a_disk_read_holds_nothing(cfg_factory):
     blocks = make_blocks(2)
-    node = await on_disk_only(cfg_factory(disk__sync=True), blocks)
-    try:
+    async with checked(await on_disk_only(cfg_factory(disk__sync=True), blocks)) as node:
         [fresh] = make_blocks(1, seed=7)
         await node.writer.put([fresh])  # in DRAM: held first, then the disk reads
         task = asyncio.create_task(node.leaser.lease_packed(_batch([fresh, *blocks])))
@@ -157,6 +144,3 @@ async def test_a_packed_lease_cancelled_during_a_disk_read_holds_nothing(cfg_fac
         assert task.cancelled()
         await asyncio.sleep(0.1)  # the disk read it left ends
         assert not node.state.leases.leases and not node.state.leases.holds, "held until its TTL"
-        node.check()
-    finally:
-        await node.close()

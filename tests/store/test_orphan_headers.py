@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
-from storeutil import make_blocks
+from storeutil import checked, make_blocks
 
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.node import orphans as node_orphans
@@ -58,8 +58,7 @@ def test_header_columns_agree_with_the_one_header_decode(monkeypatch):
 
 async def test_parents_read_from_every_tier_and_stored_answers_in_columns(cfg_factory):
     # 8 MiB of DRAM: most of 64 blocks of 256 KiB go down to disk as more arrive
-    node = await NodeStore.open(cfg_factory())
-    try:
+    async with checked(await NodeStore.open(cfg_factory())) as node:
         blocks = make_blocks(64, seed=3, ns=NS)
         for i in range(0, len(blocks), 8):
             res = await node.writer.put(blocks[i : i + 8])
@@ -84,5 +83,3 @@ async def test_parents_read_from_every_tier_and_stored_answers_in_columns(cfg_fa
         assert known.tolist() == [False] * 5 + [True]
         assert not ns[:5].any() and not parent[:5].any()
         assert np.array_equal(parent[5], np.frombuffer(want[keys[5]][1], np.uint8))
-    finally:
-        await node.close()

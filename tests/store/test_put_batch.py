@@ -7,7 +7,7 @@ BUSY, never EXISTS."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.keys import Namespace
 from kvstore.node.leases import Reservation
@@ -61,11 +61,8 @@ async def test_a_batch_reserves_what_one_block_at_a_time_reserves(cfg_factory, t
             disk__write_mode=mode,
             eviction__policy="lru",
         )
-        node = await NodeStore.open(cfg)
-        try:
+        async with checked(await NodeStore.open(cfg)) as node:
             got.append(await _scenario(node, one, make_room))
-        finally:
-            await node.close()
     (one_res, one_where, one_counters), (batch_res, batch_where, batch_counters) = got
     assert batch_res == one_res
     assert batch_where == one_where
@@ -84,8 +81,7 @@ async def test_a_batch_reserves_what_one_block_at_a_time_reserves(cfg_factory, t
 
 
 async def test_a_batch_bigger_than_the_free_room_never_evicts_its_own_blocks(cfg_factory):
-    node = await NodeStore.open(cfg_factory(dram__capacity="4MiB", disk__enabled=False))
-    try:
+    async with checked(await NodeStore.open(cfg_factory(dram__capacity="4MiB", disk__enabled=False))) as node:
         await node.writer.put(make_blocks(12, seed=1))
         new = make_blocks(16, seed=2)  # the whole tier: every old block must go, none of these
         res = await node.writer.put(new)
@@ -93,9 +89,6 @@ async def test_a_batch_bigger_than_the_free_room_never_evicts_its_own_blocks(cfg
         assert tiers_of(node, [h.key for h, _ in new]) == ["dram"] * 16
         more = await node.writer.put(make_blocks(1, seed=3))  # the tier is full of unheld blocks
         assert more[0].status is Status.STORED
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_another_tenants_key_in_a_batch_is_busy_never_exists(node):
@@ -118,8 +111,7 @@ async def test_a_commit_that_fails_part_way_gives_every_slot_back(cfg_factory, t
     none is left neither reserved (so never expiring) nor indexed (so never evicted). Before,
     the reservations after the refused key kept their slots for ever."""
     cfg = cfg_factory(dram__capacity="4MiB", disk__capacity="64MiB", disk__path=str(tmp_path / "disk"))
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         dram = node.stack.by_name["dram"]
         blocks = make_blocks(4, seed=7)
         res = await node.writer.reserve([h for h, _ in blocks])
@@ -139,5 +131,3 @@ async def test_a_commit_that_fails_part_way_gives_every_slot_back(cfg_factory, t
         assert dram.used_bytes == before - sum(r.view.nbytes for r in res) + h2.payload_len
         assert tiers_of(node, [h.key for h, _ in blocks]) == [None, None, "dram", None]
         assert not node.state.leases.reserved_keys
-    finally:
-        await node.close()

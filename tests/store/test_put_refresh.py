@@ -11,7 +11,7 @@ no timing."""
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.keys import Namespace
 from kvstore.node.store import NodeStore
@@ -37,8 +37,9 @@ async def _stored(node: NodeStore, blocks) -> list[bool]:
 async def test_a_put_of_a_stored_block_keeps_it_like_a_read(cfg_factory, policy):
     """32 blocks fill DRAM; block 0 is PUT again (EXISTS), then one more block comes: the
     oldest other block (1) goes, not 0. Before: 0, the oldest, went."""
-    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy=policy))
+    ) as node:
         old = _singles(32, 100)
         for b in old:
             assert [r.status for r in await node.writer.put([b])] == [Status.STORED]
@@ -46,17 +47,15 @@ async def test_a_put_of_a_stored_block_keeps_it_like_a_read(cfg_factory, policy)
         assert [r.status for r in await node.writer.put(_singles(1, 500))] == [Status.STORED]
         held = await _stored(node, old)
         assert held[0] and not held[1] and sum(held) == 31, held
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_another_tenants_put_refreshes_nothing(cfg_factory):
     """The same fill, but block 0 is PUT again by a tenant that may not see it (BUSY): block 0,
     the oldest, still goes first. Another tenant cannot keep a block alive, nor tell it is
     there."""
-    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="lru"))
+    ) as node:
         mine_ns = Namespace("mine", "float16", 4)
         old = _singles(32, 100, ns=mine_ns)
         for b in old:
@@ -68,6 +67,3 @@ async def test_another_tenants_put_refreshes_nothing(cfg_factory):
         assert [r.status for r in await node.writer.put(_singles(1, 500, ns=mine_ns))] == [Status.STORED]
         held = await _stored(node, old)
         assert not held[0] and held[1] and sum(held) == 31, held
-        node.check()
-    finally:
-        await node.close()

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks
+from storeutil import checked, make_blocks, remade
 
-from kvstore.block import make_header
 from kvstore.node.store import NodeStore
 from kvstore.results import Status
 
@@ -18,8 +17,7 @@ KiB, MiB = 1 << 10, 1 << 20
 
 async def test_a_reservation_waiting_for_room_sees_the_key_deleted_while_held(cfg_factory):
     cfg = cfg_factory(dram__capacity="4MiB", dram__slab_size="1MiB", disk__write_mode="write-back")
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         big = make_blocks(3, nbytes=1 * MiB, seed=1)  # dirty, one slab each
         await node.writer.put(big)
         # + a 64 KiB class slab, newer than the big blocks (one PUT would index it first: it
@@ -27,10 +25,7 @@ async def test_a_reservation_waiting_for_room_sees_the_key_deleted_while_held(cf
         await node.writer.put(make_blocks(1, nbytes=64 * KiB, seed=2))
         [(h, p)] = make_blocks(1, nbytes=1 * MiB, seed=3)
         small = b"s" * (64 * KiB)
-        h_small = make_header(
-            key=h.key, parent=h.parent, namespace=h.namespace, tokens=h.token_bytes,
-            dtype="uint8", shape=[len(small)], payload=small,
-        )  # fmt: skip
+        h_small = remade(h, small)
         waiting = asyncio.create_task(node.writer.reserve([h]))  # evicts a dirty block: a disk write
         while not any(node.state.leases.held(b.key.raw) for b, _ in big):
             await asyncio.sleep(0)
@@ -47,6 +42,3 @@ async def test_a_reservation_waiting_for_room_sees_the_key_deleted_while_held(cf
         else:
             assert res is Status.BUSY
         node.state.release([lease])
-        node.check()
-    finally:
-        await node.close()

@@ -5,7 +5,7 @@ every tier, and the cap forgets only namespaces no connection declares and no ti
 from __future__ import annotations
 
 import pytest
-from storeutil import make_blocks, make_cfg
+from storeutil import checked, make_blocks, make_cfg
 
 from kvstore.keys import Namespace
 from kvstore.node.store import NodeStore
@@ -13,8 +13,7 @@ from kvstore.node.tiers.owners import NamespaceCapError
 
 
 async def test_blocks_stored_before_the_claim_count_under_the_tenant(tmp_path):
-    node = await NodeStore.open(make_cfg(tmp_path, limits__max_namespaces_per_tenant=2))
-    try:
+    async with checked(await NodeStore.open(make_cfg(tmp_path, limits__max_namespaces_per_tenant=2))) as node:
         a, b = (Namespace(f"m{i}", "uint8", 4).with_tenant("alpha") for i in range(2))
         blocks = make_blocks(3, 1024, ns=a, seed=1) + make_blocks(2, 1024, ns=b, seed=2)
         await node.writer.put(blocks)
@@ -40,5 +39,3 @@ async def test_blocks_stored_before_the_claim_count_under_the_tenant(tmp_path):
         await node.delete([h.key for h, _ in blocks[3:]])
         node.owners.claim("alpha", [c.id.raw])  # b's blocks are gone: it no longer counts
         assert node.owners.held("alpha") == 2
-    finally:
-        await node.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import random
 
-from storeutil import make_blocks
+from storeutil import checked, make_blocks
 
 from kvstore.node.store import NodeStore
 from kvstore.node.tiers.disk import DiskTier
@@ -38,10 +38,9 @@ def _mixed_blocks(nbytes: int, seed: int, sizes: list[int]):
 
 
 async def test_dram_fills_under_mixed_block_sizes(cfg_factory):
-    node = await NodeStore.open(
-        cfg_factory(dram__capacity="32MiB", dram__slab_size="4MiB", disk__enabled=False)
-    )
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(dram__capacity="32MiB", dram__slab_size="4MiB", disk__enabled=False))
+    ) as node:
         dram = node.dram
         fills = []
         for phase, sizes in enumerate(PHASES):  # each phase writes 2x the capacity
@@ -55,8 +54,6 @@ async def test_dram_fills_under_mixed_block_sizes(cfg_factory):
         st = node.inspector.stats()["tiers"]["dram"]
         assert st["waste_bytes"] == st["used_bytes"] - st["payload_bytes"] + st["free_slot_bytes"]
         assert st["used_bytes"] <= st["capacity_bytes"]
-    finally:
-        await node.close()
 
 
 async def test_full_lmdb_map_evicts_and_keeps_accepting_writes(tmp_path):
@@ -86,14 +83,15 @@ async def test_full_lmdb_map_evicts_and_keeps_accepting_writes(tmp_path):
 
 async def test_spans_with_held_slots_never_move(cfg_factory):
     # 4 MiB of 1 MiB slabs = 32 pages of 128 KiB; a 64 KiB class span is one page of 2 slots
-    node = await NodeStore.open(
-        # per-block LRU, so that the small chain's spans are the oldest (a prefix-aware order
-        # keeps its parents, and no span could move)
-        cfg_factory(
-            dram__capacity="4MiB", dram__slab_size="1MiB", disk__enabled=False, eviction__policy="lru"
+    async with checked(
+        await NodeStore.open(
+            # per-block LRU, so that the small chain's spans are the oldest (a prefix-aware order
+            # keeps its parents, and no span could move)
+            cfg_factory(
+                dram__capacity="4MiB", dram__slab_size="1MiB", disk__enabled=False, eviction__policy="lru"
+            )
         )
-    )
-    try:
+    ) as node:
         small = make_blocks(7, nbytes=64 * KiB, seed=1)  # the reservation below shares a span
         await node.writer.put(small)
         [lease] = await node.leaser.lease([small[0][0].key])
@@ -122,8 +120,6 @@ async def test_spans_with_held_slots_never_move(cfg_factory):
         got, bufs = await _read(node, held)
         assert [g.status for g in got] == [Status.HIT] * len(held)
         assert all(bytes(buf) == p for buf, (_, p) in zip(bufs, held))
-    finally:
-        await node.close()
 
 
 async def _read(node, blocks):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from storeutil import make_blocks, tiers_of
+from storeutil import checked, make_blocks, tiers_of
 
 from kvstore.config import ConfigError, EvictionSection
 from kvstore.node.store import NodeStore
@@ -39,27 +39,24 @@ def _policies(node: NodeStore) -> list[str]:
 async def test_the_orders_of_dram_over_a_disk(policy, upper, write_mode, expected, cfg_factory):
     kw = {} if upper is None else {"eviction__upper_tiers": upper}
     cfg = cfg_factory(eviction__policy=policy, disk__write_mode=write_mode, **kw)
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         assert _policies(node) == expected
-    finally:
-        await node.close()
 
 
 async def test_dram_alone_runs_the_policy(cfg_factory):
-    node = await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="prefix-marginal"))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(disk__enabled=False, eviction__policy="prefix-marginal"))
+    ) as node:
         assert _policies(node) == ["prefix-marginal"]
-    finally:
-        await node.close()
 
 
 async def _scan_after_a_hot_prefix(cfg_factory, **kw) -> list[str | None]:
     """DRAM of 32 blocks over a disk of ~60: a prefix of 8 blocks read twice (from DRAM: its
     disk copies are never read from the disk), then a one-off scan of 96 blocks that
     overflows the disk. Where the prefix is afterwards, per block."""
-    node = await NodeStore.open(cfg_factory(eviction__policy="prefix-marginal", disk__capacity="16MiB", **kw))
-    try:
+    async with checked(
+        await NodeStore.open(cfg_factory(eviction__policy="prefix-marginal", disk__capacity="16MiB", **kw))
+    ) as node:
         hot = make_blocks(8, seed=1)
         keys = [h.key for h, _ in hot]
         assert all(r.status is Status.STORED for r in await node.writer.put(hot))
@@ -72,8 +69,6 @@ async def _scan_after_a_hot_prefix(cfg_factory, **kw) -> list[str | None]:
         assert node.inspector.stats()["tiers"]["disk"]["evictions"] > 0  # the scan overflowed the disk
         node.check()
         return tiers_of(node, keys)
-    finally:
-        await node.close()
 
 
 async def test_by_default_a_scan_keeps_a_prefix_read_from_dram(cfg_factory):

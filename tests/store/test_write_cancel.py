@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from storeutil import make_blocks, settle, tiers_of
+from storeutil import checked, make_blocks, settle, tiers_of
 
 from kvstore.node.store import NodeStore
 
@@ -23,8 +23,7 @@ async def _cancel_when_held(task: asyncio.Task, node: NodeStore, key: bytes) -> 
 
 async def test_a_cancelled_write_through_keeps_its_hold_until_the_disk_write_ends(cfg_factory):
     cfg = cfg_factory(dram__capacity="64MiB", dram__slab_size="16MiB", disk__capacity="1GiB")
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         for h, p in make_blocks(6, nbytes=16 * MiB, seed=1):
             put = asyncio.create_task(node.writer.put([(h, p)]))
             await _cancel_when_held(put, node, h.key.raw)
@@ -33,16 +32,13 @@ async def test_a_cancelled_write_through_keeps_its_hold_until_the_disk_write_end
             assert tiers_of(node, [h.key]) == [None], "the deleted block landed on disk"
         node.check()
         assert node.inspector.stats()["tiers"]["disk"]["blocks"] == 0
-    finally:
-        await node.close()
 
 
 async def test_a_cancelled_write_back_eviction_keeps_its_hold_until_the_disk_write_ends(cfg_factory):
     cfg = cfg_factory(
         dram__capacity="32MiB", dram__slab_size="16MiB", disk__capacity="1GiB", disk__write_mode="write-back"
     )
-    node = await NodeStore.open(cfg)
-    try:
+    async with checked(await NodeStore.open(cfg)) as node:
         blocks = make_blocks(8, nbytes=16 * MiB, seed=2)
         await node.writer.put(blocks[:2])  # DRAM full of dirty blocks
         for (old, _), new in zip(blocks, blocks[2:]):
@@ -52,6 +48,3 @@ async def test_a_cancelled_write_back_eviction_keeps_its_hold_until_the_disk_wri
             await settle(node)  # the disk write ends
             assert tiers_of(node, [old.key]) == [None], "the deleted block landed on disk"
             await node.writer.put([new])  # the cancelled put did not store it
-        node.check()
-    finally:
-        await node.close()
