@@ -21,6 +21,9 @@ from kvstore.node.tiers.base import Slot, SlotTier
 from kvstore.node.tiers.stack import TierStack
 from kvstore.results import Status
 
+# a namespace id -> whether the caller may see its blocks (the caller's tenant check)
+Sees = Callable[[bytes | None], bool]
+
 
 class Leaser:
     """Leases over ``tiers``, recorded in ``state`` (which ends them: :meth:`NodeState.release`);
@@ -40,7 +43,7 @@ class Leaser:
         keys: Sequence[BlockKey],
         ttl_s: float | None = None,
         max_read_bytes: int | None = None,
-        sees: Callable[[bytes | None], bool] | None = None,
+        sees: Sees | None = None,
         owner: str | None = None,
     ) -> list[Lease | None]:
         """Claim each block for reading: its payload stays put (not evicted, overwritten or
@@ -55,25 +58,23 @@ class Leaser:
         promotion, no lease, no counter and no share of ``max_read_bytes`` (docs/security.md).
         ``owner``: the leases read from disk count in that owner's share
         (:meth:`NodeState.leased_disk_bytes`) until they end."""
-        got = await self.claim(keys, ttl_s, max_read_bytes, sees, owner)
+        got = await self._each(keys, _EachLease(self, ttl_s, owner), max_read_bytes, sees)
         return [x if isinstance(x, Lease) else None for x in got]
 
-    async def claim(
-        self,
-        keys: Sequence[BlockKey],
-        ttl_s: float | None = None,
-        max_read_bytes: int | None = None,
-        sees: Callable[[bytes | None], bool] | None = None,
-        owner: str | None = None,
+    async def claim(self, keys: Sequence[BlockKey]) -> list[Lease | Status]:
+        """:meth:`lease` (the default TTL, no bound, tenant or owner), with the reason in
+        place of each None: MISS (absent) or the disk read's status (CORRUPT, MISMATCH)."""
+        return await self._each(keys, _EachLease(self, None, None), None, None)
+
+    async def _each(
+        self, keys: Sequence[BlockKey], take: _EachLease, max_read_bytes: int | None, sees: Sees | None
     ) -> list[Lease | Status]:
-        """:meth:`lease`, with the reason in place of each None: MISS (absent, another
-        tenant's, over ``max_read_bytes``) or the disk read's status (CORRUPT, MISMATCH).
-        Cancelled (or failed) during a disk read, it releases the leases it took before
-        raising: its caller never sees them, so nobody else would end them before their TTL."""
+        """The lease loop for a lease per key. Cancelled (or failed) during a disk read, it
+        releases the leases it took before raising: its caller never sees them, so nobody
+        else would end them before their TTL."""
         self._state.sweep()
-        take = _EachLease(self, ttl_s, owner)
         try:
-            await self._walk([k.raw for k in keys], ttl_s, max_read_bytes, sees, take)
+            await self._walk([k.raw for k in keys], take.ttl_s, max_read_bytes, sees, take)
         except BaseException:
             self._state.release([x for x in take.out if isinstance(x, Lease)])
             raise
@@ -84,7 +85,7 @@ class Leaser:
         keys: KeyBatch,
         ttl_s: float | None = None,
         max_read_bytes: int | None = None,
-        sees: Callable[[bytes | None], bool] | None = None,
+        sees: Sees | None = None,
     ) -> PackedLease:
         """:meth:`lease` of a whole batch as one :class:`PackedLease` (a streamed GET's: one
         lease, one mark in transfer, one release for the batch; no header decoded, no lease
@@ -108,10 +109,10 @@ class Leaser:
         keys: Iterable[bytes],
         ttl_s: float | None,
         max_read_bytes: int | None,
-        sees: Callable[[bytes | None], bool] | None,
+        sees: Sees | None,
         take: _Take,
     ) -> None:
-        """The one lease loop, for :meth:`claim` and :meth:`lease_packed` (``take`` says what
+        """The one lease loop, for :meth:`_each` and :meth:`lease_packed` (``take`` says what
         a lease is to each): per key where it lies, whether the caller sees it (another
         tenant's block is a miss before any work on it), the bound on this call's disk reads,
         a memory copy held in place or a disk copy read (:meth:`_lease_from_disk`); the
@@ -282,18 +283,18 @@ class _Take:
 
 
 class _EachLease(_Take):
-    """:meth:`Leaser.claim`'s: one :class:`Lease` (or the reason for none) per key, in ``out``
+    """:meth:`Leaser._each`'s: one :class:`Lease` (or the reason for none) per key, in ``out``
     as it goes (so that what it took is there to release when it is cancelled)."""
 
     def __init__(self, leaser: Leaser, ttl_s: float | None, owner: str | None) -> None:
         self.out: list[Lease | Status] = []
-        self._leaser, self._ttl_s, self._owner = leaser, ttl_s, owner
+        self._leaser, self.ttl_s, self._owner = leaser, ttl_s, owner
 
     def miss(self) -> None:
         self.out.append(Status.MISS)
 
     def memory(self, i: int, t: SlotTier, k: bytes) -> None:
-        lease = self._leaser._lease_in(t, BlockKey(k), self._ttl_s)
+        lease = self._leaser._lease_in(t, BlockKey(k), self.ttl_s)
         self._leaser._count_hit(t.name, lease.header.num_tokens)
         self.out.append(lease)
 
