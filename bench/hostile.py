@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
 from common import pct  # noqa: E402
+from daemonutil import rss_bytes  # noqa: E402 - tests/daemonutil.py
 from hostile_attacks import (  # noqa: E402
     ATTACKS,
     BAD,
@@ -72,7 +73,6 @@ from hostile_attacks import (  # noqa: E402
     _block,
     _healthz,
     _hostile,
-    _rss,
 )
 
 from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
@@ -148,7 +148,7 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
         ctx: dict = {"good_keys": keys, "extra": {}}
         alone_now = await _latencies(good, keys, gets, [0])  # alone, just before this attack
         floor, floor50 = _pct(alone_now, 99), _pct(alone_now, 50)
-        base = _rss(pid)
+        base = rss_bytes(pid)
         try:
             stop = await asyncio.to_thread(attack, ports, ctx)
         except (OSError, AssertionError, KeyError) as exc:  # the attack itself failed: say which
@@ -167,7 +167,7 @@ async def _run(ports: dict, pid: int, gets: int, only: set[str]) -> dict:
             "p50_ratio": _pct(lat, 50) / floor50,
             "p99_ratio": _pct(lat, 99) / floor,
             "admitted": await asyncio.to_thread(_admitted, port),
-            "rss_growth_mib": round((_rss(pid) - base) / MiB, 1),
+            "rss_growth_mib": round((rss_bytes(pid) - base) / MiB, 1),
         }
         if name == "reserve":
             row["good_blocks_in_dram"] = (await good.lookup(keys)).names().count("dram")

@@ -111,14 +111,6 @@ def _hostile(port: int) -> list[socket.socket]:
     return socks
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _admitted(port: int, n: int = 20) -> int:
     """New good connections whose HELLO succeeds, of ``n``."""
     ok = 0
