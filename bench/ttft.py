@@ -26,7 +26,7 @@ checked against the engine cache's (the same tail over the same KV); a mismatch 
 and the exit status is 1. Targets: remote hit <= 1.15x its floor (issue 18); fp8 remote hit
 <= 0.6x bf16's at 32K on a GPU (issue 15). Prints a table (and fp8 / bf16 per column), writes
 JSON (``--json``, also on SIGTERM with the rows so far) and a PNG of the first dtype
-(``--plot``). Not a test. One file past ~350 lines: the matrix is one loop for both devices.
+(``--plot``). Not a test. Over ~350 lines: one matrix loop for CPU and GPU, its floors and its report together.
 
     python bench/ttft.py --json docs/results/ttft.json
     python bench/ttft.py --lengths 256 --reps 1                   # a smoke run of the matrix
@@ -72,7 +72,7 @@ TIERS = dict(engine="engine cache", dram="local dram", disk="local disk", daemon
 TIERS.update(auto="remote auto", layers="remote layers")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Run:
     """What every case of one run shares."""
 
