@@ -17,13 +17,11 @@ from aiohttp import web
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
-from kvstore.daemon.admin_inspect import add_inspect_routes
+from kvstore.daemon.admin_inspect import add_inspect_routes, hex_key
 from kvstore.daemon.admin_inspect import block_json as _info
 from kvstore.daemon.auth import OPERATOR, TokenTable
 from kvstore.daemon.logs import kv
 from kvstore.daemon.metrics import DaemonMetrics, plain
-from kvstore.errors import KeyFormatError
-from kvstore.keys import BlockKey
 from kvstore.member.passes import PassWithdrawn
 from kvstore.node.listing import LoopSlices
 
@@ -40,13 +38,6 @@ class _OneFamily:
 
     def collect(self) -> list[Metric]:
         return [self.family]
-
-
-def _key(text: str, name: str) -> BlockKey:
-    try:
-        return BlockKey.from_hex(text)
-    except KeyFormatError as exc:
-        raise web.HTTPBadRequest(text=f"{name}: {exc}") from exc
 
 
 def make_app(
@@ -115,7 +106,7 @@ def make_app(
         return web.Response(body=json.dumps(out), content_type="application/json")
 
     async def block(request):
-        key = _key(request.match_info["key"], "key")
+        key = hex_key(request.match_info["key"], "key")
         d = await node_of().inspector.describe(key)
         if d is None:
             raise web.HTTPNotFound(text=f"block {key.hex} is not stored")
@@ -135,7 +126,7 @@ def make_app(
         )
 
     async def delete(request):
-        key = _key(request.match_info["key"], "key")
+        key = hex_key(request.match_info["key"], "key")
         (ok,) = await node_of().delete([key], by=OPERATOR)  # the operator's, in tombstones
         log.info(kv("admin_delete", key=key.hex, deleted=ok))
         if not ok:
@@ -143,7 +134,7 @@ def make_app(
         return web.json_response({"deleted": True})
 
     async def pin(request):
-        key = _key(request.match_info["key"], "key")
+        key = hex_key(request.match_info["key"], "key")
         if request.method == "DELETE":
             (ok,) = node_of().state.unpin([key])
         else:

@@ -64,7 +64,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return doc
 
 
-def _key(text: Any, field: str) -> BlockKey:
+def hex_key(text: Any, field: str) -> BlockKey:
+    """The block key ``text`` spells in hex; 400 naming ``field`` otherwise."""
     try:
         return BlockKey.from_hex(text)
     except (KeyFormatError, TypeError) as exc:
@@ -82,7 +83,7 @@ async def _keys(value: Any, field: str) -> list[BlockKey]:
     for v in value:
         if not isinstance(v, str):
             raise web.HTTPBadRequest(text=f"{field}: expected a list of hex block keys")
-        out.append(_key(v, field))
+        out.append(hex_key(v, field))
         await slices.tick()
     return out
 
@@ -169,8 +170,8 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         tier = q.get("tier") or None
         if tier not in (None, *_TIERS):
             raise web.HTTPBadRequest(text=f"tier: expected hbm, dram or disk, got {tier!r}")
-        ns = _key(q["namespace"], "namespace") if q.get("namespace") else None
-        after = _key(q["after"], "after") if q.get("after") else None
+        ns = hex_key(q["namespace"], "namespace") if q.get("namespace") else None
+        after = hex_key(q["after"], "after") if q.get("after") else None
         limit = _limit(q.get("limit", "100"))
         try:
             page = await node_of().inspector.page(
@@ -191,7 +192,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
             keys = await _keys(doc["keys"], "keys")
         elif doc.get("limit") is not None:
             limit = _limit(doc["limit"])
-            after = _key(doc["after"], "after") if doc.get("after") else None
+            after = hex_key(doc["after"], "after") if doc.get("after") else None
             kp = await node_of().inspector.key_page(after, limit)
             keys = kp.keys
             page = {"total": kp.total, "keys": len(kp.keys), "next": None if kp.next is None else kp.next.hex}
@@ -221,7 +222,7 @@ def add_inspect_routes(app: web.Application, node_of) -> None:
         ns_hex = doc.get("namespace")
         if not isinstance(ns_hex, str):
             raise web.HTTPBadRequest(text="namespace: expected a hex namespace id")
-        ns = _key(ns_hex, "namespace")
+        ns = hex_key(ns_hex, "namespace")
         deleted = 0
         cursor = None
         slices = LoopSlices()
