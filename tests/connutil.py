@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +16,9 @@ from engine.async_engine import AsyncEngine, connector_context
 from engine.config import EngineConfig
 from engine.llm import LLMEngine
 from engine.sequence import SamplingParams
+
+if TYPE_CHECKING:
+    from daemonutil import Daemon
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
@@ -113,3 +118,15 @@ def prompt_kv(aeng: AsyncEngine, prompt: list[int], n_tokens: int) -> torch.Tens
     pages = eng.bm.match_prefix(prompt, n_tokens // ps)
     assert len(pages) == n_tokens // ps, f"only {len(pages)} pages cached"
     return eng.kv.gather_block(pages)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A prompt stored cold on a daemon through the connector at ``url``."""
+
+    model_dir: str
+    daemon: Daemon
+    url: str
+    prompt: list[int]
+    ref: list[int]  # the prompt's tokens without a cache (the cold run's, asserted)
+    kv: torch.Tensor  # the cold run's KV of the prompt's full blocks

@@ -1,5 +1,6 @@
-"""A real slow network link for tests: a TCP forwarder on loopback that delivers every byte
-from the server to the client ``delay_s`` after it arrived (a fixed one-way latency, like
+"""Network faults for tests. :class:`SilentServer`: a hung daemon (accepts, never answers).
+:class:`SlowLink`: a real slow network link, a TCP forwarder on loopback that delivers every
+byte from the server to the client ``delay_s`` after it arrived (a fixed one-way latency, like
 netem's ``delay``) and, with ``rate_bps``, at most that many bytes per second on each
 connection (like a token bucket filter: the bytes wait in the forwarder). The client side sees
 a round trip of at least ``delay_s`` for every request, including the connection's HELLO."""
@@ -14,12 +15,11 @@ from collections import deque
 _PACE_BYTES = 4096  # a rate-limited link sends this much, then waits its time on the wire
 
 
-class SlowLink:
-    def __init__(self, target: str, delay_s: float, rate_bps: float = 0.0) -> None:
-        host, _, port = target.rpartition(":")
-        self.target = (host, int(port))
-        self.delay_s = delay_s
-        self.rate_bps = rate_bps  # 0: bandwidth not limited
+class _Listener:
+    """A loopback listener whose accept thread hands each connection to ``_serve``; ``close``
+    ends it and every socket kept in ``_socks``."""
+
+    def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -38,16 +38,45 @@ class SlowLink:
                 client, _ = self.sock.accept()
             except OSError:
                 continue
-            try:
-                server = socket.create_connection(self.target, timeout=5)
-            except OSError:  # the target is gone (a test killed it): the client sees a close
-                client.close()
-                continue
-            server.settimeout(None)
-            client.settimeout(None)
-            self._socks += [client, server]
-            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._delayed, args=(server, client), daemon=True).start()
+            self._serve(client)
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        for s in self._socks:
+            _shut(s)
+            s.close()
+
+
+class SilentServer(_Listener):
+    """Accepts connections and never answers (a hung daemon)."""
+
+    def _serve(self, client: socket.socket) -> None:
+        self._socks.append(client)
+
+
+class SlowLink(_Listener):
+    def __init__(self, target: str, delay_s: float, rate_bps: float = 0.0) -> None:
+        host, _, port = target.rpartition(":")
+        self.target = (host, int(port))
+        self.delay_s = delay_s
+        self.rate_bps = rate_bps  # 0: bandwidth not limited
+        super().__init__()  # the accept thread starts: the fields above are set
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.target, timeout=5)
+        except OSError:  # the target is gone (a test killed it): the client sees a close
+            client.close()
+            return
+        server.settimeout(None)
+        client.settimeout(None)
+        self._socks += [client, server]
+        threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._delayed, args=(server, client), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -98,13 +127,6 @@ class SlowLink:
         with cond:
             closed.append(True)
             cond.notify()
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-        for s in self._socks:
-            _shut(s)
-            s.close()
 
 
 def _shut(s: socket.socket) -> None:

@@ -10,7 +10,7 @@ import re
 import threading
 
 import aiohttp
-from connutil import assert_loads, open_engine, random_prompt, run, store_cold
+from connutil import assert_loads, open_engine, random_prompt, run
 
 from engine.kv_connector import ConnectorRequest
 
@@ -23,34 +23,26 @@ async def _gets(daemon) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def test_a_remote_hit_is_one_get_into_slots_allocated_at_start(tiny_model, start_daemon):
+async def test_a_remote_hit_is_one_get_into_slots_allocated_at_start(stored_prompt):
     """The 24 blocks loaded (of a tiny model) fit one batch: one GET request reaches the daemon
     (with the former 8 blocks per GET it was 3), the KV is the cold run's bit for bit, and the load took
     no staging buffer beyond those allocated at start."""
-    d = tiny_model()
-    node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    prompt = random_prompt(400, 5)
-    ref, cold_kv = await store_cold(d, url, prompt)
-    async with open_engine(d, url) as b:
+    s = await stored_prompt(400, 5)
+    async with open_engine(s.model_dir, s.url) as b:
         await b.start()
-        before = await _gets(node)
-        await assert_loads(b, prompt, ref, cold_kv, 384)
-        assert await _gets(node) - before == 1
+        before = await _gets(s.daemon)
+        await assert_loads(b, s.prompt, s.ref, s.kv, 384)
+        assert await _gets(s.daemon) - before == 1
         assert b.connector.loader.staging.fresh == 0
 
 
-async def test_many_batches_copied_while_read_give_the_cold_output(tiny_model, start_daemon):
+async def test_many_batches_copied_while_read_give_the_cold_output(stored_prompt):
     """Batches of 2 blocks, 2 reads in flight and a third batch in its copy: 13 batches whose
     copies overlap the next reads;
     the hit's tokens and KV are the cold run's, every slot back in the pool afterwards."""
-    d = tiny_model()
-    node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=2&load_parallel=2"
-    prompt = random_prompt(420, 6)
-    ref, cold_kv = await store_cold(d, url, prompt)
-    async with open_engine(d, url) as b:
-        await assert_loads(b, prompt, ref, cold_kv, 416)
+    s = await stored_prompt(420, 6, "&load_batch_blocks=2&load_parallel=2")
+    async with open_engine(s.model_dir, s.url) as b:
+        await assert_loads(b, s.prompt, s.ref, s.kv, 416)
         loader = b.connector.loader
         assert loader.staging.idle == b.connector.cfg.load_parallel + 1
         assert (

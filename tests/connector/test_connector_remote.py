@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -24,19 +22,19 @@ from connutil import (
     run_fresh,
     store_cold,
 )
+from storeutil import flip_byte_in_file
+
+from tests.connector.slowlink import SilentServer
 
 CHILD = pathlib.Path(__file__).with_name("engine_child.py")
 
 
-async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
-    d = tiny_model()
-    node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always"
-    prompt = random_prompt(150, 1)
-    ref, cold_kv = await store_cold(d, url, prompt)
+async def test_second_engine_process_hits_the_daemon(stored_prompt):
+    s = await stored_prompt(150, 1)
+    d, url, prompt, ref = s.model_dir, s.url, s.prompt, s.ref
     # in-process fresh engine: bitwise KV
     async with open_engine(d, url) as b:
-        await assert_loads(b, prompt, ref, cold_kv, 144)
+        await assert_loads(b, prompt, ref, s.kv, 144)
         assert b.connector.metrics.value("tierkv_connector_hit_tokens_total", tier="remote:dram") == 144
     # another process: the hit crosses process boundaries
     out = subprocess.run(
@@ -48,19 +46,16 @@ async def test_second_engine_process_hits_the_daemon(tiny_model, start_daemon):
 
 
 @pytest.mark.heavy
-async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
-    d = tiny_model()
-    node = start_daemon()
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&load_batch_blocks=1&load_parallel=1"
-    prompt = random_prompt(400, 2)  # 25 blocks: 25 sequential GETs
-    ref, _ = await store_cold(d, url, prompt)
+async def test_kill_9_mid_load_recomputes_the_rest(stored_prompt):
+    s = await stored_prompt(400, 2, "&load_batch_blocks=1&load_parallel=1")  # 25 sequential GETs
+    prompt, ref = s.prompt, s.ref
 
     async def killer():
         while b.connector.metrics.value("tierkv_connector_bytes_loaded_total") == 0:
             await asyncio.sleep(0.0005)
-        node.kill9()
+        s.daemon.kill9()
 
-    async with open_engine(d, url, enable_prefix_cache=False) as b:
+    async with open_engine(s.model_dir, s.url, enable_prefix_cache=False) as b:
         k = asyncio.ensure_future(killer())
         t0 = time.monotonic()
         toks, cached = await run(b, prompt)
@@ -79,27 +74,19 @@ async def test_kill_9_mid_load_recomputes_the_rest(tiny_model, start_daemon):
         b.check_integrity()
 
 
-async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp_path):
-    d = tiny_model()
+async def test_corrupt_block_on_disk_is_recomputed(stored_prompt, start_daemon, tmp_path):
     wd = tmp_path / "n"
-    node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
-    prompt = random_prompt(150, 3)
-    ref, cold_kv = await store_cold(d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", prompt)
-    assert node.stop() == 0
+    s = await stored_prompt(150, 3, workdir=wd, dram={"capacity": 0}, disk={"sync": True})
+    assert s.daemon.stop() == 0
     # flip a byte inside block 4's payload in the daemon's LMDB file
-    needle = cold_kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
-    data = (wd / "disk" / "data.mdb").read_bytes()
-    off = data.find(needle)
-    assert off >= 0
-    with open(wd / "disk" / "data.mdb", "r+b") as f:
-        f.seek(off + 100)
-        f.write(bytes([data[off + 100] ^ 0xFF]))
+    needle = s.kv[:, :, 64:80].contiguous().view(torch.uint8).reshape(-1)[:512].numpy().tobytes()
+    flip_byte_in_file(wd / "disk" / "data.mdb", needle)
     node = start_daemon(workdir=wd, dram={"capacity": 0}, disk={"sync": True})
     async with open_engine(
-        d, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", enable_prefix_cache=False
+        s.model_dir, f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always", enable_prefix_cache=False
     ) as b:
-        toks, cached = await run(b, prompt)
-        assert toks == ref
+        toks, cached = await run(b, s.prompt)
+        assert toks == s.ref
         assert cached == 64, "blocks before the corrupt one load; it and the rest are recomputed"
         causes = {
             c: b.connector.metrics.value("tierkv_connector_recompute_fallbacks_total", cause=c)
@@ -108,40 +95,9 @@ async def test_corrupt_block_on_disk_is_recomputed(tiny_model, start_daemon, tmp
         assert sum(causes.values()) >= 1, causes  # the daemon drops the bad copy: corrupt, then a miss
 
 
-class _SilentServer:
-    """Accepts connections and never answers (a hung daemon)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.conns: list[socket.socket] = []
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-                self.conns.append(c)
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        self._stop = True
-        for c in self.conns:
-            c.close()
-        self.sock.close()
-
-
 async def test_daemon_that_never_answers(tiny_model):
     d = tiny_model()
-    srv = _SilentServer()
+    srv = SilentServer()
     prompt = random_prompt(100, 4)
     ref = reference(d, prompt)
     try:

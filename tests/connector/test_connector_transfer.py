@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 import torch
-from connutil import assert_loads, open_engine, prompt_kv, random_prompt, run, sharing_store, store_cold
+from connutil import assert_loads, open_engine, prompt_kv, random_prompt, run, sharing_store
 
 from engine import kv_transfer
 from engine.kv_cache import KVCache
@@ -125,15 +125,11 @@ def eng_params():
 
 
 @pytest.mark.parametrize("layer_groups", [1, 3])
-async def test_daemon_hit_is_exact_in_layer_groups(tiny_model, start_daemon, layer_groups):
+async def test_daemon_hit_is_exact_in_layer_groups(stored_prompt, layer_groups):
     # issue 11 item 5: kvstore:// loads copy in layer groups too, not only local:// ones
-    d = tiny_model()
-    node = start_daemon()
-    prompt = random_prompt(150, 6)  # 9 blocks of 16 + 6
-    url = f"kvstore://{node.addr}?lookup_deadline_s=5&policy=always&layer_groups={layer_groups}&load_batch_blocks=4"
-    cold, cold_kv = await store_cold(d, url, prompt)
-    async with open_engine(d, url) as b:
-        await assert_loads(b, prompt, cold, cold_kv, 144)
+    s = await stored_prompt(150, 6, f"&layer_groups={layer_groups}&load_batch_blocks=4")  # 9 blocks of 16 + 6
+    async with open_engine(s.model_dir, s.url) as b:
+        await assert_loads(b, s.prompt, s.ref, s.kv, 144)
         groups = b.engine.transfer.scatter_groups
         assert groups[min(layer_groups, b.engine.kv.num_layers)] == 3  # 3 GET batches of <= 4 blocks
         assert sum(groups.values()) == 3
