@@ -134,10 +134,10 @@ def _headers(src: np.ndarray, seed: int):
 
 
 class Tierkv:
-    """A ``kvstore serve`` daemon under ``tmp`` holding the prefix ``src`` (room for it three
-    times: its copy, the one a store writes, and the client processes' own), or, with
-    ``addr``, clients of a daemon already there. ``seeds``: the first token of the fetched and
-    the stored prefix (other seeds, other keys)."""
+    """A ``kvstore serve`` daemon under ``tmp`` holding the prefix ``src`` with DRAM for
+    ``copies`` of it (2: its copy and the one a store writes; 3 with client processes, which
+    store their own), or, with ``addr``, clients of a daemon already there. ``seeds``: the
+    first token of the fetched and the stored prefix (other seeds, other keys)."""
 
     def __init__(
         self,
@@ -149,11 +149,12 @@ class Tierkv:
         policy: str = "",
         seeds: tuple[int, int] = (1, 2),
         addr: str | None = None,
+        copies: int = 2,
     ) -> None:
         self.daemon = None
         if addr is None:
             slab = max(size, 2 * MiB)
-            cap = 3 * size * count + 8 * slab
+            cap = copies * size * count + 8 * slab
             self.daemon = common.start_daemon(
                 tmp,
                 dram={"capacity": f"{cap // MiB}MiB", "slab_size": f"{slab // MiB}MiB", "prefault": True},
@@ -224,7 +225,7 @@ def _client_proc(kind: str, addr: str, size: int, count: int, i: int, k: int, ba
         import asyncio
 
         src = np.random.default_rng(size + i).integers(0, 256, (n, size), dtype=np.uint8)
-        dst = np.ones_like(src)
+        dst = src  # a fetch writes the bytes it stored back: one buffer, not two
         kv = Tierkv(None, size, n, src, [1], seeds=(1000 * i + 1, 1000 * i + 2), addr=addr)
         loop = asyncio.new_event_loop()
         loop.run_until_complete(kv.start())

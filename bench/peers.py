@@ -104,7 +104,13 @@ async def bench_size(
                 )
             for policy in ["", *policies]:
                 kv = Tierkv(
-                    Path(td) / (policy or "default"), size, count, src, [1] if policy else [1, 4], policy
+                    Path(td) / (policy or "default"),
+                    size,
+                    count,
+                    src,
+                    [1] if policy else [1, 4],
+                    policy,
+                    copies=3 if clients and not policy else 2,
                 )
                 kvs.append(kv)
                 await kv.start()
