@@ -1,39 +1,20 @@
-"""``prefix-marginal``: a prefix-aware 2Q whose probation share follows marginal hits.
+"""``prefix-marginal``: a prefix-aware 2Q whose probation share follows marginal hits. Why a
+fixed share (``prefix-2q``) or ARC's rule (``prefix-arc``) falls short, and what each choice
+below measured: docs/eviction-policy.md, "The policy: ``prefix-marginal``".
 
-``prefix-2q`` (kvstore.node.tiers.order) with a fixed probation share wins where a tier is
-small and loses where it is large: new blocks leave after a tenth of the tier's lifetime,
-and a conversation's next turn comes later than that once the tier holds more
-(bench/trace_sim.py, the conversation trace: 1.93x LRU's hits at 3,000 blocks, 0.89x at
-30,000). ``prefix-arc`` adapts the share by every ghost hit, however long ago the key left;
-a key evicted four tiers ago says nothing about a share the tier could give, so it settles
-between the two (1.40x at 3,000, 1.11x at 6,000).
+The share moves only by *near misses*: a key evicted from probation that comes back within
+the last ``_WINDOW`` x the tier's blocks of probation's evictions (and at least
+``_MIN_WINDOW`` of them) is a hit a probation that much larger would have made; one evicted
+from the main segment within that many of main's evictions, a hit of a larger main segment
+(a segment of n blocks keeps a block for its next n evictions). Each near miss multiplies the
+share's odds (share / (1 - share)) by ``1 + _STEP`` toward its segment. The share starts at
+``start`` (``eviction.marginal_start``, default ``START_SHARE``) and stays in
+[``MIN_SHARE``, ``MAX_SHARE``].
 
-This order moves the share only by *near misses*: a key evicted from probation that comes
-back within the last ``_WINDOW`` x the tier's blocks of probation's evictions (and at least
-``_MIN_WINDOW`` of them) is a hit a
-probation that much larger would have made; one evicted from the main segment within that
-many of main's evictions is a hit a main segment that much larger would have made (a
-segment of n blocks keeps a block for its next n evictions, so "k evictions ago" is "k blocks
-short"). Equal windows on both sides compare the two segments' marginal hits per block of
-room, and the share moves to the segment whose next blocks earn more. Each near miss
-multiplies the share's odds (share / (1 - share)) by ``1 + _STEP`` one way or the other: a
-multiplicative step crosses the range from 0.5 to 0.01 or to 0.95 in a few hundred near misses at
-any tier size, where an additive one is either too slow for large tiers or too coarse for
-small ones. The share starts at ``start`` (``eviction.marginal_start``, default
-``START_SHARE``; ``eviction.probation`` is ``prefix-2q``'s and ``prefix-arc``'s) and stays in
-[``MIN_SHARE``, ``MAX_SHARE``]. 0.2, not one half: the anti-wind-up below pulls a start above
-what probation holds down at the first near miss anyway, but each of three nodes sees a third
-of the near misses, so its share stays near its start longer (docs/eviction-policy.md, "Three
-nodes after the wind-up fix: a lower start share").
-
-No wind-up: while probation holds less than its share the share decides nothing (the order
-evicts the older leaf of either segment), and near misses of probation used to keep raising
-it with no effect on evictions and nothing to bring it back. A chain returns whole, one near
-miss a block, so one request could do it: over the conversation trace one returning 149-block
-chain took the disk's share from 0.54 to 0.99 in one PUT, and the disk stayed a FIFO over its
-writes for the rest of the replay -- at 2,990 and 3,010 blocks, not at 3,000 (hit ratio 0.073
-against 0.087, the first 1,500 requests; tests/store/test_probation_windup.py). So each step
-starts from the smaller of the share and the share probation holds now.
+No wind-up: while probation holds less than its share the share decides nothing, so each step
+starts from the smaller of the share and the share probation holds now (a chain returns whole,
+one near miss a block: one request once took a disk's share from 0.54 to 0.99;
+tests/store/test_probation_windup.py).
 
 Every other rule is ``prefix-2q``'s: leaves only (a chain leaves from its tail), orphans
 first, a ghost hit skips probation. O(1) per ghost hit on top of ``prefix-2q``'s O(log n)
