@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,19 @@ def _tcp_queues(port: int, local_port: int) -> tuple[int, int] | None:
     return None
 
 
+def closed_by_peer(sock: socket.socket) -> bool:
+    """True when the peer closed ``sock`` (EOF or reset) within the socket's timeout; any
+    bytes it sent before are read and dropped."""
+    try:
+        while True:
+            if not sock.recv(1 << 16):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
 class RawPeer:
     """One connection. ``rcvbuf`` shrinks the receive buffer before connecting, so a reader
     that stops reading stalls the sender quickly."""
@@ -244,14 +258,20 @@ class RawPeer:
     def closed_by_peer(self) -> bool:
         """True when the daemon has closed this connection (EOF or reset; a reply frame sent
         before closing is read and dropped)."""
-        try:
-            while True:
-                if not self.sock.recv(1 << 16):
-                    return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except TimeoutError:
-            return False
+        return closed_by_peer(self.sock)
+
+    def flood(self, data: bytes) -> None:
+        """Send ``data`` again and again from a thread of its own, never reading a reply,
+        until the daemon closes the connection."""
+
+        def push() -> None:
+            try:
+                while True:
+                    self.send(data)
+            except OSError:
+                pass  # the daemon closed the connection
+
+        threading.Thread(target=push, daemon=True).start()
 
     def close(self) -> None:
         self.sock.close()

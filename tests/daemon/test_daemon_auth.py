@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from polling import until, until_async
 from scraping import scrape_async
+from storeutil import remade
 
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
@@ -174,18 +175,9 @@ async def test_replies_about_another_tenants_block_equal_those_about_an_absent_o
     assert replies[:4] == replies[4:]
     assert all(r["ok"] for r in replies) and len(replies) == 8, replies
     # a block globex makes under acme's key (its own namespace) is not answered EXISTS
-    from kvstore.block import make_header
 
     [(gh, gp)] = blocks_of(ns.with_tenant("globex"), 1, 500)
-    forged = make_header(
-        key=h.key,
-        parent=gh.parent,
-        namespace=gh.namespace,
-        tokens=list(gh.tokens),
-        dtype="uint8",
-        shape=[500],
-        payload=gp,
-    )
+    forged = remade(gh, gp, key=h.key)
     g.request({"op": "PUT", "hdrs": [forged.encode()]}, plen=len(gp))
     g.send(gp)
     assert g.reply()["st"][0] != int(Status.EXISTS)

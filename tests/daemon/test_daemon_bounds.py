@@ -5,8 +5,6 @@ request, its reply included, has a deadline; a GET never sends a slot whose leas
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from daemonutil import RawPeer, frame, rss_bytes, unread_bytes
 from polling import until
@@ -82,16 +80,7 @@ def test_a_peer_that_stops_reading_replies_is_closed_and_counted(daemon, ns):
     d = daemon(transfer_timeout_s=1.0)
     p = RawPeer(d.data_port, rcvbuf=4096, timeout=30)
     p.hello(TOK, ns)
-    req = frame({"op": "STATS", "rid": 1}) * 256
-
-    def flood():
-        try:
-            while True:
-                p.send(req)
-        except OSError:
-            pass  # the daemon closed the connection
-
-    threading.Thread(target=flood, daemon=True).start()
+    p.flood(frame({"op": "STATS", "rid": 1}) * 256)
     # the daemon's send blocks only once the kernel holds what the peer will not read (up to
     # tcp_wmem's 4 MiB of small replies): on a loaded host, serving that many STATS takes tens
     # of seconds before the request deadline can even start

@@ -11,9 +11,9 @@ import time
 
 import pytest
 from daemonutil import RawPeer, frame
+from storeutil import remade
 
 from kvstore import protocol as P
-from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
@@ -331,10 +331,7 @@ async def test_a_reserve_of_a_key_another_tenant_holds_answers_busy_like_put(ten
     (h0, _), (h1, p1) = chain
     beta = ns.with_tenant("beta")
     assert beta.next_key(h0.key, h1.tokens) == h1.key
-    forged = make_header(
-        key=h1.key, parent=h0.key, namespace=beta.id, tokens=list(h1.tokens), dtype="uint8",
-        shape=[len(p1)], payload=p1,
-    )  # fmt: skip
+    forged = remade(h1, p1, namespace=beta.id)
     p = authed(d, ns, TOK_B)
     p.request({"op": "RESERVE", "hdrs": [forged.encode()]})
     assert p.reply()["res"][0][0] == int(Status.BUSY)

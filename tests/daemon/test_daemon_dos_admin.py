@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from daemonutil import RawPeer
+from daemonutil import RawPeer, closed_by_peer
 
 TOK_OP = "tok-operator1"
 
@@ -39,19 +39,6 @@ def connect(d, source: str = "127.0.0.1", timeout: float = 10.0) -> socket.socke
     s.connect(("127.0.0.1", port(d)))
     s.settimeout(timeout)
     return s
-
-
-def closed(s: socket.socket) -> bool:
-    """True when the daemon closed ``s`` (EOF or reset) within the socket's timeout; any
-    reply bytes before it are read and dropped."""
-    try:
-        while True:
-            if not s.recv(1 << 16):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def healthz(d) -> int:
@@ -84,7 +71,7 @@ def test_idle_and_slowloris_admin_connections_are_closed(admin):
             shut = True
         time.sleep(0.25)
     assert shut
-    assert closed(idle)
+    assert closed_by_peer(idle)
     assert healthz(d) == 200
 
 
@@ -92,7 +79,7 @@ def test_a_flood_of_admin_connections_is_capped_and_healthz_answers(admin):
     d = admin(admin_max_connections=16)
     flood = [connect(d, "127.0.0.2", timeout=0.5) for _ in range(200)]
     assert [healthz(d) for _ in range(20)] == [200] * 20  # the liveness probe, from elsewhere
-    shut = sum(closed(s) for s in flood)
+    shut = sum(closed_by_peer(s) for s in flood)
     assert shut >= 200 - 16, shut
     for s in flood:
         s.close()
@@ -109,14 +96,14 @@ def test_admin_bodies_are_bounded_and_deep_json_is_a_400(admin):
         f"Content-Type: application/json\r\nContent-Length: {50 * 10**6}\r\n\r\n".encode()
     )
     assert s.recv(1 << 16).startswith(b"HTTP/1.1 413")
-    assert closed(s)
+    assert closed_by_peer(s)
     # a small Content-Length with no body behind it: closed at the request deadline
     s = connect(d, timeout=15)
     s.sendall(
         f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOK_OP}\r\n"
         "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n".encode()
     )
-    assert closed(s)
+    assert closed_by_peer(s)
     status, text = post(d, "/v1/lookup", json.dumps({"keys": []}).encode())
     assert status == 200, text
     assert "Traceback" not in d.logs()

@@ -11,6 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 from daemonutil import RawPeer
+from storeutil import remade
 
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
@@ -139,21 +140,11 @@ async def test_stalled_puts_cost_only_their_own_connections(two_tenants, ns, blo
 async def test_a_tenant_cannot_store_under_a_key_it_cannot_derive(two_tenants, ns, blocks_of):
     """With auth, a block's key must follow from its parent and tokens in the writer's own
     namespace: B cannot plant a block of its own under A's key (any 16 bytes it has seen)."""
-    from kvstore.block import make_header
-
     d = two_tenants()
     a, b = client(d, ns, TOK_A), client(d, ns, TOK_B)
     [(ha, pa)] = blocks_of(tenant_ns(d, ns, TOK_A), 1, 1000, seed=6)
     [(hb, pb)] = blocks_of(tenant_ns(d, ns, TOK_B), 1, 1000, seed=7)
-    planted = make_header(
-        key=ha.key,
-        parent=hb.parent,
-        namespace=hb.namespace,
-        tokens=hb.token_bytes,
-        dtype="uint8",
-        shape=[1000],
-        payload=pb,
-    )
+    planted = remade(hb, pb, key=ha.key)
     assert [r.status for r in await b.put([(planted, pb)])] == [Status.INVALID]
     assert [r.status for r in await b.put([(hb, pb)])] == [Status.STORED]  # its own, derived
     assert [r.status for r in await a.put([(ha, pa)])] == [Status.STORED]  # A's key is still A's

@@ -11,9 +11,9 @@ import msgpack
 import numpy as np
 import pytest
 from scraping import scrape_async
+from storeutil import read_back, remade
 
 from kvstore import protocol as P
-from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Expect, Status
@@ -248,15 +248,7 @@ async def test_wrong_namespace_writes_are_refused(daemon, ns, blocks_of):
     blocks = blocks_of(other, 2, 100)
     assert [r.status for r in await c.put(blocks)] == [Status.INVALID] * 2
     [(h, payload)] = blocks_of(ns, 1, 100)
-    forged = make_header(
-        key=h.key,
-        parent=h.parent,
-        namespace=other.id,
-        tokens=h.token_bytes,
-        dtype="uint8",
-        shape=[100],
-        payload=payload,
-    )
+    forged = remade(h, payload, namespace=other.id)
     assert [r.status for r in await c.put([(forged, payload)])] == [Status.INVALID]
     assert (await c.lookup([h.key, blocks[0][0].key])).names() == [None, None]
     await c.close()
@@ -269,13 +261,8 @@ async def test_large_batches_are_cut_to_fit_frames(daemon, blocks_of):
     c = NodeClient(daemon.addr, ClientConfig(namespaces=(wide,)))
     blocks = blocks_of(wide, 1500, 64, seed=21)
     assert [r.status for r in await c.put(blocks)] == [Status.STORED] * 1500
-    keys = [h.key for h, _ in blocks]
-    assert [t is not None for t in (await c.lookup(keys)).names()] == [True] * len(keys)
-    bufs = [bytearray(64) for _ in keys]
-    got = await get_into(c, keys, bufs)
-    assert [g.status for g in got] == [Status.HIT] * 1500
-    assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
-    assert await c.delete(keys) == [True] * 1500
+    assert await read_back(c, blocks, 30.0, 30.0) == (1500, 0)  # every block found, read whole
+    assert await c.delete([h.key for h, _ in blocks]) == [True] * 1500
     await c.close()
 
 

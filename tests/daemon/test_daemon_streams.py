@@ -6,7 +6,6 @@ connection are answered in order."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 from daemonutil import RawPeer, frame
@@ -139,16 +138,7 @@ async def test_a_pipelined_get_flood_whose_replies_are_never_read_is_closed(daem
     assert [r.status for r in await c.put([(h, p)])] == [Status.STORED]
     flood = RawPeer(d.data_port, rcvbuf=4096, timeout=30)
     flood.hello(TOK, ns)
-    req = b"".join(frame({"op": "GET", "rid": i + 1, "keys": h.key.raw}) for i in range(256))
-
-    def push():
-        try:
-            while True:
-                flood.send(req)
-        except OSError:
-            pass  # the daemon closed the connection
-
-    threading.Thread(target=push, daemon=True).start()
+    flood.flood(b"".join(frame({"op": "GET", "rid": i + 1, "keys": h.key.raw}) for i in range(256)))
     await _served(c, [(h, p)])
     await until_async(
         lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
