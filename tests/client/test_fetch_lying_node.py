@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 import pytest
+from storeutil import remade
 from stubpeer import frame, serve
 
 from kvstore.block import make_header
@@ -138,15 +139,7 @@ async def test_a_reply_cut_short_is_a_miss_for_every_block_of_it():
 
 
 async def test_a_payload_longer_than_its_buffer_is_a_miss_not_an_overflow():
-    big = make_header(
-        key=BLOCKS[2][0].key,
-        parent=BLOCKS[2][0].parent,
-        namespace=NS.id,
-        tokens=list(range(8, 12)),
-        dtype="uint8",
-        shape=[2 * SIZE],
-        payload=bytes(2 * SIZE),
-    )
+    big = remade(BLOCKS[2][0], bytes(2 * SIZE))  # block 2's header, twice its length
 
     def reply(req):
         entries = [_hit(i) for i in range(N)]
