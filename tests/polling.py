@@ -68,3 +68,12 @@ async def until_async(
             await asyncio.sleep(pause)
         else:
             await wait(pause)
+
+
+async def until_grown_async(
+    probe: Callable[[], float], by: float, deadline_s: float, what: str, interval_s: float = INTERVAL_S
+) -> float:
+    """Await a counter: ``probe()`` grown by ``by`` from its value now (``until_async``'s
+    deadline and failure); returns the value that did."""
+    start = probe()
+    return await until_async(probe, deadline_s, what, ok=lambda v: v >= start + by, interval_s=interval_s)

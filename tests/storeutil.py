@@ -67,6 +67,13 @@ def make_blocks(
     return out
 
 
+async def write_all(c, blocks, deadline_s: float | None = None) -> None:
+    """Write ``blocks`` (header, payload pairs) through the client ``c`` in one ``put``:
+    every one stored (asserted, naming each block's status otherwise)."""
+    res = await c.put(blocks, deadline_s)
+    assert [r.status.ok for r in res] == [True] * len(blocks), [r.status.name for r in res]
+
+
 async def read_back(c, blocks, lookup_deadline_s: float, deadline_s: float) -> tuple[int, int]:
     """Look up the longest stored prefix of ``blocks`` (header, payload pairs) through the
     client ``c`` and read it: (blocks read, up to the first that is not a HIT; of them, those

@@ -7,13 +7,39 @@ import shutil
 import ssl
 import subprocess
 import urllib.request
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.etcd_tls import TlsFiles
-from polling import until
+from daemonutil import stop_process
+from polling import until, until_async
 from ports import free_port
 
+if TYPE_CHECKING:
+    from kvstore.client.etcd_membership import EtcdMembership
+
 ETCD_MISSING = "etcd is not installed (Debian: etcd-server; `make test` installs it when run as root)"
+
+
+async def until_view(
+    m: EtcdMembership,
+    what: str,
+    want: Iterable[str] | None = None,
+    ok: Callable[[list[str]], bool] | None = None,
+    deadline_s: float = 30.0,
+) -> list[str]:
+    """Await ``m``'s view (its members' addresses, sorted) being ``want``'s addresses, or
+    satisfying ``ok``; woken by each change of the view. Returns that view."""
+    wanted = sorted(want) if want is not None else None
+    return await until_async(
+        lambda: sorted(x.addr for x in m.members),
+        deadline_s,
+        what,
+        ok=ok or (lambda got: got == wanted),
+        interval_s=0.2,
+        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
+    )
 
 
 def etcd_missing() -> str:
@@ -97,10 +123,5 @@ class Etcd:
         return ctx
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, 10.0)

@@ -1,6 +1,7 @@
-"""A static cluster of daemons on loopback for the repair tests: every member's address is
-known before any starts (``cluster.peers``), node-side repair runs quick passes, and a node
-starts again on its own address (its disk kept, or wiped by the test first)."""
+"""Static clusters on loopback. :class:`StaticCluster`, for the repair tests: every member's
+address is known before any starts (``cluster.peers``), node-side repair runs quick passes,
+and a node starts again on its own address (its disk kept, or wiped by the test first).
+:func:`dram_cluster`: plain DRAM daemons and a static client over them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from daemonutil import Daemon
 from ports import free_port
 
+from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
 
 REPAIR = {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64}
@@ -52,3 +54,18 @@ async def copies(addrs: list[str], keys, cfg: ClientConfig) -> list[int]:
         finally:
             await n.close()
     return out
+
+
+async def dram_cluster(
+    start_daemon: Callable[..., Daemon],
+    n: int,
+    cfg: ClientConfig,
+    cluster: ClusterConfig,
+    start_s: float = 2.0,
+) -> tuple[list[Daemon], ClusterClient]:
+    """``n`` DRAM-only daemons (no cluster config of their own) and a static
+    :class:`ClusterClient` over them (``cfg``, ``cluster``), started within ``start_s``."""
+    ds = [start_daemon(use_disk=False) for _ in range(n)]
+    c = ClusterClient.static([d.addr for d in ds], cfg, cluster)
+    await c.start(start_s)
+    return ds, c

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from polling import until_async
+from cluster.cluster_etcd import until_view
 
 from kvstore.client.etcd_membership import EtcdMembership
 
@@ -23,13 +23,7 @@ async def test_cli_discovers_nodes_through_etcd(etcd, start_daemon):
     nodes = [start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 3}) for _ in range(2)]
     m = EtcdMembership(url)
     await m.start()
-    await until_async(
-        lambda: len(m.members),
-        30.0,
-        "two members",
-        ok=lambda n: n == 2,
-        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
-    )
+    await until_view(m, "both members", [d.addr for d in nodes])
     assert {x.admin for x in m.members} == {d.admin.removeprefix("http://") for d in nodes}
     await m.close()
     r = _kvstore("stats", "--cluster", url, "--json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cluster.cluster_etcd import until_view
 from polling import until_async
 from storeutil import make_blocks
 
@@ -91,29 +92,12 @@ async def test_cluster_etcd_join_leave_and_ttl(etcd, start_daemon):
     a = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2}, node={"zone": "z1"})
     b = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 60}, node={"zone": "z2"})
 
-    def members() -> set[str]:
-        return {x.addr for x in m.members}
-
-    def changed(pause_s: float):
-        return m.wait_changed(m.version, pause_s)
-
-    await until_async(
-        members,
-        15.0,
-        "a and b registered",
-        ok=lambda got: got == {a.addr, b.addr},
-        interval_s=0.2,
-        wait=changed,
-    )
+    await until_view(m, "a and b registered", [a.addr, b.addr], deadline_s=15.0)
     assert {x.zone for x in m.members} == {"z1", "z2"} and all(x.capacity > 0 for x in m.members)
     b.stop()  # SIGTERM revokes the lease: gone long before its 60 s run out
-    await until_async(
-        members, 20.0, "b's record revoked", ok=lambda got: got == {a.addr}, interval_s=0.2, wait=changed
-    )
+    await until_view(m, "b's record revoked", [a.addr], deadline_s=20.0)
     a.kill9()  # no revoke: gone when the 2 s lease runs out, long before b's would have
-    await until_async(
-        members, 10.0, "a's lease run out", ok=lambda got: not got, interval_s=0.2, wait=changed
-    )
+    await until_view(m, "a's lease run out", [], deadline_s=10.0)
     await m.close()
 
 
@@ -197,14 +181,7 @@ async def test_cluster_nodes_reregister_when_etcd_loses_its_data(etcd, start_dae
     d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
     m = EtcdMembership(url)
     await m.start()
-    await until_async(
-        lambda: [x.addr for x in m.members],
-        15.0,
-        "the node registered",
-        ok=lambda got: got == [d.addr],
-        interval_s=0.2,
-        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
-    )
+    await until_view(m, "the node registered", [d.addr], deadline_s=15.0)
     etcd.stop()
     import shutil
 
@@ -231,14 +208,7 @@ async def test_cluster_idle_watch_is_renewed_and_still_sees_joins(etcd, start_da
     await until_async(lambda: m.counters["watch_renewals"], 30.0, "two watch renewals", ok=lambda n: n >= 2)
     assert m.counters["etcd_errors"] == 0
     d = start_daemon(use_disk=False, cluster={"join": url, "lease_ttl_s": 2})
-    await until_async(
-        lambda: [x.addr for x in m.members],
-        15.0,
-        "the node registered",
-        ok=lambda got: got == [d.addr],
-        interval_s=0.2,
-        wait=lambda pause_s: m.wait_changed(m.version, pause_s),
-    )
+    await until_view(m, "the node registered", [d.addr], deadline_s=15.0)
     await m.close()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from cluster.slowproxy import SlowProxy
-from storeutil import make_blocks
+from storeutil import make_blocks, write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig
@@ -29,11 +29,17 @@ async def slow_node(start_daemon):
     await p.close()
 
 
-async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_node):
-    blocks = make_blocks(6, 4096, seed=1, ns=NS)
-    w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
-    assert [r.status.ok for r in await w.put(blocks, 5.0)] == [True] * len(blocks)
+async def _stored(node, n: int, seed: int) -> list:
+    """``n`` blocks written to ``node`` by a client of their own (closed after)."""
+    blocks = make_blocks(n, 4096, seed=seed, ns=NS)
+    w = ClusterClient.static([node.addr], CFG, ClusterConfig(replicas=1))
+    await write_all(w, blocks, 5.0)
     await w.close()
+    return blocks
+
+
+async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_node):
+    blocks = await _stored(slow_node, 6, 1)
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))  # a fresh engine's client
     assert (await c.lookup([h.key for h, _ in blocks], 2.0)).hit_blocks == 6
     assert c.live_addrs() == [slow_node.addr] and c.counters["node_down"] == 0
@@ -41,10 +47,7 @@ async def test_cluster_lookup_that_takes_0_8_s_under_a_2_s_deadline_hits(slow_no
 
 
 async def test_cluster_start_opens_connections_off_the_request_path(slow_node):
-    blocks = make_blocks(4, 4096, seed=2, ns=NS)
-    w = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
-    assert [r.status.ok for r in await w.put(blocks, 5.0)] == [True] * len(blocks)
-    await w.close()
+    blocks = await _stored(slow_node, 4, 2)
     c = ClusterClient.static([slow_node.addr], CFG, ClusterConfig(replicas=1))
     await c.start(wait_s=5.0)  # membership + connections, each HELLO'd (0.8 s each, in parallel)
     # a deadline shorter than one HELLO: only an already open connection can answer in time

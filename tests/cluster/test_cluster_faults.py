@@ -11,12 +11,10 @@ import time
 import pytest
 from cluster.cluster_hosts import TENANT_NS
 from polling import until_async
-from storeutil import make_blocks
+from storeutil import make_blocks, read_back, write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import NodeClient
-from kvstore.client.read import get_into
-from kvstore.results import Status
 
 pytestmark = pytest.mark.heavy
 NBYTES = 32 * 1024
@@ -41,21 +39,11 @@ class Load:
 
     async def read(self, prompt) -> int:
         try:
-            keys = [h.key for h, _ in prompt]
-            n = (await self.c.lookup(keys, self.deadline_s)).hit_blocks
-            bufs = [bytearray(NBYTES) for _ in range(n)]
-            res = await get_into(self.c, keys[:n], bufs, None, self.deadline_s)
-            got = 0
-            for r, b, (_, p) in zip(res, bufs, prompt):
-                if r.status is Status.HIT:
-                    if bytes(b) != p:
-                        self.failed.append("wrong bytes")
-                    got += 1
-                else:
-                    break
+            got, wrong = await read_back(self.c, prompt, self.deadline_s, self.deadline_s)
         except Exception as exc:  # the client must never raise
             self.failed.append(repr(exc))
             return 0
+        self.failed += ["wrong bytes"] * wrong
         self.hits += got
         self.wanted += len(prompt)
         return got
@@ -84,14 +72,25 @@ async def copies_on(addr: str, cfg, prompt_list) -> int:
     return sum(t is not None for t in tiers)
 
 
-async def test_cluster_kill9_during_mixed_load(hosts):
+async def store_all(c: ClusterClient, prompt_list) -> None:
+    """Write each prompt of ``prompt_list`` (2 s each): every block stored."""
+    for p in prompt_list:
+        await write_all(c, p, 2.0)
+
+
+async def three_nodes(hosts, deadline_s: float, scene: ClusterConfig, n: int, first_seed: int):
+    """A node on each of three hosts, a static client over them (``scene``; each call cut at
+    ``deadline_s``) and ``n`` prompts written through it: (nodes, client config, client, prompts)."""
     ds = [hosts.start_node() for _ in range(3)]
-    c = ClusterClient.static(
-        [d.addr for d in ds], hosts.client_cfg(op_timeout_s=1.0), ClusterConfig(replicas=2)
-    )
-    stored = prompts(20, 100)
-    for p in stored:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    cfg = hosts.client_cfg(op_timeout_s=deadline_s)
+    c = ClusterClient.static([d.addr for d in ds], cfg, scene)
+    stored = prompts(n, first_seed)
+    await store_all(c, stored)
+    return ds, cfg, c, stored
+
+
+async def test_cluster_kill9_during_mixed_load(hosts):
+    ds, _, c, stored = await three_nodes(hosts, 1.0, ClusterConfig(replicas=2), 20, 100)
     fresh = (make_blocks(BLOCKS, NBYTES, seed=1000 + i, ns=TENANT_NS) for i in range(10**6))
     load = Load(c, 1.0)
     rnd = random.Random(7)
@@ -125,13 +124,10 @@ async def test_cluster_kill9_during_mixed_load(hosts):
 
 
 async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reused(hosts):
-    ds = [hosts.start_node() for _ in range(3)]
     deadline = 0.5
-    cfg = hosts.client_cfg(op_timeout_s=deadline)
-    c = ClusterClient.static([d.addr for d in ds], cfg, ClusterConfig(replicas=2, probe_interval_s=0.1))
-    stored = prompts(12, 200)
-    for p in stored:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    ds, cfg, c, stored = await three_nodes(
+        hosts, deadline, ClusterConfig(replicas=2, probe_interval_s=0.1), 12, 200
+    )
     load = Load(c, deadline)
     victim = ds[0]
     hosts.net.partition(victim.host)
@@ -156,8 +152,7 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
         c.live_addrs, 10.0, "the healed node to be used again", ok=lambda live: victim.addr in live
     )
     new = prompts(12, 300)
-    for p in new:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    await store_all(c, new)
     assert await copies_on(victim.addr, cfg, new) > 0  # it takes its share of writes again
     for p in stored + new:
         assert await load.read(p) == BLOCKS
@@ -166,19 +161,14 @@ async def test_cluster_partition_costs_one_deadline_then_node_is_skipped_and_reu
 
 
 async def test_cluster_slow_node_is_down_for_reads(hosts):
-    ds = [hosts.start_node() for _ in range(3)]
     # a deadline a loaded host keeps for its fast nodes: a read's hedge waits for part of it
     # (half before there are estimates, longer while this loop lags: kvstore/client/reads.py),
     # and the fast replica must answer in the rest
     deadline = 2.0
-    cfg = hosts.client_cfg(op_timeout_s=deadline)
     # the writes before the test keep their nodes: a write past its chunk deadline (0.5 s by
     # default) on a loaded host would mark a fast node down (marked_up below) and redirect it
     scene = ClusterConfig(replicas=2, probe_interval_s=0.1, write_floor_s=30.0)
-    c = ClusterClient.static([d.addr for d in ds], cfg, scene)
-    stored = prompts(12, 400)
-    for p in stored:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    ds, _, c, stored = await three_nodes(hosts, deadline, scene, 12, 400)
     slow = ds[2]
     kind = hosts.net.slow(slow.host, int(1500 * deadline))  # each packet waits over a deadline
     print(f"slow node made with tc {kind}")
@@ -222,8 +212,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
     await c.start()
     await until_async(c.live_addrs, 30.0, "three members", ok=lambda live: len(live) == 3)
     old = prompts(25, 500)
-    for p in old:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    await store_all(c, old)
     load = Load(c, 5.0)
 
     lists = c.membership.counters["lists"]
@@ -236,8 +225,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
     assert not load.failed
 
     new = prompts(50, 600)
-    for p in new:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    await store_all(c, new)
     per_node = [await copies_on(d.addr, cfg, new) for d in [*ds, d4]]
     assert sum(per_node) == 2 * BLOCKS * len(new)  # replicas=2, no extra copies
     share = per_node[3] / sum(per_node)
@@ -248,8 +236,7 @@ async def test_cluster_etcd_join_moves_a_quarter_and_etcd_restart_is_harmless(ho
     for p in old + new:
         assert await load.read(p) == BLOCKS
     more = prompts(10, 700)
-    for p in more:
-        assert [r.status.ok for r in await c.put(p, 2.0)] == [True] * len(p)
+    await store_all(c, more)
     etcd.start()
     # the nodes renew or re-register (lease TTL 2 s); the client lists again and watches
     await until_async(

@@ -9,7 +9,8 @@ import asyncio
 import random
 
 import pytest
-from storeutil import make_blocks
+from cluster.static_cluster import dram_cluster
+from storeutil import make_blocks, write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.lookup import MissHints
@@ -63,13 +64,10 @@ def test_cluster_miss_hints_are_bounded_and_forget_found_keys():
 
 
 async def test_cluster_hinted_lookup_takes_one_round_and_answers_the_same(start_daemon):
-    ds = [start_daemon(use_disk=False) for _ in range(3)]
-    addrs = [d.addr for d in ds]
-    c = ClusterClient.static(addrs, FAST, CFG)
-    await c.start(5.0)
+    ds, c = await dram_cluster(start_daemon, 3, FAST, CFG, 5.0)
     blocks = make_blocks(24, 1024, seed=61, ns=NS)
-    assert [r.status.ok for r in await c.put(blocks[:12], 5.0)] == [True] * len(blocks[:12])
-    view = [c._weights[a] for a in sorted(addrs)]
+    await write_all(c, blocks[:12], 5.0)
+    view = [c._weights[a] for a in sorted(d.addr for d in ds)]
     (h, p) = blocks[12]  # on its third-ranked node only (its owners changed)
     n = NodeClient(rank(h.key.raw, view, 2)[2].id, FAST)
     assert (await n.put([(h, p)]))[0].status is Status.STORED
@@ -86,7 +84,7 @@ async def test_cluster_hinted_lookup_takes_one_round_and_answers_the_same(start_
     assert (await c.lookup(keys, 5.0)).hit_blocks == 13
 
     # stored on their owners now: found there, dropped from the hints, still one round
-    assert [r.status.ok for r in await c.put(blocks[13:], 5.0)] == [True] * len(blocks[13:])
+    await write_all(c, blocks[13:], 5.0)
     assert (await c.lookup(keys, 5.0)).names() == ["dram"] * 24
     assert len(c._lookups.hints) == 1  # the block its owners do not hold
     assert (await c.lookup(keys, 5.0)).names() == ["dram"] * 24
@@ -96,12 +94,9 @@ async def test_cluster_hinted_lookup_takes_one_round_and_answers_the_same(start_
 
 async def test_cluster_long_lookup_splits_each_nodes_keys(start_daemon):
     """More than MAX_BATCH keys for a node go out as even parallel requests; answers in order."""
-    ds = [start_daemon(use_disk=False) for _ in range(3)]
-    addrs = [d.addr for d in ds]
-    c = ClusterClient.static(addrs, FAST, CFG)
-    await c.start(5.0)
+    ds, c = await dram_cluster(start_daemon, 3, FAST, CFG, 5.0)
     blocks = make_blocks(8, 1024, seed=62, ns=NS)
-    assert [r.status.ok for r in await c.put(blocks, 5.0)] == [True] * len(blocks)
+    await write_all(c, blocks, 5.0)
     keys = [BlockKey(r) for r in raws(2 * MAX_BATCH, 7)]
     where = sorted(random.Random(8).sample(range(len(keys)), len(blocks)))
     for i, (h, _) in zip(where, blocks):
@@ -109,7 +104,7 @@ async def test_cluster_long_lookup_splits_each_nodes_keys(start_daemon):
     got = (await c.lookup(keys, 10.0)).names()
     assert [i for i, t in enumerate(got) if t is not None] == where
     assert all(got[i] == "dram" for i in where)
-    per_node = {a: c.nodes[a].counters["exists_keys"] for a in addrs}
+    per_node = {d.addr: c.nodes[d.addr].counters["exists_keys"] for d in ds}
     assert max(per_node.values()) > MAX_BATCH  # some node got more than one request's worth
     await c.close()
 

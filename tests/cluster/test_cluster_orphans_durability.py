@@ -14,7 +14,8 @@ import json
 import signal
 import urllib.request
 
-from polling import until_async
+from cluster.cluster_etcd import until_view
+from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
 
@@ -50,14 +51,7 @@ async def _put(addr: str, blocks) -> None:
 
 
 async def _passes(admin: str, k: int) -> None:
-    start = _counter(admin, "passes")
-    await until_async(
-        lambda: _counter(admin, "passes"),
-        60.0,
-        f"{k} orphan passes",
-        ok=lambda p: p >= start + k,
-        interval_s=0.1,
-    )
+    await until_grown_async(lambda: _counter(admin, "passes"), k, 60.0, f"{k} orphan passes", interval_s=0.1)
 
 
 @contextlib.asynccontextmanager
@@ -74,12 +68,7 @@ async def _three_members(etcd, start_daemon, name: str, orphans: dict):
     view_of = EtcdMembership(url)
     await view_of.start(5.0)
     try:
-        await until_async(
-            lambda: {m.addr for m in view_of.members},
-            30.0,
-            "three members",
-            ok=lambda g: g == {d.addr for d in ds},
-        )
+        await until_view(view_of, "three members", [d.addr for d in ds])
         yield ds, view_of
     finally:
         await view_of.close()
@@ -101,12 +90,7 @@ async def test_a_parent_on_a_member_that_left_the_view_unreachable_keeps_its_chi
 
         b.signal(signal.SIGSTOP)  # a busy node, not a dead one: past its lease, out of the view
         try:
-            await until_async(
-                lambda: {m.addr for m in view_of.members},
-                30.0,
-                "the stalled member out of the view",
-                ok=lambda got: b.addr not in got,
-            )
+            await until_view(view_of, "the stalled member out of the view", ok=lambda got: b.addr not in got)
             await _passes(a.admin, 5)  # past repair.settle_s: passes over the view without B
         finally:
             b.signal(signal.SIGCONT)
@@ -144,12 +128,7 @@ async def test_a_pass_whose_view_changed_while_it_ran_drops_nothing(etcd, start_
         n2.signal(signal.SIGSTOP)
         try:
             post = asyncio.get_running_loop().run_in_executor(None, _post, n0.admin)
-            await until_async(
-                lambda: {m.addr for m in view_of.members},
-                30.0,
-                "n2 out of the view",
-                ok=lambda g: n2.addr not in g,
-            )
+            await until_view(view_of, "n2 out of the view", ok=lambda got: n2.addr not in got)
         finally:
             n2.signal(signal.SIGCONT)
         got = await post
@@ -158,9 +137,7 @@ async def test_a_pass_whose_view_changed_while_it_ran_drops_nothing(etcd, start_
         )
         assert await _held(n0.addr, [h.key for h, _ in orphans]) == [True] * 64
         # they are orphans: a pass over a settled view drops them
-        await until_async(
-            lambda: {m.addr for m in view_of.members}, 30.0, "n2 back", ok=lambda g: g == {d.addr for d in ds}
-        )
+        await until_view(view_of, "n2 back", [d.addr for d in ds])
         await until_async(
             lambda: _post(n0.admin)["orphans_dropped"], 60.0, "the orphans dropped", ok=lambda n: n == 64
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 
 from cluster.cluster_etcd import free_port
-from polling import until_async
+from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
 
@@ -74,13 +74,8 @@ async def _scene(start_daemon, tmp_path):
 
 async def _passes_after_now(admin: str, k: int) -> None:
     """Wait until ``k`` more repair passes ended on ``admin``'s node."""
-    start = _metric(admin, "tierkv_repair_passes_total")
-    await until_async(
-        lambda: _metric(admin, "tierkv_repair_passes_total"),
-        60.0,
-        f"{k} repair passes",
-        ok=lambda p: p >= start + k,
-        interval_s=0.2,
+    await until_grown_async(
+        lambda: _metric(admin, "tierkv_repair_passes_total"), k, 60.0, f"{k} repair passes", interval_s=0.2
     )
 
 

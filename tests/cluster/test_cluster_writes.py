@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from cluster.cluster_hosts import TENANT_NS
+from cluster.static_cluster import dram_cluster
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
@@ -17,9 +18,7 @@ FAST = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=0.5, p
 
 
 async def test_cluster_put_counts_under_replicated_and_dropped_blocks(start_daemon):
-    ds = [start_daemon(use_disk=False) for _ in range(3)]
-    c = ClusterClient.static([d.addr for d in ds], FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
-    await c.start(2.0)
+    ds, c = await dram_cluster(start_daemon, 3, FAST, ClusterConfig(replicas=2, probe_interval_s=0.1))
     r = await c.put(make_blocks(10, 4096, seed=1, ns=NS), 2.0)
     assert (r.stored, r.dropped, r.under_replicated, r.node_failures) == (10, 0, 0, 0)
     assert r.copies == [2] * 10

@@ -4,9 +4,10 @@ that is down is not, and the report says the write is under-replicated."""
 
 from __future__ import annotations
 
+from cluster.static_cluster import dram_cluster
 from storeutil import make_blocks
 
-from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.cluster import ClusterConfig
 from kvstore.client.node import ClientConfig
 from kvstore.keys import Namespace
 
@@ -15,9 +16,7 @@ FAST = ClientConfig(namespaces=(NS,), op_timeout_s=2.0, connect_timeout_s=0.5, p
 
 
 async def test_a_write_goes_to_a_node_out_for_slowness_when_the_view_is_short(start_daemon):
-    ds = [start_daemon(use_disk=False) for _ in range(2)]
-    c = ClusterClient.static([d.addr for d in ds], FAST, ClusterConfig(replicas=2, eject_base_s=60))
-    await c.start(2.0)
+    ds, c = await dram_cluster(start_daemon, 2, FAST, ClusterConfig(replicas=2, eject_base_s=60))
     c.health.eject(ds[0].addr, "outlier")  # slow, not broken: its connection is up
     assert c.live_addrs() == [ds[1].addr]
     r = await c.put(make_blocks(6, 4096, seed=1, ns=NS), 2.0)

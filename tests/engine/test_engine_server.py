@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from daemonutil import stop_process
 from polling import until
 from ports import free_port
 from scraping import scrape
@@ -40,19 +41,11 @@ def start_server(model_dir: str, *extra: str):
         time.sleep(0.1)
 
 
-def stop_server(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     base, proc = start_server(tiny_model_dir("llama-tiny"))
     yield base
-    stop_server(proc)
+    stop_process(proc, 10.0)
 
 
 @pytest.fixture(autouse=True)
@@ -218,7 +211,7 @@ def test_engine_server_with_memory_connector(tiny_model_dir):
         with urllib.request.urlopen(base + "/health?check_pool=true", timeout=10) as r:
             assert json.loads(r.read())["pool"] == "ok"
     finally:
-        stop_server(proc)
+        stop_process(proc, 10.0)
 
 
 def test_engine_server_default_max_tokens_fits_the_context(client):

@@ -13,7 +13,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from daemonutil import launch_daemon
+from daemonutil import launch_daemon, stop_process
 from polling import until
 
 from tests.vllm import vllmutil
@@ -86,12 +86,7 @@ class Server:
         )
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 60.0)
 
 
 def _replay(server: Server, replies: list[str] | None, stats=None) -> list[tuple[str, int, int, float]]:
