@@ -100,7 +100,7 @@ def test_lookup_explains_a_namespace_mismatch(cli, cli_model, start_daemon, put_
 
 
 def test_lookup_sees_what_an_engine_saved_through_the_connector(cli, cli_model, start_daemon):
-    from connutil import make_engine, run
+    from connutil import open_engine, run
 
     from kvstore.inspect.prompt import prompt_tokens
 
@@ -110,12 +110,9 @@ def test_lookup_sees_what_an_engine_saved_through_the_connector(cli, cli_model, 
     assert prompt_tokens(cli_model, TEXT, chat=False)[: len(tokens)] == tokens
 
     async def store():
-        a = make_engine(cli_model, f"kvstore://{d.addr}?lookup_deadline_s=5&policy=always")
-        try:
+        async with open_engine(cli_model, f"kvstore://{d.addr}?lookup_deadline_s=5&policy=always") as a:
             await run(a, tokens)
             assert await a.connector.flush()
-        finally:
-            await a.stop()
 
     asyncio.run(store())
     j = cli("lookup", "--model", cli_model, TEXT, "--node", d.admin, "--json").json()

@@ -5,9 +5,8 @@ first stored, even with one node killed, and its output equals the no-cache refe
 from __future__ import annotations
 
 import pytest
-import torch
-from connutil import make_engine, reference, run
-from polling import until_async
+from cluster.cluster_etcd import until_view
+from connutil import random_prompt, run_fresh, store_cold
 
 pytestmark = pytest.mark.heavy
 
@@ -18,35 +17,21 @@ def model_dir(tiny_model_dir):
     return tiny_model_dir("llama-gqa4")
 
 
-def _prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(6, 250, (n,), generator=g).tolist()
-
-
 async def _store_then_hit(model_dir: str, url: str, prompt: list[int], between=None) -> int:
-    ref = reference(model_dir, prompt)
-    a = make_engine(model_dir, url)
-    try:
-        toks, cached = await run(a, prompt)
-        assert toks == ref and cached == 0
-        assert await a.connector.flush()
-    finally:
-        await a.stop()
+    """``prompt`` stored cold through ``url`` (its output the reference's), ``between()``, then
+    run on a fresh engine: its output the reference's again; the tokens it had cached."""
+    ref, _ = await store_cold(model_dir, url, prompt)
     if between is not None:
         between()
-    b = make_engine(model_dir, url)
-    try:
-        toks, cached = await run(b, prompt)
-        assert toks == ref
-        return cached
-    finally:
-        await b.stop()
+    toks, cached = await run_fresh(model_dir, url, prompt)
+    assert toks == ref
+    return cached
 
 
 async def test_cluster_engine_kvstore_url_survives_a_killed_node(model_dir, start_daemon):
     ds = [start_daemon(use_disk=False) for _ in range(3)]
     url = "kvstore://" + ",".join(d.addr for d in ds) + "?replicas=2&policy=always&lookup_deadline_s=5"
-    cached = await _store_then_hit(model_dir, url, _prompt(150, 3), between=ds[0].kill9)
+    cached = await _store_then_hit(model_dir, url, random_prompt(150, 3), between=ds[0].kill9)
     assert cached == 144  # every block had a copy on a surviving node
 
 
@@ -57,9 +42,7 @@ async def test_cluster_engine_etcd_url(model_dir, start_daemon, etcd):
 
     m = EtcdMembership(join)
     await m.start()
-    await until_async(
-        lambda: m.members, 15.0, "every node a member", ok=lambda got: len(got) == len(ds), interval_s=0.1
-    )
+    await until_view(m, "every node a member", [d.addr for d in ds], deadline_s=15.0)
     await m.close()
     url = f"{join}?replicas=2&policy=always&lookup_deadline_s=5"
-    assert await _store_then_hit(model_dir, url, _prompt(150, 4)) == 144
+    assert await _store_then_hit(model_dir, url, random_prompt(150, 4)) == 144
