@@ -10,6 +10,7 @@ from pathlib import Path
 
 from daemonutil import Daemon
 from ports import free_port
+from storeutil import write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
 from kvstore.client.node import ClientConfig, NodeClient
@@ -41,6 +42,26 @@ class StaticCluster:
         """Member ``i`` again, on its address and work dir (``daemons[i]`` is the new one)."""
         self.daemons[i] = self._launch(i)
         return self.daemons[i]
+
+
+async def held(addr: str, keys, cfg: ClientConfig) -> list[bool]:
+    """Per key whether the node at ``addr`` holds it (that it answered is asserted)."""
+    n = NodeClient(addr, cfg)
+    try:
+        tiers = (await n.lookup(keys, 5.0)).names()
+        assert n.up, f"{addr} did not answer"
+        return [t is not None for t in tiers]
+    finally:
+        await n.close()
+
+
+async def put_to(addr: str, blocks, cfg: ClientConfig) -> None:
+    """Write ``blocks`` to the node at ``addr`` alone, each one stored (asserted)."""
+    n = NodeClient(addr, cfg)
+    try:
+        await write_all(n, blocks, 10.0)
+    finally:
+        await n.close()
 
 
 async def copies(addrs: list[str], keys, cfg: ClientConfig) -> list[int]:

@@ -10,10 +10,11 @@ import sys
 import urllib.request
 
 from cluster.cluster_etcd import free_port
+from cluster.static_cluster import held, put_to
 from polling import until_async
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig
 from kvstore.client.placement import Node, rank
 from kvstore.keys import Namespace
 
@@ -42,20 +43,11 @@ def _counter(admin: str, name: str) -> float:
 
 
 async def _held(addr: str, keys) -> list[bool]:
-    n = NodeClient(addr, CFG)
-    try:
-        return [t is not None for t in (await n.lookup(keys, 5.0)).names()]
-    finally:
-        await n.close()
+    return await held(addr, keys, CFG)
 
 
 async def _put(addr: str, blocks) -> None:
-    n = NodeClient(addr, CFG)
-    try:
-        res = await n.put(blocks, 10.0)
-        assert [r.status.ok for r in res] == [True] * len(blocks), [r.status.name for r in res]
-    finally:
-        await n.close()
+    await put_to(addr, blocks, CFG)
 
 
 async def test_cluster_orphans_a_child_whose_parent_another_node_evicted_goes_at_the_next_pass(

@@ -15,12 +15,13 @@ import signal
 import urllib.request
 
 from cluster.cluster_etcd import until_view
+from cluster.static_cluster import held, put_to
 from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
 
 from kvstore.client.etcd_membership import EtcdMembership
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import ClientConfig
 from kvstore.client.placement import Node, rank
 from kvstore.keys import Namespace
 
@@ -33,21 +34,11 @@ def _counter(admin: str, name: str) -> float:
 
 
 async def _held(addr: str, keys) -> list[bool]:
-    n = NodeClient(addr, CFG)
-    try:
-        tiers = (await n.lookup(keys, 5.0)).names()
-        assert n.up, f"{addr} did not answer"
-        return [t is not None for t in tiers]
-    finally:
-        await n.close()
+    return await held(addr, keys, CFG)
 
 
 async def _put(addr: str, blocks) -> None:
-    n = NodeClient(addr, CFG)
-    try:
-        assert [r.status.ok for r in await n.put(blocks, 10.0)] == [True] * len(blocks)
-    finally:
-        await n.close()
+    await put_to(addr, blocks, CFG)
 
 
 async def _passes(admin: str, k: int) -> None:

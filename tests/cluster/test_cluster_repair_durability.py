@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 
 from cluster.cluster_etcd import free_port
+from cluster.static_cluster import held
 from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
@@ -36,13 +37,7 @@ def _metric(admin: str, name: str) -> float:
 
 
 async def _held(addr: str, keys) -> int:
-    n = NodeClient(addr, CFG)
-    try:
-        tiers = (await n.lookup(keys, 5.0)).names()
-        assert n.up, f"{addr} did not answer"
-        return sum(t is not None for t in tiers)
-    finally:
-        await n.close()
+    return sum(await held(addr, keys, CFG))
 
 
 def _blocks():
