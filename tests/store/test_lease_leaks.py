@@ -10,9 +10,10 @@ after its memory keys were leased. Real NodeStore over real DRAM and LMDB tiers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
-from storeutil import flip_byte_in_file, make_blocks, settle, tiers_of
+from storeutil import checked, make_blocks, on_disk_only, settle, tiers_of
 
 from kvstore.client.local import LocalClient
 from kvstore.keys import KeyBatch
@@ -22,20 +23,19 @@ from kvstore.results import Status
 MiB = 1 << 20
 
 
-async def _disk_then_dram(cfg, corrupt: bool):
+@contextlib.asynccontextmanager
+async def _disk_then_dram(cfg_factory, corrupt: bool):
     """A node with block ``a`` on disk only (its payload corrupt when ``corrupt``) and block
-    ``b`` in DRAM."""
+    ``b`` in DRAM: ``(node, a, b)``, the node checked and closed as ``storeutil.checked``'s."""
+    cfg = cfg_factory(
+        dram__capacity="32MiB", dram__slab_size="16MiB", disk__capacity="256MiB", disk__sync=True
+    )
     [a] = make_blocks(1, nbytes=8 * MiB, seed=11)
     [b] = make_blocks(1, nbytes=64 * 1024, seed=12)
-    node = await NodeStore.open(cfg)
-    await node.writer.put([a])
-    await node.close()
-    if corrupt:
-        flip_byte_in_file(f"{cfg.disk.path}/data.mdb", a[1][:4096])
-    node = await NodeStore.open(cfg)  # DRAM empty: ``a`` is on disk only
-    await node.writer.put([b])
-    assert tiers_of(node, [a[0].key, b[0].key]) == ["disk", "dram"]
-    return node, a, b
+    async with checked(await on_disk_only(cfg, [a], flip=a[1][:4096] if corrupt else None)) as node:
+        await node.writer.put([b])
+        assert tiers_of(node, [a[0].key, b[0].key]) == ["disk", "dram"]
+        yield node, a, b
 
 
 async def _sweeping_until(node: NodeStore, task: asyncio.Future) -> None:
@@ -46,11 +46,7 @@ async def _sweeping_until(node: NodeStore, task: asyncio.Future) -> None:
 
 
 async def test_a_packed_lease_swept_during_a_failed_disk_read_takes_no_holds(cfg_factory):
-    cfg = cfg_factory(
-        dram__capacity="32MiB", dram__slab_size="16MiB", disk__capacity="256MiB", disk__sync=True
-    )
-    node, a, b = await _disk_then_dram(cfg, corrupt=True)
-    try:
+    async with _disk_then_dram(cfg_factory, corrupt=True) as (node, a, b):
         task = asyncio.ensure_future(node.leaser.lease_packed(KeyBatch.of([a[0].key, b[0].key]), ttl_s=1e-9))
         await _sweeping_until(node, task)
         p = task.result()
@@ -59,18 +55,11 @@ async def test_a_packed_lease_swept_during_a_failed_disk_read_takes_no_holds(cfg
         assert not node.state.leases.held(b[0].key.raw), "a swept packed lease left a hold on a DRAM block"
         await node.delete([b[0].key])
         assert b[0].key.raw not in node.state.doomed, "the deleted block stays doomed for good"
-        node.check()
-    finally:
-        await node.close()
 
 
 @pytest.mark.parametrize("how", ["cancel", "wait_for"])
 async def test_a_read_cancelled_during_a_disk_read_releases_its_memory_leases(cfg_factory, how):
-    cfg = cfg_factory(
-        dram__capacity="32MiB", dram__slab_size="16MiB", disk__capacity="256MiB", disk__sync=True
-    )
-    node, a, b = await _disk_then_dram(cfg, corrupt=False)
-    try:
+    async with _disk_then_dram(cfg_factory, corrupt=False) as (node, a, b):
         keys = [b[0].key, a[0].key]  # the DRAM block first, leased before the disk read starts
         bufs = [bytearray(len(b[1])), bytearray(len(a[1]))]
         if how == "cancel":
@@ -86,17 +75,10 @@ async def test_a_read_cancelled_during_a_disk_read_releases_its_memory_leases(cf
         assert not node.state.leases.held(b[0].key.raw), "a cancelled read left its DRAM lease held"
         assert node.state.leases.leases == {}, "a cancelled read left leases in the table"
         await settle(node)  # the abandoned disk read is over
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_a_lease_cancelled_during_a_disk_read_releases_its_memory_leases(cfg_factory):
-    cfg = cfg_factory(
-        dram__capacity="32MiB", dram__slab_size="16MiB", disk__capacity="256MiB", disk__sync=True
-    )
-    node, a, b = await _disk_then_dram(cfg, corrupt=False)
-    try:
+    async with _disk_then_dram(cfg_factory, corrupt=False) as (node, a, b):
         task = asyncio.ensure_future(node.leaser.lease([b[0].key, a[0].key], ttl_s=3600))
         while not node.state.leases.held(b[0].key.raw):
             await asyncio.sleep(0)
@@ -105,9 +87,6 @@ async def test_a_lease_cancelled_during_a_disk_read_releases_its_memory_leases(c
             await task
         assert not node.state.leases.held(b[0].key.raw), "a cancelled lease call left its DRAM lease held"
         await settle(node)
-        node.check()
-    finally:
-        await node.close()
 
 
 async def test_check_finds_a_hold_no_lease_or_copy_accounts_for(node):
