@@ -210,20 +210,16 @@ class RawPeer:
         self._rid = 0
 
     def hello(self, token: str, ns: Namespace) -> dict[str, Any]:
-        self.send(
-            frame(
-                {
-                    "op": "HELLO",
-                    "rid": 0,
-                    "v": P.PROTOCOL_VERSION,
-                    "token": token,
-                    "ns": [P.namespace_to_wire(ns)],
-                }
-            )
-        )
-        reply = self.reply()
+        """HELLO with ``ns``: its reply, asserted ok."""
+        reply = self.hello_reply(token, [ns])
         assert reply.get("ok"), reply
         return reply
+
+    def hello_reply(self, token: str, nss: list[Namespace]) -> dict[str, Any]:
+        """HELLO with the namespaces ``nss``: its reply, whatever it says."""
+        hello = {"op": "HELLO", "rid": 0, "v": P.PROTOCOL_VERSION, "token": token}
+        self.send(frame({**hello, "ns": [P.namespace_to_wire(n) for n in nss]}))
+        return self.reply()
 
     def request(self, header: dict[str, Any], plen: int = 0) -> None:
         """Send a request's header (and announce ``plen`` payload bytes, not sent here)."""

@@ -6,10 +6,9 @@ capped (``limits.max_namespaces_per_tenant``), a HELLO past the cap refused with
 from __future__ import annotations
 
 import pytest
-from daemonutil import RawPeer, frame
+from daemonutil import RawPeer
 from polling import until
 
-from kvstore import protocol as P
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.keys import Namespace
 from kvstore.results import Status
@@ -71,18 +70,7 @@ async def test_fresh_namespaces_do_not_evict_another_tenants_share(tenants, ns, 
 def hello_many(d, token, nss) -> dict:
     p = RawPeer(d.data_port)
     try:
-        p.send(
-            frame(
-                {
-                    "op": "HELLO",
-                    "rid": 0,
-                    "v": P.PROTOCOL_VERSION,
-                    "token": token,
-                    "ns": [P.namespace_to_wire(n) for n in nss],
-                }
-            )
-        )
-        return p.reply()
+        return p.hello_reply(token, nss)
     finally:
         p.close()
 
