@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -31,6 +33,23 @@ def smol_dir(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("smollm2"))
     assert main(["import-gguf", path, out]) == 0
     return out
+
+
+@pytest.fixture
+def cli_error_line():
+    """``cli_error_line(*args) -> str``: ``kvengine ARGS`` in a real process exits with status 2
+    and one line on stderr (both asserted): that line."""
+
+    def run(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, out.stderr
+        return lines[0]
+
+    return run
 
 
 @pytest.fixture

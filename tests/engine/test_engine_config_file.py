@@ -4,9 +4,6 @@ setting names its key and source and is one line with status 2 (issue #14)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from engine.cli import build_parser, load_settings, main
@@ -113,16 +110,9 @@ def test_main_reports_a_bad_setting_in_one_line_with_status_2(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("kvengine: error: engine.kv_cache_bytes: '12XB'"), err
 
 
-def test_serve_bad_size_is_one_line_and_status_2_in_a_real_process(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "serve", "--model", str(tmp_path), "--kv-cache-bytes", "512K"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "engine.kv_cache_bytes: '512K' is not a size" in lines[0], out.stderr
+def test_serve_bad_size_is_one_line_and_status_2_in_a_real_process(tmp_path, cli_error_line):
+    line = cli_error_line("serve", "--model", str(tmp_path), "--kv-cache-bytes", "512K")
+    assert "engine.kv_cache_bytes: '512K' is not a size" in line, line
 
 
 def test_generate_runs_from_a_config_file(tiny_model_dir, tmp_path, capsys):
