@@ -52,6 +52,16 @@ def salted(d, ns):
         p.close()
 
 
+async def _one_transfer_timeout(d) -> None:
+    """Await the daemon's count of transfer timeouts at exactly one."""
+    await until_async(
+        lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
+        30.0,
+        "one transfer timeout counted",
+        ok=lambda n: n == 1,
+    )
+
+
 async def _served(c: NodeClient, blocks) -> None:
     """``c`` reads every block of ``blocks`` back whole."""
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
@@ -75,12 +85,7 @@ async def test_a_reader_that_stalls_mid_stream_costs_only_its_connection(daemon,
     assert list(rep["st"]) == [int(Status.HIT)] * 8
     stalled.exact(100 << 10)  # then it stops reading, inside the first block
     await _served(c, blocks)  # another connection is served while the stream is stuck
-    await until_async(
-        lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
-        30.0,
-        "one transfer timeout counted",
-        ok=lambda n: n == 1,
-    )
+    await _one_transfer_timeout(d)
     assert await asyncio.get_running_loop().run_in_executor(None, stalled.closed_by_peer)
     # its leases went with the connection: the blocks delete, and their room takes new ones
     assert await c.delete([h.key for h, _ in blocks]) == [True] * 8
@@ -140,12 +145,7 @@ async def test_a_pipelined_get_flood_whose_replies_are_never_read_is_closed(daem
     flood.hello(TOK, ns)
     flood.flood(b"".join(frame({"op": "GET", "rid": i + 1, "keys": h.key.raw}) for i in range(256)))
     await _served(c, [(h, p)])
-    await until_async(
-        lambda: scrape_value_async(d.admin, "tierkv_timeouts_total", OP, 0.0, kind="transfer"),
-        30.0,
-        "one transfer timeout counted",
-        ok=lambda n: n == 1,
-    )
+    await _one_transfer_timeout(d)
     await until_async(
         lambda: scrape_value_async(d.admin, "tierkv_connections", OP),
         30.0,
