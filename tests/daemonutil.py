@@ -207,6 +207,7 @@ class RawPeer:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(timeout)
         self.sock.connect(("127.0.0.1", port))
+        self.port = port
         self._rid = 0
 
     def hello(self, token: str, ns: Namespace) -> dict[str, Any]:
@@ -237,6 +238,13 @@ class RawPeer:
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def until_read(self, what: str, deadline_s: float = 20.0) -> None:
+        """Wait until the daemon has read every byte sent on this connection (nothing left in
+        its receive queue): ``what`` names it in the failure."""
+        until(
+            lambda: unread_bytes(self.port, self.sock.getsockname()[1]), deadline_s, what, ok=lambda n: n == 0
+        )
 
     def exact(self, n: int) -> bytes:
         buf = bytearray()

@@ -6,7 +6,7 @@ request, its reply included, has a deadline; a GET never sends a slot whose leas
 from __future__ import annotations
 
 import pytest
-from daemonutil import RawPeer, frame, rss_bytes, unread_bytes
+from daemonutil import RawPeer, frame, rss_bytes
 from polling import until
 from scraping import scrape
 
@@ -119,12 +119,7 @@ def test_a_get_never_sends_a_slot_whose_lease_lapsed(start_daemon, ns, blocks_of
     assert writer.reply()["tiers"] == b"\x02" + b"\x03" * 12
     reader.request({"op": "GET", "keys": b"".join([ha.key.raw] + [h.key.raw for h, _ in bs])})
     # once the daemon has read the GET it has leased A (no await before): now delete and reuse
-    until(
-        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
-        20.0,
-        "the GET read by the daemon",
-        ok=lambda n: n == 0,
-    )
+    reader.until_read("the GET read by the daemon")
     writer.request({"op": "DELETE", "keys": ha.key.raw})
     writer.request({"op": "PUT", "hdrs": [hc.encode()]}, plen=len(pc))
     writer.send(pc)

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from daemonutil import RawPeer, frame, unread_bytes
+from daemonutil import RawPeer, frame
 from polling import until
 from scraping import scrape
 
@@ -56,12 +56,7 @@ def _put(p: RawPeer, h, payload: bytes) -> dict:
 def _both_read(d, reader: RawPeer) -> None:
     """Wait until the daemon has read the reader's two GETs: the second is then prepared (its
     lease taken with no await after its header), its reply queued behind the first's."""
-    until(
-        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
-        20.0,
-        "both GETs read by the daemon",
-        ok=lambda n: n == 0,
-    )
+    reader.until_read("both GETs read by the daemon")
     time.sleep(0.3)
 
 
@@ -216,12 +211,7 @@ def test_stop_does_not_cut_a_request_that_began_after_the_reader_was_judged_idle
     reader = RawPeer(d.data_port, rcvbuf=64 << 10, timeout=30)
     reader.hello("", ns)
     reader.send(frame({"op": "GET", "rid": 1, "keys": b"".join(h.key.raw for h, _ in blocks[:4])}))
-    until(
-        lambda: unread_bytes(d.data_port, reader.sock.getsockname()[1]),
-        20.0,
-        "the GET read by the daemon",
-        ok=lambda n: n == 0,
-    )
+    reader.until_read("the GET read by the daemon")
     time.sleep(0.3)  # its reply waits on this reader; the connection reads no request
     d.signal(signal.SIGTERM)
     time.sleep(0.5)  # the daemon is stopping: this connection closes once its reply has left
