@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgpack
 
@@ -29,23 +29,38 @@ async def serve(
     replaces fields); any other request ``h`` with ``answer(h)``: (bytes to write, close the
     connection after them), or None to write nothing."""
 
+    async def reply(h: dict, writer: asyncio.StreamWriter) -> bool:
+        out = answer(h)
+        if out is None:
+            return False
+        data, close = out
+        writer.write(data)
+        return close
+
+    return await serve_with(reply, hello)
+
+
+async def serve_with(
+    behaviour: Callable[[dict, asyncio.StreamWriter], Awaitable[bool | None]], hello: dict | None = None
+) -> tuple[asyncio.AbstractServer, int]:
+    """:func:`serve` for a stub that writes as it goes (parts, pauses): every request ``h``
+    but HELLO (its payload, if any, read and dropped) is ``await behaviour(h, writer)``, which
+    returns True to close the connection after what it wrote."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 (n,) = struct.unpack(">I", await reader.readexactly(4))
                 h = msgpack.unpackb(await reader.readexactly(n), raw=False)
+                if h.get("plen"):
+                    await reader.readexactly(h["plen"])
                 if h["op"] == "HELLO":
                     welcome = {"rid": h["rid"], "ok": True, "v": P.PROTOCOL_VERSION, "tenant": "", "salt": ""}
                     writer.write(frame({**welcome, "ns": [], "max_frame": 1 << 26, **(hello or {})}))
-                else:
-                    out = answer(h)
-                    if out is not None:
-                        data, close = out
-                        writer.write(data)
-                        if close:
-                            await writer.drain()
-                            writer.close()
-                            return
+                elif await behaviour(h, writer):
+                    await writer.drain()
+                    writer.close()
+                    return
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

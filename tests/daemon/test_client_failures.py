@@ -8,53 +8,14 @@ import asyncio
 import socket
 import struct
 
-import msgpack
 import numpy as np
+from stubpeer import frame, serve_with
 
 from kvstore import protocol as P
 from kvstore.block import make_header
 from kvstore.client.node import ClientConfig, NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
-
-
-def _frame(h: dict) -> bytes:
-    body = msgpack.packb(h, use_bin_type=True)
-    return struct.pack(">I", len(body)) + body
-
-
-async def _stub(behaviour) -> tuple[asyncio.AbstractServer, int]:
-    """A peer speaking just enough protocol: HELLO ok, then ``behaviour(reader, writer)``."""
-
-    async def handle(reader, writer):
-        try:
-            while True:
-                (n,) = struct.unpack(">I", await reader.readexactly(4))
-                h = msgpack.unpackb(await reader.readexactly(n), raw=False)
-                if h.get("plen"):
-                    await reader.readexactly(h["plen"])
-                if h["op"] == "HELLO":
-                    writer.write(
-                        _frame(
-                            {
-                                "rid": h["rid"],
-                                "ok": True,
-                                "v": P.PROTOCOL_VERSION,
-                                "tenant": "",
-                                "salt": "",
-                                "ns": [],
-                                "max_frame": 1 << 26,
-                            }
-                        )
-                    )
-                    await writer.drain()
-                else:
-                    await behaviour(h, writer)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
 
 
 def _block(ns, size):
@@ -77,7 +38,7 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
 
     async def half_then_stall(req, writer):
         writer.write(
-            _frame(
+            frame(
                 {
                     "rid": req["rid"],
                     "ok": True,
@@ -91,7 +52,7 @@ async def test_stall_mid_payload_is_a_timeout_and_the_buffer_is_left_alone(ns):
         await asyncio.sleep(0.8)  # just past the client's deadline
         writer.write(payload[1 << 20 :])  # would land in the caller's buffer if we were careless
 
-    server, port = await _stub(half_then_stall)
+    server, port = await serve_with(half_then_stall)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=0.5, probe_interval_s=60))
     buf = np.zeros(4 << 20, np.uint8)
     (g,) = await get_into(c, [h.key], [buf])
@@ -112,7 +73,7 @@ async def test_garbage_reply_is_a_miss_not_an_exception(ns):
         writer.write(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")
         await writer.drain()
 
-    server, port = await _stub(garbage)
+    server, port = await serve_with(garbage)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1, probe_interval_s=60))
     assert [g.status for g in await get_into(c, [h.key], [bytearray(1000)])] == [Status.ERROR]
     await c.close()
@@ -125,7 +86,7 @@ async def test_corrupt_payload_is_detected_by_the_client(ns):
 
     async def corrupt(req, writer):
         writer.write(
-            _frame(
+            frame(
                 {
                     "rid": req["rid"],
                     "ok": True,
@@ -137,7 +98,7 @@ async def test_corrupt_payload_is_detected_by_the_client(ns):
         )
         await writer.drain()
 
-    server, port = await _stub(corrupt)
+    server, port = await serve_with(corrupt)
     c = NodeClient(f"127.0.0.1:{port}", ClientConfig(namespaces=(ns,), op_timeout_s=1))
     (g,) = await get_into(c, [h.key], [bytearray(1000)])
     assert g.status is Status.CORRUPT and c.counters["corrupt"] == 1 and c.up
