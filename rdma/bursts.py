@@ -73,7 +73,7 @@ def advance(views: list[memoryview], i: int, n: int) -> int:
 class Landing:
     """Where a receive into several views stands: it fills ``views`` in order, each exactly.
 
-    ``hasher`` (a factory such as ``xxhash.xxh3_64``): each view's digest is computed as its
+    ``hasher`` (a factory such as ``kvstore.block.payload_hasher``): each view's digest is computed as its
     bytes land (each received run hashed at once, while it is still in this core's cache), and
     ``digests[i]`` is set when view ``i`` is full. ``then``: called on the last view once it is
     full, by the thread that received its last bytes; its result is ``result``. Owned by one

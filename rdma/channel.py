@@ -269,7 +269,7 @@ class SocketChannel:
     ) -> list[int | None]:
         """Fill each of ``views`` exactly, in order, as one transfer: one hand-off to a worker
         (when offloaded) for the whole batch, not one per view, and ``recvmsg_into`` into
-        several views per syscall. With ``hasher`` (``xxhash.xxh3_64``) returns each view's
+        several views per syscall. With ``hasher`` (``kvstore.block.payload_hasher``) returns each view's
         digest, computed as its bytes land; else Nones. ConnectionError on EOF or reset."""
         land = Landing([memoryview(v).cast("B") for v in views], hasher)
         await self._receive(land)

@@ -27,10 +27,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from xxhash import xxh3_64
-
 from kvstore import protocol as P
-from kvstore.block import BlockHeader, Expect, check_block
+from kvstore.block import BlockHeader, Expect, check_block, payload_hasher
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import tier_names
 from kvstore.results import GetResults, PutResult, Status
@@ -200,7 +198,7 @@ class Conn:
         lens = [blocks[i].payload_len for i in hits]
         if any(n > views[i].nbytes for i, n in zip(hits, lens)):
             raise P.bad("GET reply sent a payload larger than the buffer")
-        digests = await self.ch.recv_views([views[i][:n] for i, n in zip(hits, lens)], xxh3_64)
+        digests = await self.ch.recv_views([views[i][:n] for i, n in zip(hits, lens)], payload_hasher)
         self.bytes_in += reply.plen
         codes = bytearray(reply.codes)
         digest_of = dict(zip(hits, digests))
