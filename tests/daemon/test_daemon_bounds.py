@@ -18,12 +18,9 @@ OP = "tok-operator1"
 
 
 @pytest.fixture
-def daemon(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK} alpha\n{OP} *\n")
-
+def daemon(authed_daemon):
     def start(server=None, **limits):
-        return start_daemon(auth={"token_file": str(f)}, limits=limits, server=server or {})
+        return authed_daemon({TOK: "alpha", OP: "*"}, limits=limits, server=server or {})
 
     return start
 

@@ -23,16 +23,12 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def tenants(start_daemon, tmp_path):
+def tenants(authed_daemon):
     """Tenants alpha (TOK_A) and beta (TOK_B); salts are tenant names (no secret file)."""
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\ntok-operator1 *\n")
 
     def start(use_disk: bool = True, workdir=None, **sections):
-        cfg = {"auth": {"token_file": str(f)}}
-        for sec, vals in sections.items():
-            cfg.setdefault(sec, {}).update(vals)
-        return start_daemon(use_disk=use_disk, workdir=workdir, **cfg)
+        tokens = {TOK_A: "alpha", TOK_B: "beta", "tok-operator1": "*"}
+        return authed_daemon(tokens, use_disk, workdir=workdir, **sections)
 
     return start
 

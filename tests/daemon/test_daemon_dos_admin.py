@@ -18,12 +18,9 @@ TOK_OP = "tok-operator1"
 
 
 @pytest.fixture
-def admin(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"tok-tenant-a1 alpha\n{TOK_OP} *\n")
-
+def admin(authed_daemon):
     def start(**limits):
-        return start_daemon(auth={"token_file": str(f)}, limits=limits)
+        return authed_daemon({"tok-tenant-a1": "alpha", TOK_OP: "*"}, limits=limits)
 
     return start
 

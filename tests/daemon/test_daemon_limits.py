@@ -23,12 +23,9 @@ OP = "tok-operator1"
 
 
 @pytest.fixture
-def limited(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n{OP} *\n")
-
+def limited(authed_daemon):
     def start(use_disk: bool = True, **limits):
-        return start_daemon(use_disk=use_disk, auth={"token_file": str(f)}, limits=limits)
+        return authed_daemon({TOK_A: "alpha", TOK_B: "beta", OP: "*"}, use_disk, limits=limits)
 
     return start
 

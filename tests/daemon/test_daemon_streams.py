@@ -23,17 +23,10 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def daemon(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK} alpha\n{OP} *\n")
-
+def daemon(authed_daemon):
     def start(**limits):
-        return start_daemon(
-            use_disk=False,
-            auth={"token_file": str(f)},
-            dram={"capacity": "128MiB", "slab_size": "4MiB"},
-            limits=limits,
-        )
+        dram = {"capacity": "128MiB", "slab_size": "4MiB"}
+        return authed_daemon({TOK: "alpha", OP: "*"}, use_disk=False, dram=dram, limits=limits)
 
     return start
 
