@@ -18,7 +18,6 @@ from kvstore.client.read import get_into
 from kvstore.results import Status
 
 TOK_A, TOK_B = "tok-tenant-a1", "tok-tenant-b1"
-TOKENS = f"{TOK_A} alpha\n{TOK_B} beta\n"
 BIG = 16 << 20
 TTL = 1.0
 
@@ -46,20 +45,14 @@ async def anchor(a: NodeClient, d, ns, blocks_of) -> None:
 
 
 @pytest.fixture
-def two_tenants(start_daemon, tmp_path):
+def two_tenants(authed_daemon):
     """Three 16 MiB slots of DRAM (one for headers), no disk, leases of one second."""
-    f = tmp_path / "tokens.txt"
-    f.write_text(TOKENS)
 
     def start(**sections):
-        cfg = {
-            "auth": {"token_file": str(f)},
-            "dram": {"capacity": "48MiB", "slab_size": "16MiB"},
-            "node": {"lease_ttl_s": TTL},
-        }
+        cfg = {"dram": {"capacity": "48MiB", "slab_size": "16MiB"}, "node": {"lease_ttl_s": TTL}}
         for sec, vals in sections.items():
             cfg.setdefault(sec, {}).update(vals)
-        return start_daemon(use_disk=False, **cfg)
+        return authed_daemon({TOK_A: "alpha", TOK_B: "beta"}, use_disk=False, **cfg)
 
     return start
 

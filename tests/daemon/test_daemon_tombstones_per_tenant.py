@@ -21,13 +21,10 @@ CAP = 128
 
 
 @pytest.fixture
-def daemon(start_daemon, tmp_path):
-    f = tmp_path / "tokens.txt"
-    f.write_text(f"{TOK_A} alpha\n{TOK_B} beta\n{TOK_OP} *\n")
-    wd = tmp_path / "node"
-
-    def start():
-        return start_daemon(workdir=wd, auth={"token_file": str(f)}, tombstones={"per_tenant": CAP})
+def daemon(authed_daemon, tmp_path):
+    def start():  # again on the same work dir: a restart
+        tokens = {TOK_A: "alpha", TOK_B: "beta", TOK_OP: "*"}
+        return authed_daemon(tokens, workdir=tmp_path / "node", tombstones={"per_tenant": CAP})
 
     return start
 
