@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from connector.config import ConnectorConfig
-from kvstore.client import Expect, GetResult, LookupResult, PutReport, PutResult, Status, StoreClient
+from kvstore.client import GetResult, LookupResult, PutReport, PutResult, Status, StoreClient
 from kvstore.client import open as open_store
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 
 if TYPE_CHECKING:
     from kvstore.client import BlockRead
+    from kvstore.client.read import ReadBuffers, ReadExpects, ReadKeys
 
 
 def store_url(cfg: ConnectorConfig) -> str:
@@ -73,11 +74,7 @@ class Backend:
         return LookupResult.empty(KeyBatch.of(keys))
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead:
         """Every key a miss (the arguments checked as every store checks them)."""
         from kvstore.client import filling  # the read module loads the connection code

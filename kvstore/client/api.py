@@ -26,10 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 from kvstore.block import BlockHeader
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
-from kvstore.results import Expect, PutResult
+from kvstore.results import PutResult
 
 if TYPE_CHECKING:
-    from kvstore.client.read import BlockRead  # its module imports the connection code
+    from kvstore.client.read import (  # its module imports the connection code
+        BlockRead,
+        ReadBuffers,
+        ReadExpects,
+        ReadKeys,
+    )
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,7 @@ class StoreClient(Protocol):
         ...
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead:
         """The one read: ``async with store.read(keys, bufs, expect) as r`` -- per key a result
         and, for a HIT, a view of its payload: lent store memory (in process: a leased DRAM

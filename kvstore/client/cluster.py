@@ -52,13 +52,13 @@ from kvstore.client.membership import Membership, StaticMembership
 from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
 from kvstore.client.placement import Node, RankCache
 from kvstore.client.rdma import ClientRdma
-from kvstore.client.read import BlockRead, filling
+from kvstore.client.read import BlockRead, ReadBuffers, ReadExpects, ReadKeys, filling
 from kvstore.client.readrepair import Repairer
 from kvstore.client.reads import ClusterReads
 from kvstore.client.writes import ClusterWrites
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
-from kvstore.results import Expect, Status
+from kvstore.results import Status
 
 log = logging.getLogger("kvstore.client")
 _RANK_CACHE_MAX = 1 << 17  # keys whose rendezvous order is kept (16 prompts of 128K tokens)
@@ -270,11 +270,7 @@ class ClusterClient:
     # ---------------------------------------------------------------- reads and writes
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead:
         """The one read (kvstore/client/read.py): each buffer filled from the first candidate
         node that has its block whole and verified, nothing lent (kvstore/client/reads.py)."""

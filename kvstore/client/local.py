@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvstore.block import BlockHeader, check_block
 from kvstore.client.api import PutReport
 from kvstore.client.conn import byte_view
-from kvstore.client.read import BlockRead, Filled, check_read
+from kvstore.client.read import BlockRead, Filled, ReadBuffers, ReadExpects, ReadKeys, check_read
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import TIER_CODES, LookupResult
 from kvstore.results import Expect, GetResult, PutResult, Status
@@ -121,11 +121,7 @@ class LocalClient:
             return LookupResult.empty(batch)
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead:
         """The one read (kvstore/client/read.py): blocks in DRAM are leased and lent in place
         (read-only views of their slots, zero copy) until the read is released or its lease

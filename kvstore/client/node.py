@@ -44,7 +44,7 @@ from kvstore.client.conn import Conn, byte_view
 from kvstore.client.leased import DescriptorPath
 from kvstore.client.pool import NodeConnections
 from kvstore.client.rdma import ClientRdma
-from kvstore.client.read import BlockRead, filling
+from kvstore.client.read import BlockRead, ReadBuffers, ReadExpects, ReadKeys, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
 from kvstore.results import Expect, GetResult, GetResults, PutResult, Status
@@ -88,11 +88,7 @@ class NodeClient(NodeConnections):
         return LookupResult.empty(batch) if isinstance(r, Status) else LookupResult.of(batch, r)
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead:
         """The one read (kvstore/client/read.py): fills ``bufs`` (nothing lent) by the
         descriptor path or the inline GET, as the module docstring says; the same results

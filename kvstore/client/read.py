@@ -31,6 +31,13 @@ from kvstore.client.conn import byte_view
 from kvstore.keys import BlockKey
 from kvstore.results import Expect, GetResult, Status
 
+# A read's arguments, named once for every client's ``read`` (and :func:`get_into`): the keys,
+# one writable buffer per key (a numpy array, bytearray or pinned tensor: anything
+# ``memoryview(buf).cast("B")`` takes), and at most one expectation per key (or none).
+ReadKeys = Sequence[BlockKey]
+ReadBuffers = Sequence[Any]
+ReadExpects = Sequence[Expect | None] | None
+
 # What a read's fill answers: results, views, which views are lent, and what releases them.
 Filled = tuple[Sequence[GetResult], Sequence[memoryview | None], Sequence[bool], Callable[[], None] | None]
 # What fills buffers: (keys, bufs, one expectation per key, deadline) -> one result per key.
@@ -54,11 +61,7 @@ class Readable(Protocol):
     """What :func:`get_into` reads from: any store client (kvstore/client/api.py), a node client."""
 
     def read(
-        self,
-        keys: Sequence[BlockKey],
-        bufs: Sequence[Any],
-        expect: Sequence[Expect | None] | None = None,
-        deadline_s: float | None = None,
+        self, keys: ReadKeys, bufs: ReadBuffers, expect: ReadExpects = None, deadline_s: float | None = None
     ) -> BlockRead: ...
 
 
