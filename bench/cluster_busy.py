@@ -37,7 +37,7 @@ from common import pct  # noqa: E402
 from slow_node import sample_view  # noqa: E402
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
-from kvstore.client.node import ClientConfig  # noqa: E402
+from kvstore.client.config import ClientConfig  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402
 
 NS = Namespace("bench-busy", "uint8", 4)

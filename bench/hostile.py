@@ -75,7 +75,8 @@ from hostile_attacks import (  # noqa: E402
     _hostile,
 )
 
-from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.config import ClientConfig  # noqa: E402
+from kvstore.client.node import NodeClient  # noqa: E402
 from kvstore.client.read import get_into  # noqa: E402
 from kvstore.results import Status  # noqa: E402
 

@@ -39,7 +39,8 @@ from pathlib import Path
 import common
 
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("bench-listing", "uint8", 4)

@@ -37,7 +37,8 @@ from pathlib import Path
 import common  # noqa: I001  (puts the repository and tests/ on the path)
 
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 

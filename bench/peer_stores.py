@@ -172,7 +172,8 @@ class Tierkv:
         self.clients: dict[int, object] = {}
 
     async def start(self) -> None:
-        from kvstore.client.node import ClientConfig, NodeClient
+        from kvstore.client.config import ClientConfig
+        from kvstore.client.node import NodeClient
 
         for s in self.streams:
             cfg = ClientConfig(namespaces=(self.ns,), pool_size=max(s, 1), streams=s, op_timeout_s=120)

@@ -33,7 +33,8 @@ from common import pct  # noqa: E402
 from storeutil import make_blocks  # noqa: E402 - tests/storeutil.py (common puts tests/ on the path)
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig  # noqa: E402
-from kvstore.client.node import ClientConfig, NodeClient  # noqa: E402
+from kvstore.client.config import ClientConfig  # noqa: E402
+from kvstore.client.node import NodeClient  # noqa: E402
 from kvstore.client.read import get_into  # noqa: E402
 from kvstore.config import parse_size  # noqa: E402
 from kvstore.keys import Namespace  # noqa: E402

@@ -103,7 +103,8 @@ def _sample(raw: dict, t: float, prev: dict) -> dict:
 
 
 async def _soak(a, addr: str, admin: str) -> list[dict]:
-    from kvstore.client.node import ClientConfig, NodeClient
+    from kvstore.client.config import ClientConfig
+    from kvstore.client.node import NodeClient
     from kvstore.client.read import get_into
     from kvstore.results import Status
 

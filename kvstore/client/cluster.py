@@ -45,11 +45,11 @@ import numpy as np
 
 from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
-from kvstore.client.config import ClusterConfig
+from kvstore.client.config import ClientConfig, ClusterConfig
 from kvstore.client.health import SLOW, Health
 from kvstore.client.lookup import Lookups
 from kvstore.client.membership import Membership, StaticMembership
-from kvstore.client.node import ClientConfig, NodeClient, tenant_namespace
+from kvstore.client.node import NodeClient, tenant_namespace
 from kvstore.client.placement import Node, RankCache
 from kvstore.client.rdma import ClientRdma
 from kvstore.client.read import BlockRead, ReadBuffers, ReadExpects, ReadKeys, filling

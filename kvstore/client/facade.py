@@ -107,9 +107,8 @@ def _local(url: str, path: str, opts: dict[str, Any]) -> StoreClient:
 def _cluster(url: str, scheme: str, target: str, opts: dict[str, Any]) -> StoreClient:
     from kvstore.address import parse_host_port
     from kvstore.client.cluster import ClusterClient
-    from kvstore.client.config import ClusterConfig
+    from kvstore.client.config import ClientConfig, ClusterConfig
     from kvstore.client.membership import MembershipError
-    from kvstore.client.node import ClientConfig
     from kvstore.errors import AddressError
 
     client_fields = typing.get_type_hints(ClientConfig)

@@ -33,17 +33,16 @@ on a host without a device raises TransportError at construction.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore import protocol as P
 from kvstore.block import BlockHeader
-from kvstore.client.config import ClientConfig
 from kvstore.client.conn import Conn, byte_view
 from kvstore.client.leased import DescriptorPath
 from kvstore.client.pool import NodeConnections
-from kvstore.client.rdma import ClientRdma
 from kvstore.client.read import BlockRead, ReadBuffers, ReadExpects, ReadKeys, filling
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.lookups import LookupResult
@@ -58,16 +57,12 @@ class NodeClient(NodeConnections):
     """Batched ops against one node, over its pool (kvstore/client/pool.py: the connections,
     the failure contract, ``rdma`` and ``late``). See the module docstring."""
 
-    def __init__(
-        self,
-        addr: str,
-        cfg: ClientConfig | None = None,
-        rdma: ClientRdma | None = None,
-        late: Callable[[str, str, float], None] | None = None,
-    ) -> None:
-        super().__init__(addr, cfg, rdma, late)
-        self._leased = DescriptorPath(addr, self.rdma, self.counters, self._run)
-        self._claimed = 0  # connections the GET/PUT calls in flight were split over (_striped)
+    _claimed: int = 0  # connections the GET/PUT calls in flight were split over (_striped)
+
+    @functools.cached_property
+    def _leased(self) -> DescriptorPath:
+        """The descriptor (RDMA-shaped) path over this pool, made on first use."""
+        return DescriptorPath(self.addr, self.rdma, self.counters, self._run)
 
     async def tenant_namespace(self, base: Namespace, deadline_s: float | None = None) -> Namespace | None:
         """``base`` salted for this client's tenant, as the node salts it; None when the node

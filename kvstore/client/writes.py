@@ -34,8 +34,7 @@ from typing import Any
 
 from kvstore.block import BlockHeader
 from kvstore.client.api import PutReport
-from kvstore.client.config import ClusterConfig
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig, ClusterConfig
 from kvstore.client.placement import rank
 from kvstore.client.route import Route
 from kvstore.keys import KeyBatch

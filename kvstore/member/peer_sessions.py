@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 
 PEER_TENANT = "*"  # a HELLO asking for a peer session (docs/protocol.md)
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 

@@ -6,7 +6,8 @@ import asyncio
 
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 

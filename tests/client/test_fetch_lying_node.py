@@ -15,7 +15,8 @@ from storeutil import remade
 from stubpeer import frame, serve
 
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.lookups import TIER_CODES

@@ -32,7 +32,8 @@ from ports import free_port
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

@@ -17,7 +17,7 @@ from cluster.cluster_etcd import Etcd, etcd_missing
 from cluster.cluster_netns import Host, Net
 from daemonutil import REPO, Daemon, _toml, wait_serving
 
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.keys import Namespace
 
 TOKEN, TENANT = "tok-cluster-test-0001", "acme"

@@ -13,7 +13,8 @@ from ports import free_port
 from storeutil import write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 
 REPAIR = {"replicas": 2, "interval_s": 0.5, "settle_s": 0.1, "batch_keys": 64}
 

@@ -21,7 +21,7 @@ from cluster.slowproxy import SlowProxy
 from storeutil import make_blocks, read_back
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.keys import Namespace
 
 pytestmark = pytest.mark.heavy

@@ -11,9 +11,10 @@ from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.config import ClientConfig
 from kvstore.client.etcd_membership import EtcdMembership
 from kvstore.client.membership import Member, Membership
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import NodeClient
 from kvstore.client.placement import owners
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace

@@ -10,8 +10,8 @@ from scraping import Scrape
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.config import ClientConfig
 from kvstore.client.counter_metrics import CountersCollector
-from kvstore.client.node import ClientConfig
 from kvstore.keys import Namespace
 
 NS = Namespace("counter-metrics", "uint8", 4)

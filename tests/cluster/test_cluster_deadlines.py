@@ -10,7 +10,7 @@ from cluster.slowproxy import SlowProxy
 from storeutil import make_blocks, write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.results import Status

@@ -18,7 +18,7 @@ from scraping import scrape_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.keys import Namespace
 
 NS = Namespace("evict-sticks", "uint8", 4)

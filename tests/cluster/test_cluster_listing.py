@@ -10,7 +10,8 @@ import random
 import aiohttp
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("listing-model", "uint8", 4)

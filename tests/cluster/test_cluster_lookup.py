@@ -13,8 +13,9 @@ from cluster.static_cluster import dram_cluster
 from storeutil import make_blocks, write_all
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
+from kvstore.client.config import ClientConfig
 from kvstore.client.lookup import MissHints
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import NodeClient
 from kvstore.client.placement import Node, RankCache, rank
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 from kvstore.protocol import MAX_BATCH

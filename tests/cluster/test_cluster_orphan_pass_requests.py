@@ -23,7 +23,8 @@ from ports import free_port
 from scraping import scrape
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("orphan-requests", "uint8", 4)

@@ -14,7 +14,7 @@ from cluster.static_cluster import held, put_to
 from polling import until_async
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.client.placement import Node, rank
 from kvstore.keys import Namespace
 

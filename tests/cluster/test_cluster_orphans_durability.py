@@ -20,8 +20,8 @@ from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
 
+from kvstore.client.config import ClientConfig
 from kvstore.client.etcd_membership import EtcdMembership
-from kvstore.client.node import ClientConfig
 from kvstore.client.placement import Node, rank
 from kvstore.keys import Namespace
 

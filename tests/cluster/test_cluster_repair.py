@@ -20,7 +20,8 @@ from polling import until_async
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import Namespace
 from kvstore.member.peer_sessions import PEER_TENANT

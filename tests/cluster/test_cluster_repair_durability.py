@@ -19,7 +19,8 @@ from polling import until_async, until_grown_async
 from scraping import scrape
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status

@@ -10,7 +10,8 @@ from cluster.static_cluster import dram_cluster
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("cluster-test", "uint8", 4)

@@ -8,7 +8,7 @@ from cluster.static_cluster import dram_cluster
 from storeutil import make_blocks
 
 from kvstore.client.cluster import ClusterConfig
-from kvstore.client.node import ClientConfig
+from kvstore.client.config import ClientConfig
 from kvstore.keys import Namespace
 
 NS = Namespace("writes-standby", "uint8", 4)

@@ -11,7 +11,8 @@ from storeutil import make_blocks
 from stubpeer import frame, serve
 
 from kvstore.client.cluster import ClusterClient, ClusterConfig
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 from kvstore.results import Status
 

@@ -11,7 +11,8 @@ import pytest
 from stubpeer import frame, serve
 
 from kvstore import protocol as P
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import KeyBatch
 
 

@@ -15,7 +15,8 @@ import xxhash
 
 import kvstore.client.node as node_mod
 from kvstore.block import checksum
-from kvstore.client.node import ClientConfig, NodeClient, _stripes
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient, _stripes
 from kvstore.client.read import get_into
 from kvstore.results import Expect, Status
 from rdma.channel import SocketChannel

@@ -10,7 +10,8 @@ from polling import until, until_async
 from scraping import scrape_async
 from storeutil import remade
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 NS = Namespace("depth-test", "uint8", 4)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from kvstore import protocol as P
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.keys import BlockKey, Namespace
 from kvstore.results import Status

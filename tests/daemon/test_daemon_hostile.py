@@ -13,7 +13,8 @@ import pytest
 from daemonutil import RawPeer
 from storeutil import remade
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

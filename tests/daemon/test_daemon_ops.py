@@ -14,7 +14,8 @@ from scraping import scrape_async
 from storeutil import read_back, remade
 
 from kvstore import protocol as P
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Expect, Status
 

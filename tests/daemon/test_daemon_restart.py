@@ -8,7 +8,8 @@ import time
 from polling import until_async
 from storeutil import read_back
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

@@ -10,7 +10,8 @@ import asyncio
 import numpy as np
 from daemonutil import RawPeer, frame
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.results import Status
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 

@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.member.peer_sessions import PEER_TENANT
 from kvstore.results import Status
 

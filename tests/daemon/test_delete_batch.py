@@ -10,7 +10,8 @@ import os
 from daemonutil import RawPeer
 
 from kvstore import protocol as P
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.results import Status
 
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.node.tiers.ram import BLOCK_BYTES
 from kvstore.results import Status
 

@@ -33,7 +33,8 @@ _SEED = """
 import asyncio, json, sys
 import numpy as np
 from kvstore.block import make_header
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 async def main(addr, n):

@@ -14,8 +14,9 @@ import msgpack
 import pytest
 
 from kvstore import protocol as P
+from kvstore.client.config import ClientConfig
 from kvstore.client.conn import Conn, NodeRefused
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import NodeClient
 from kvstore.keys import BlockKey, Namespace
 
 NS = Namespace("version-model", "uint8", 4)

@@ -18,8 +18,9 @@ from scraping import scrape_async
 
 from kvstore import protocol as P
 from kvstore.client.cluster import ClusterClient
+from kvstore.client.config import ClientConfig
 from kvstore.client.conn import Conn
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.node import NodeClient
 from kvstore.client.rdma import ClientRdma, move
 from kvstore.client.read import get_into
 from kvstore.config import load_store_config
@@ -203,7 +204,8 @@ import asyncio, sys
 import numpy as np
 from kvstore.daemon.logs import setup_logging
 from kvstore.client.cluster import ClusterClient
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 
 async def main(addrs):

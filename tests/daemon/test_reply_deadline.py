@@ -12,7 +12,8 @@ import time
 from daemonutil import RawPeer, unsent_bytes
 from polling import until
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.results import Status
 
 TOK_A = "tok-tenant-a1"

@@ -9,7 +9,8 @@ import pytest
 from daemonutil import RawPeer
 from polling import until
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.keys import Namespace
 from kvstore.results import Status
 

@@ -11,7 +11,8 @@ import urllib.request
 from scraping import scrape
 from storeutil import make_blocks
 
-from kvstore.client.node import ClientConfig, NodeClient
+from kvstore.client.config import ClientConfig
+from kvstore.client.node import NodeClient
 from kvstore.client.read import get_into
 from kvstore.inspect.cmd_stats import summarize
 from kvstore.keys import Namespace
