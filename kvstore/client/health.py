@@ -354,12 +354,6 @@ class Health:
         if why not in SLOW:
             self._readmit_slow()
 
-    def out_for(self, addr: str) -> float:
-        """Seconds until an ejected ``addr`` may be probed for readmission (0 when in)."""
-        if addr not in self._suspect:
-            return 0.0
-        return max(0.0, self._out_until.get(addr, 0.0) - time.monotonic())
-
     def _readmit(self, addr: str, why: str | None) -> None:
         """Back in the view (``why``: the reason logged and counted; None: the member left)."""
         was = self._suspect.pop(addr, None)

@@ -215,26 +215,6 @@ class Inspector:
             keep &= np.fromiter((k not in self.doomed for k in key_list(chunk)), dtype=bool, count=len(chunk))
         return np.flatnonzero(keep)
 
-    async def list_blocks(
-        self,
-        tier: str | None = None,
-        namespace: BlockKey | None = None,
-        after: BlockKey | None = None,
-        limit: int = 100,
-    ) -> list[BlockInfo]:
-        """Blocks in key order, after ``after`` (exclusive), at most ``limit``; filtered by the
-        tier holding them and by namespace: pages (:meth:`page`) followed until ``limit`` or
-        the end. Raises ValueError for an unknown tier name."""
-        out: list[BlockInfo] = []
-        cursor = after
-        while len(out) < limit:
-            p = await self.page(tier, namespace, cursor, min(limit - len(out), SCAN_MIN))
-            out += p.blocks
-            if p.next is None:
-                break
-            cursor = p.next
-        return out
-
     async def key_page(self, after: BlockKey | None, limit: int) -> KeyPage:
         """The next ``limit`` keys of the key order after the cursor ``after`` (None: a new
         pass) that are still stored, with the snapshot's size and the next cursor."""

@@ -34,7 +34,6 @@ from kvstore.protocol.fields import (  # noqa: F401
     ProtocolError,
     bad,
     req_headers,
-    req_keys,
     request_rid,
 )
 from kvstore.protocol.hello import (  # noqa: F401

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvstore.block import BlockHeader
 from kvstore.errors import BlockFormatError, KeyFormatError, TierKVError
-from kvstore.keys import KEY_BYTES, BlockKey, KeyBatch
+from kvstore.keys import KEY_BYTES, KeyBatch
 from kvstore.results import Status
 from rdma.transport import RemoteDescriptor, TransportError
 
@@ -92,15 +92,6 @@ def request_rid(h: dict[str, Any]) -> int:
     """The rid an error reply to ``h`` echoes: the request's when it is an int, else 0."""
     rid = h.get("rid")
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
-
-
-def req_keys(h: dict[str, Any], field: str = "keys") -> list[BlockKey]:
-    out = []
-    for i, k in enumerate(_list(h, field)):
-        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
-            raise bad(f"{field}[{i}] must be {KEY_BYTES} bytes")
-        out.append(BlockKey(k))
-    return out
 
 
 def req_key_batch(h: dict[str, Any], field: str = "keys", most: int = MAX_BATCH) -> KeyBatch:

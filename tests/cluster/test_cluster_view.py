@@ -5,6 +5,8 @@ host's slowness ejections never double the readmission back-off."""
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 
 from polling import until_async
@@ -121,21 +123,28 @@ async def test_a_silent_node_is_weighted_down_before_it_is_ejected(start_daemon)
         await c.close()
 
 
-async def test_slowness_ejections_never_double_the_back_off(start_daemon):
+def _last_out_s(caplog) -> float:
+    """The back-off of the last ejection, as its log line tells the operator (``out_s=``)."""
+    lines = [r.getMessage() for r in caplog.records if "event=cluster_node_out" in r.getMessage()]
+    return float(re.search(r"out_s=([0-9.]+)", lines[-1]).group(1))
+
+
+async def test_slowness_ejections_never_double_the_back_off(start_daemon, caplog):
     """A busy host makes every node an outlier now and then: each such ejection keeps the
     node out for ``eject_base_s``, however often it happens (before: 1, 2, 4, 8 ... s)."""
+    caplog.set_level(logging.INFO, logger="kvstore.client")
     ds, c = await _cluster(start_daemon, eject_base_s=5.0, eject_max_s=60.0, probe_interval_s=0.05)
     a = ds[0].addr
     try:
         outs = []
         for why in ("outlier", "late", "outlier", "late"):
             c.health.eject(a, why)
-            outs.append(c.health.out_for(a))
+            outs.append(_last_out_s(caplog))
             c.health._readmit(a, "test")  # noqa: SLF001 -- readmit at once, as a passing probe would
-        assert max(outs) <= 5.0, outs
+        assert outs == [5.0] * 4, outs
         c.health.eject(a, "unresponsive")
         c.health._readmit(a, "test")  # noqa: SLF001
         c.health.eject(a, "unresponsive")
-        assert c.health.out_for(a) > 5.0, "failures still back off"
+        assert _last_out_s(caplog) == 10.0, "failures still back off"
     finally:
         await c.close()

@@ -228,17 +228,20 @@ async def test_listing_and_describe(node):
     other = Namespace("other-model", "float16", 4)
     b = make_blocks(2, ns=other, seed=4)
     await node.writer.put(a + b)
-    listed = await node.inspector.list_blocks()
+    whole = await node.inspector.page()
+    listed = whole.blocks
+    assert whole.next is None
     assert len(listed) == 5 and [i.key.raw for i in listed] == sorted(i.key.raw for i in listed)
-    only = await node.inspector.list_blocks(namespace=other.id)
+    only = (await node.inspector.page(namespace=other.id)).blocks
     assert {i.key for i in only} == {h.key for h, _ in b}
-    page1 = await node.inspector.list_blocks(limit=2)
-    page2 = await node.inspector.list_blocks(after=page1[-1].key, limit=10)
-    assert [i.key for i in page1 + page2] == [i.key for i in listed]
+    page1 = await node.inspector.page(limit=2)
+    assert page1.next == page1.blocks[-1].key  # the cursor is the key that filled the page
+    page2 = await node.inspector.page(after=page1.next, limit=10)
+    assert [i.key for i in page1.blocks + page2.blocks] == [i.key for i in listed] and page2.next is None
     h, info = await node.inspector.describe(a[0][0].key)
     assert h == a[0][0] and info.tiers == ("dram", "disk") and info.num_tokens == 4
     with pytest.raises(ValueError, match="tier 'tape'"):
-        await node.inspector.list_blocks(tier="tape")
+        await node.inspector.page(tier="tape")
 
 
 async def test_blocks_bigger_than_a_slab_go_to_disk(node):
