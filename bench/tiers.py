@@ -54,7 +54,7 @@ async def _time_node(node, blocks, keys, bufs, reps: int, batch: int) -> tuple[f
             await node.writer.put(blocks[i : i + batch])
 
     async def get() -> None:
-        await node.reader.get_into(keys, bufs)
+        await node.reader.read(keys, bufs)
 
     t_put, t_get = await _abest(put, reps), await _abest(get, reps)
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))

@@ -206,7 +206,7 @@ class SimNode:
                 self.hits["disk" if t is self.node.stack.disk else "dram"] += 1
         while len(self._bufs) < len(keys):
             self._bufs.append(bytearray(len(self._payload)))
-        self._run(self.node.reader.get_into([BlockKey(k) for k in keys], self._bufs[: len(keys)]))
+        self._run(self.node.reader.read([BlockKey(k) for k in keys], self._bufs[: len(keys)]))
 
     def put(self, items: list[tuple[bytes, bytes]]) -> None:
         """One PUT of (key, parent) blocks, the node's write (kvstore/node/writes.py)."""

@@ -96,7 +96,7 @@ async def _restart_and_read(root: str, n: int, nbytes: int, acked: set[str], con
         rows = []
         for label in ("disk (cold, checksummed)", "dram (promoted)"):
             t = time.perf_counter()
-            res = await node.reader.get_into([h.key for h, _ in want], bufs, expect)
+            res = await node.reader.read([h.key for h, _ in want], bufs, expect)
             dt = time.perf_counter() - t
             hits = sum(r.status is Status.HIT for r in res)
             same = sum(bytes(b) == p for b, (_, p) in zip(bufs, want))

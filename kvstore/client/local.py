@@ -115,7 +115,7 @@ class LocalClient:
             # the first call may open the node: it gets longer than a lookup's deadline
             node = await asyncio.wait_for(self._get(), (deadline_s or self.op_timeout_s) * 20)
             # no tenants in process: every block is visible
-            return LookupResult.of(batch, await node.visible_tiers(batch, _every))
+            return LookupResult.of(batch, await node.lookup(batch, _every))
         except Exception as exc:  # the cache path never raises to the engine
             self._failed("lookup", exc)
             return LookupResult.empty(batch)
@@ -150,7 +150,7 @@ class LocalClient:
 
     async def _lend(self, keys, views: list[memoryview], exp: list, ttl_s: float) -> Filled:
         node = await self._get()
-        on_disk = [c == _DISK for c in await node.visible_tiers(KeyBatch.of(keys), _every)]
+        on_disk = [c == _DISK for c in await node.lookup(KeyBatch.of(keys), _every)]
         n = len(keys)
         results: list[GetResult] = [GetResult(Status.MISS)] * n
         lent_views: list[memoryview | None] = [None] * n
@@ -169,7 +169,7 @@ class LocalClient:
                     lent_views[i], lent[i] = lease.view, True
             disk = [i for i, d in enumerate(on_disk) if d]
             if disk:
-                got = await node.reader.get_into(
+                got = await node.reader.read(
                     [keys[i] for i in disk], [views[i] for i in disk], [exp[i] for i in disk]
                 )
                 for i, r in zip(disk, got):

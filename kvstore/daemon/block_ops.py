@@ -76,7 +76,7 @@ class BlockOps:
     async def _visible(self, sess: Session, keys: KeyBatch) -> bytes:
         """Per key one tier code: its tier when stored and in one of the session's namespaces,
         else 0 (another tenant's block answers exactly as an absent one)."""
-        return await self.node.visible_tiers(keys, sess.sees)
+        return await self.node.lookup(keys, sess.sees)
 
     async def _op_exists(self, out, sess, req: P.ExistsRequest, plen) -> None:
         out.send(P.ExistsReply(req.rid, await self._visible(sess, req.keys)).to_wire())

@@ -109,7 +109,7 @@ async def stored(node: NodeStore, keys: KeyBatch) -> np.ndarray:
     count as gone): numpy passes over the tiers' indexes, no Python per key."""
     if not len(keys):
         return np.zeros(0, bool)
-    return np.frombuffer(await node.visible_tiers(keys, _EVERY), np.uint8) != 0
+    return np.frombuffer(await node.lookup(keys, _EVERY), np.uint8) != 0
 
 
 def orphan_bytes(node: NodeStore, keys: Sequence[bytes]) -> Counter[tuple[str, str]]:

@@ -26,7 +26,7 @@ class Reader:
         self._state = state
         self._leaser = leaser
 
-    async def get_into(
+    async def read(
         self,
         keys: Sequence[BlockKey],
         bufs: Sequence,

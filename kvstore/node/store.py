@@ -13,7 +13,7 @@ and doomed keys, tombstones, counters; it ends leases and reservations), ``place
 ``leaser`` (lease), ``reader`` (the copying read: lease -> copy -> release), ``writer``
 (reserve -> fill -> commit, put, flush), ``evictor`` and ``inspector`` (list, describe,
 verify, stats). Each part takes (tiers, state, placement) or the subset it uses. What stays
-here is what spans the tiers: presence (:meth:`visible_tiers`),
+here is what spans the tiers: presence (:meth:`lookup`),
 :meth:`delete`, :meth:`check`, :meth:`open` and :meth:`close`.
 
 Every batched call returns one result per key in input order; failures of one key (corruption,
@@ -120,7 +120,7 @@ class NodeStore:
         return d.host_buffer if d is not None else None
 
     # ------------------------------------------------------------------ presence
-    async def visible_tiers(self, keys: KeyBatch, sees: Callable[[bytes | None], bool]) -> bytes:
+    async def lookup(self, keys: KeyBatch, sees: Callable[[bytes | None], bool]) -> bytes:
         """Per key one tier code (kvstore.lookups): the highest tier holding it when ``sees``
         accepts its namespace id there (the raw 16 bytes of the block's header, kept in the tiers'
         indexes at commit and at open: no I/O, no decode; None for a block with none), else 0 -- exactly

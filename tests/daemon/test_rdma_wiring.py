@@ -324,7 +324,7 @@ async def test_slab_descriptors_address_the_real_dram_bytes(tmp_path, ns, blocks
     [pr] = await node.writer.commit([r])
     assert pr.status is Status.STORED
     out = bytearray(len(payload))
-    [g] = await node.reader.get_into([h.key], [out])
+    [g] = await node.reader.read([h.key], [out])
     assert g.status is Status.HIT and out == payload
     await node.close()
 

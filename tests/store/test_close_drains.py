@@ -48,7 +48,7 @@ async def _close_and_reopen(node: NodeStore, cfg, caplog) -> NodeStore:
 
 async def _reads_back(node: NodeStore, blocks) -> list[bool]:
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
-    res = await node.reader.get_into([h.key for h, _ in blocks], bufs)
+    res = await node.reader.read([h.key for h, _ in blocks], bufs)
     return [r.status is Status.HIT and bytes(b) == p for r, b, (_, p) in zip(res, bufs, blocks)]
 
 

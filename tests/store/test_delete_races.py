@@ -28,7 +28,7 @@ async def test_a_get_racing_a_delete_does_not_promote_the_block_back(cfg_factory
     async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
             buf = bytearray(len(p))
-            get = asyncio.create_task(node.reader.get_into([h.key], [buf]))
+            get = asyncio.create_task(node.reader.read([h.key], [buf]))
             await asyncio.sleep(0)  # the read is under way
             assert await node.delete([h.key]) == [True]
             [r] = await get
@@ -46,7 +46,7 @@ async def test_a_get_racing_delete_and_rewrite_leaves_the_writer_its_key(cfg_fac
     blocks = make_blocks(8, nbytes=8 * MiB)
     async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
-            get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
+            get = asyncio.create_task(node.reader.read([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
             assert await node.delete([h.key]) == [True]
             [res] = await node.writer.reserve([h])
@@ -123,7 +123,7 @@ async def test_a_cancelled_delete_still_undoes_what_raced_it(cfg_factory):
     blocks = make_blocks(4, nbytes=8 * MiB, seed=6)
     async with checked(await on_disk_only(cfg, blocks)) as node:
         for h, p in blocks:
-            get = asyncio.create_task(node.reader.get_into([h.key], [bytearray(len(p))]))
+            get = asyncio.create_task(node.reader.read([h.key], [bytearray(len(p))]))
             await asyncio.sleep(0)
             delete = asyncio.create_task(node.delete([h.key]))
             await asyncio.sleep(0)  # the disk delete is under way: the key is still indexed

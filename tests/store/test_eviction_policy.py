@@ -84,7 +84,7 @@ async def test_a_scan_does_not_flush_a_prefix_read_again(cfg_factory, policy):
             await _put_in_batches(node, hot)
             bufs = [bytearray(BLOCK) for _ in hot]
             for _ in range(2):
-                got = await node.reader.get_into([h.key for h, _ in hot], bufs)
+                got = await node.reader.read([h.key for h, _ in hot], bufs)
                 assert len(got) == len(hot) and all(g.status is Status.HIT for g in got)
             for seed in range(60):  # one-block prompts, each its own chain
                 await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=1000 + seed))
@@ -118,7 +118,7 @@ async def test_the_disk_does_not_take_a_block_for_an_orphan_whose_parent_is_in_d
     async with checked(await NodeStore.open(cfg)) as node:
         a = make_blocks(11, nbytes=BLOCK, seed=12)
         await _put_in_batches(node, a[:10])
-        got = await node.reader.get_into([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
+        got = await node.reader.read([h.key for h, _ in a[:10]], [bytearray(BLOCK) for _ in range(10)])
         assert all(g.status is Status.HIT for g in got)
         for seed in range(12):
             await _put_in_batches(node, make_blocks(1, nbytes=BLOCK, seed=6000 + seed))

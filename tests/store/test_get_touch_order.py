@@ -32,9 +32,7 @@ async def _store_a_split_chain(node: NodeStore) -> tuple[list, list]:
 
 
 async def _get(node: NodeStore, blocks: list) -> None:
-    got = await node.reader.get_into(
-        [h.key for h, _ in blocks], [bytearray(h.payload_len) for h, _ in blocks]
-    )
+    got = await node.reader.read([h.key for h, _ in blocks], [bytearray(h.payload_len) for h, _ in blocks])
     assert [r.status for r in got] == [Status.HIT] * len(blocks)
 
 

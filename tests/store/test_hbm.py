@@ -38,6 +38,6 @@ async def test_hbm_tier_roundtrip_and_demotion(cfg_factory):
         where = tiers_of(node, [h.key for h, _ in blocks])
         assert where[-1] == "hbm" and "dram" in where
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
-        got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
+        got = await node.reader.read([h.key for h, _ in blocks], bufs)
         assert [g.status for g in got] == [Status.HIT] * len(blocks)
         assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))

@@ -45,7 +45,7 @@ async def test_a_cancelled_lease_does_not_free_its_slot_under_the_disk_read(cfg_
             [pr] = await node.writer.commit([res])
             await asyncio.sleep(0.02)  # whatever the old read still had to copy is copied
             buf = bytearray(len(new_p))
-            [got] = await node.reader.get_into([new.key], [buf])
+            [got] = await node.reader.read([new.key], [buf])
             if pr.status is not Status.STORED or got.status is not Status.HIT or buf != new_p:
                 overwritten.append((pr.status, got.status, got.tier))
             await node.delete([new.key])

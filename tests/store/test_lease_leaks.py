@@ -63,7 +63,7 @@ async def test_a_read_cancelled_during_a_disk_read_releases_its_memory_leases(cf
         keys = [b[0].key, a[0].key]  # the DRAM block first, leased before the disk read starts
         bufs = [bytearray(len(b[1])), bytearray(len(a[1]))]
         if how == "cancel":
-            task = asyncio.ensure_future(node.reader.get_into(keys, bufs))
+            task = asyncio.ensure_future(node.reader.read(keys, bufs))
             while not node.state.leases.held(b[0].key.raw):
                 await asyncio.sleep(0)
             task.cancel()
@@ -71,7 +71,7 @@ async def test_a_read_cancelled_during_a_disk_read_releases_its_memory_leases(cf
                 await task
         else:
             with pytest.raises(TimeoutError):
-                await asyncio.wait_for(node.reader.get_into(keys, bufs), 1e-4)
+                await asyncio.wait_for(node.reader.read(keys, bufs), 1e-4)
         assert not node.state.leases.held(b[0].key.raw), "a cancelled read left its DRAM lease held"
         assert node.state.leases.leases == {}, "a cancelled read left leases in the table"
         await settle(node)  # the abandoned disk read is over

@@ -36,8 +36,7 @@ async def test_a_lease_reads_the_copy_its_header_names_when_the_key_is_rewritten
             filler = make_blocks(2, nbytes=1 * MiB, seed=200 + n)  # fills DRAM (whatever it held)
             assert [r.tier for r in await node.writer.put(filler)] == ["dram", "dram"]
             hogs = [
-                asyncio.create_task(node.reader.get_into([b.key], [bytearray(b.payload_len)]))
-                for b, _ in big * 2
+                asyncio.create_task(node.reader.read([b.key], [bytearray(b.payload_len)])) for b, _ in big * 2
             ]
             lease_task = asyncio.create_task(node.leaser.lease([h.key]))
             await asyncio.sleep(0)  # the lease has taken the old length; its read waits

@@ -1,7 +1,7 @@
 """The tiers' indexes keep each block's namespace id (no header read, no decode) for the
-tenant check, NodeStore.visible_tiers: it must see exactly the decoded header's namespace for
+tenant check, NodeStore.lookup: it must see exactly the decoded header's namespace for
 DRAM and disk blocks -- also after a restart rebuilds the disk index -- and no namespace for
-absent, deleted and corrupt blocks. Asserted through visible_tiers itself (seen_namespaces)."""
+absent, deleted and corrupt blocks. Asserted through lookup itself (seen_namespaces)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ async def seen_namespaces(node: NodeStore, keys: list, spaces) -> list[bytes | N
     batch = KeyBatch.of(keys)
     out: list[bytes | None] = [None] * len(keys)
     for ns in set(spaces):
-        for i, code in enumerate(await node.visible_tiers(batch, lambda seen, ns=ns: seen == ns)):
+        for i, code in enumerate(await node.lookup(batch, lambda seen, ns=ns: seen == ns)):
             if code:
                 assert out[i] is None, f"key {i} seen under two namespaces"
                 out[i] = ns
-    anyone = await node.visible_tiers(batch, lambda seen: True)
+    anyone = await node.lookup(batch, lambda seen: True)
     assert [bool(c) for c in anyone] == [ns is not None for ns in out], "a block under another namespace"
     return out
 
@@ -114,7 +114,7 @@ def test_namespace_ids_are_counted_and_reused():
     assert ids.get(a) == b"c" * 16 and ids.get(b) == b"b" * 16
 
 
-async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
+async def test_lookup_is_contains_filtered_by_namespace(cfg_factory):
     node = await NodeStore.open(cfg_factory())
     mine, other = make_blocks(3, seed=6), make_blocks(2, ns=OTHER, seed=7)
     missing = make_blocks(1, seed=98)[0][0].key
@@ -122,17 +122,15 @@ async def test_visible_tiers_is_contains_filtered_by_namespace(cfg_factory):
         await node.writer.put(mine + other)
         keys = KeyBatch.of([h.key for h, _ in mine + other] + [missing])
         mine_ns = mine[0][0].namespace.raw
-        assert (
-            tier_names(await node.visible_tiers(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
-        )
-        assert tier_names(await node.visible_tiers(keys, lambda ns: ns is not None)) == tiers_of(node, keys)
+        assert tier_names(await node.lookup(keys, lambda ns: ns == mine_ns)) == ["dram"] * 3 + [None] * 3
+        assert tier_names(await node.lookup(keys, lambda ns: ns is not None)) == tiers_of(node, keys)
         await node.delete([mine[0][0].key])
-        assert tier_names(await node.visible_tiers(keys[:1], lambda ns: True)) == [None]
+        assert tier_names(await node.lookup(keys[:1], lambda ns: True)) == [None]
     finally:
         await node.close()
 
 
-async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_deletes(cfg_factory):
+async def test_lookup_is_exact_per_key_over_tiers_namespaces_and_held_deletes(cfg_factory):
     """The bulk probe against the per-key reference (contains, then each block's namespace as
     written, then the tenant check) for every mix of visible namespaces, with blocks on disk only and in DRAM,
     in any key order, and a key deleted while leased (absent to every reader)."""
@@ -153,14 +151,14 @@ async def test_visible_tiers_is_exact_per_key_over_tiers_namespaces_and_held_del
         assert len(spaces) == 3
         for accept in ([], spaces[:1], spaces[1:], spaces):
             want = [t if t is not None and ns in accept else None for t, ns in zip(tiers, nss)]
-            got = await node.visible_tiers(keys, lambda ns, accept=accept: ns in accept)
+            got = await node.lookup(keys, lambda ns, accept=accept: ns in accept)
             assert len(got) == len(order)
             assert tier_names(got) == want, accept
         held = order[0]
         [lease] = await node.leaser.lease([held])
         assert lease is not None
         await node.delete([held])
-        got = tier_names(await node.visible_tiers(keys, lambda ns: True))
+        got = tier_names(await node.lookup(keys, lambda ns: True))
         assert got[0] is None and got[1:] == [t for t in tiers[1:]]
         node.state.release([lease])
     finally:

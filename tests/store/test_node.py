@@ -25,7 +25,7 @@ def _keys(blocks):
 async def _read_all(node, blocks, expect=True):
     bufs = _bufs(blocks)
     exp = [Expect(h.parent, h.token_bytes) for h, _ in blocks] if expect else None
-    res = await node.reader.get_into(_keys(blocks), bufs, exp)
+    res = await node.reader.read(_keys(blocks), bufs, exp)
     return res, bufs
 
 
@@ -54,13 +54,11 @@ async def test_mismatch_and_small_buffer(node):
     blocks = make_blocks(2)
     await node.writer.put(blocks)
     (h0, _), (h1, _) = blocks
-    res = await node.reader.get_into([h1.key], [bytearray(h1.payload_len)], [Expect(parent=h1.key)])
+    res = await node.reader.read([h1.key], [bytearray(h1.payload_len)], [Expect(parent=h1.key)])
     assert res[0].status is Status.MISMATCH, "wrong parent must be a miss"
-    res = await node.reader.get_into(
-        [h1.key], [bytearray(h1.payload_len)], [Expect(token_bytes=h0.token_bytes)]
-    )
+    res = await node.reader.read([h1.key], [bytearray(h1.payload_len)], [Expect(token_bytes=h0.token_bytes)])
     assert res[0].status is Status.MISMATCH, "wrong tokens must be a miss"
-    res = await node.reader.get_into([h1.key], [bytearray(10)])
+    res = await node.reader.read([h1.key], [bytearray(10)])
     assert res[0].status is Status.BUF_TOO_SMALL
 
 
@@ -86,7 +84,7 @@ async def test_lru_eviction_moves_down_then_drops(cfg_factory):
         assert st["disk"]["evictions"] > 0
         # touching an old DRAM block protects it from the next evictions
         oldest_dram = where.index("dram")
-        await node.reader.get_into([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
+        await node.reader.read([blocks[oldest_dram][0].key], [bytearray(256 * KiB)])
         await node.writer.put(make_blocks(3, seed=9))
         assert (tiers_of(node, [blocks[oldest_dram][0].key]))[0] == "dram"
 
@@ -249,7 +247,7 @@ async def test_blocks_bigger_than_a_slab_go_to_disk(node):
     ((h, p),) = make_blocks(1, nbytes=big)
     res = await node.writer.put([(h, p)])
     assert res[0].status is Status.STORED and res[0].tier == "disk"
-    got = await node.reader.get_into([h.key], [bytearray(big)])
+    got = await node.reader.read([h.key], [bytearray(big)])
     assert got[0].status is Status.HIT
 
 
@@ -272,5 +270,5 @@ async def test_header_of_other_block_under_key_is_mismatch(node):
     ((h, p),) = make_blocks(1)
     forged = remade(h, p, tokens=[9, 9, 9, 9])
     await node.writer.put([(forged, p)])
-    res = await node.reader.get_into([h.key], [bytearray(len(p))], [Expect(h.parent, h.token_bytes)])
+    res = await node.reader.read([h.key], [bytearray(len(p))], [Expect(h.parent, h.token_bytes)])
     assert res[0].status is Status.MISMATCH

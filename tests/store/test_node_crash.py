@@ -55,7 +55,7 @@ async def test_kill_9_mid_storm_keeps_every_durable_ack(tmp_path, kill_after):
         for hexkey in acked:
             h, p = blocks[hexkey]
             buf = bytearray(len(p))
-            [r] = await node.reader.get_into([h.key], [buf], [Expect(h.parent, h.token_bytes)])
+            [r] = await node.reader.read([h.key], [buf], [Expect(h.parent, h.token_bytes)])
             assert r.status is Status.HIT, hexkey
             assert bytes(buf) == p
         # whatever else made it to disk is whole: no block fails its checksum

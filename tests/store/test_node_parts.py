@@ -138,5 +138,5 @@ async def test_verify_finds_and_repairs_a_bad_dram_copy(node):
     rep = await node.inspector.verify([key], repair=True)
     assert rep["dropped"] == 1
     assert tiers_of(node, [key]) == ["disk"], "the disk copy is intact and stays"
-    got = await node.reader.get_into([key], [bytearray(blocks[1][0].payload_len)])
+    got = await node.reader.read([key], [bytearray(blocks[1][0].payload_len)])
     assert got[0].status is Status.HIT

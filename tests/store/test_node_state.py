@@ -51,14 +51,14 @@ async def test_the_copying_read_is_lease_copy_release(cfg_factory):
     blocks = make_blocks(3)
     async with checked(await on_disk_only(cfg_factory(disk__sync=True), blocks)) as node:
         bufs = [bytearray(h.payload_len) for h, _ in blocks]
-        got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
+        got = await node.reader.read([h.key for h, _ in blocks], bufs)
         assert [g.status for g in got] == [Status.HIT] * 3
         assert [g.tier for g in got] == ["disk"] * 3, "a disk hit says disk, wherever it moved"
         assert [bytes(b) for b in bufs] == [p for _, p in blocks]
         assert not node.state.leases.leases and not node.state.leases.holds, "nothing stays held"
-        got = await node.reader.get_into([h.key for h, _ in blocks], bufs)
+        got = await node.reader.read([h.key for h, _ in blocks], bufs)
         assert [g.tier for g in got] == ["dram"] * 3, "promoted by the first read"
-        small = await node.reader.get_into([blocks[0][0].key], [bytearray(10)])
+        small = await node.reader.read([blocks[0][0].key], [bytearray(10)])
         assert small[0].status is Status.BUF_TOO_SMALL
 
 

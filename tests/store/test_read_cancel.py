@@ -29,7 +29,7 @@ async def test_a_cancelled_disk_read_does_not_write_into_the_buffer_after_it_ret
     late = 0
     for delay in (0.0, 0.001, 0.003, 0.006, 0.01, 0.02):
         bufs = [bytearray(32 * MiB) for _ in keys]
-        task = asyncio.ensure_future(node.reader.get_into(keys, bufs))
+        task = asyncio.ensure_future(node.reader.read(keys, bufs))
         await asyncio.sleep(delay)
         task.cancel()
         try:
@@ -43,6 +43,6 @@ async def test_a_cancelled_disk_read_does_not_write_into_the_buffer_after_it_ret
     assert late == 0, f"{late} cancelled reads wrote into their buffers after they returned"
     # the node still serves the blocks whole
     bufs = [bytearray(32 * MiB) for _ in keys]
-    assert [r.status for r in await node.reader.get_into(keys, bufs)] == [Status.HIT] * len(keys)
+    assert [r.status for r in await node.reader.read(keys, bufs)] == [Status.HIT] * len(keys)
     assert all(bytes(b) == p for b, (_, p) in zip(bufs, blocks))
     await node.close()

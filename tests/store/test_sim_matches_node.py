@@ -108,7 +108,7 @@ async def test_the_simulated_node_holds_what_the_node_holds_after_every_request(
             sim_hit = next((i for i, k in enumerate(raws) if not sim.has(k)), len(raws))
             assert hit == sim_hit, f"request {n}: hit prefix {hit} on the node, {sim_hit} simulated"
             if hit:
-                got = await node.reader.get_into(keys[:hit], [bytearray(PAYLOAD) for _ in range(hit)])
+                got = await node.reader.read(keys[:hit], [bytearray(PAYLOAD) for _ in range(hit)])
                 assert [g.status for g in got] == [Status.HIT] * hit, got
             sim.get(raws[:hit])  # one GET, as the node's
             parents = [root, *raws[:-1]]

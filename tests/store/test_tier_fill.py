@@ -124,7 +124,7 @@ async def test_spans_with_held_slots_never_move(cfg_factory):
 
 async def _read(node, blocks):
     bufs = [bytearray(h.payload_len) for h, _ in blocks]
-    return await node.reader.get_into([h.key for h, _ in blocks], bufs), bufs
+    return await node.reader.read([h.key for h, _ in blocks], bufs), bufs
 
 
 async def test_lmdb_file_stays_bounded_under_mixed_size_churn(tmp_path):

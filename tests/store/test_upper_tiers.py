@@ -61,7 +61,7 @@ async def _scan_after_a_hot_prefix(cfg_factory, **kw) -> list[str | None]:
         keys = [h.key for h, _ in hot]
         assert all(r.status is Status.STORED for r in await node.writer.put(hot))
         for _ in range(2):  # read twice: hot
-            got = await node.reader.get_into(keys, [bytearray(h.payload_len) for h, _ in hot])
+            got = await node.reader.read(keys, [bytearray(h.payload_len) for h, _ in hot])
             assert [r.status for r in got] == [Status.HIT] * 8
         scan = make_blocks(96, seed=2)
         for part in range(0, 96, 8):  # the scan, one PUT per 8 blocks
