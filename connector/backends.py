@@ -20,8 +20,7 @@ from kvstore.client import open as open_store
 from kvstore.keys import BlockKey, KeyBatch, Namespace
 
 if TYPE_CHECKING:
-    from kvstore.client import BlockRead
-    from kvstore.client.read import ReadBuffers, ReadExpects, ReadKeys
+    from kvstore.client import BlockRead, ReadBuffers, ReadExpects, ReadKeys
 
 
 def store_url(cfg: ConnectorConfig) -> str:
