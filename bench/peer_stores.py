@@ -26,6 +26,7 @@ from daemonutil import stop_process
 MiB = 1 << 20
 PEERS_PY = REPO / ".peers" / "bin" / "python"
 _REQ = struct.Struct(">cQQ")
+_PROC_WAIT_S = 300.0  # a client process's start, or one op of it, at the most
 
 
 # ------------------------------------------------------------------ raw socket
@@ -237,7 +238,7 @@ def _client_proc(kind: str, addr: str, size: int, count: int, i: int, k: int, ba
         }
     pipe.send("ready")
     while (cmd := pipe.recv()) != "quit":
-        barrier.wait()
+        barrier.wait(_PROC_WAIT_S)  # a sibling that died breaks it: this one exits too
         c0, t0 = time.process_time(), time.perf_counter()
         bad = run[cmd]() or 0
         pipe.send((time.perf_counter() - t0, time.process_time() - c0, bad))
@@ -263,14 +264,19 @@ class Procs:
             self.pipes.append(mine)
             self.procs.append(p)
         for pipe in self.pipes:
-            if not pipe.poll(300) or pipe.recv() != "ready":
+            if not pipe.poll(_PROC_WAIT_S) or pipe.recv() != "ready":
                 raise RuntimeError(f"a {kind} client process did not start")
 
     def run(self, cmd: str) -> tuple[float, float, int]:
-        """(seconds of the slowest, CPU seconds of all, failures of all) of ``cmd``."""
+        """(seconds of the slowest, CPU seconds of all, failures of all) of ``cmd``;
+        RuntimeError when a client process has not answered within ``_PROC_WAIT_S``."""
         for pipe in self.pipes:
             pipe.send(cmd)
-        got = [pipe.recv() for pipe in self.pipes]
+        got = []
+        for i, pipe in enumerate(self.pipes):
+            if not pipe.poll(_PROC_WAIT_S):
+                raise RuntimeError(f"client process {i} did not answer {cmd!r} within {_PROC_WAIT_S:.0f} s")
+            got.append(pipe.recv())
         return max(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got)
 
     def close(self) -> None:
